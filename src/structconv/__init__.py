@@ -1,0 +1,24 @@
+"""structconv: every convolution is y = Σ_k A_kᵀ · x · Θ_k.
+
+``x`` (B, M, P) bundle, basis ``A`` (K, M, N) carrying the structure (grid shifts, graph
+polynomials, relational sorts, attention), parameter ``Θ`` (K, P, Q) whose size never depends
+on M or N. See ``convolve`` and the packages ``basis``, ``params``, ``attention``, ``nn``.
+"""
+
+from . import basis, params
+from .algebra import compose, invert, materialize, mixed_product
+from .engine import ROUTES, convolve, explain, plan
+
+__version__ = "0.1.0"
+
+__all__ = ["convolve", "plan", "explain", "ROUTES", "mixed_product", "materialize", "invert",
+           "compose", "basis", "params", "attention", "nn", "__version__"]
+
+
+def __getattr__(name):
+    # nn and attention import torch.nn machinery and optional extras: load them on first use
+    if name in ("nn", "attention", "data"):
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'structconv' has no attribute {name!r}")

@@ -1,0 +1,38 @@
+"""Input validation with errors that name the shapes and the dimension that disagrees."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+
+def shape_error(what: str, expected: str, got) -> ValueError:
+    """A ValueError 'what: expected ..., got shape (...)'."""
+    return ValueError(f"{what}: expected {expected}, got shape {tuple(got)}")
+
+
+def check_index_tensor(t, rows: int, what: str) -> None:
+    """Raise unless ``t`` is an integer tensor of shape (rows, E)."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{what} must be a tensor, got {type(t).__name__}")
+    if t.dim() != 2 or t.shape[0] != rows:
+        raise shape_error(what, f"({rows}, E)", t.shape)
+    if t.is_floating_point() or t.is_complex():
+        raise TypeError(f"{what} must be an integer tensor, got dtype {t.dtype}")
+
+
+def as_batched(x: Tensor, M: int, what: str = "x") -> tuple[Tensor, bool]:
+    """(M, P) or (B, M, P) -> (B, M, P), and whether a batch dim was added."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{what} must be a tensor, got {type(x).__name__}")
+    if x.dim() == 2:
+        x, added = x.unsqueeze(0), True
+    elif x.dim() == 3:
+        added = False
+    else:
+        raise shape_error(what, f"(B, M, P) or (M, P) with M={M}", x.shape)
+    if x.shape[1] != M:
+        raise ValueError(
+            f"{what} has M={x.shape[1]} entries (shape {tuple(x.shape)}) but the basis has "
+            f"M={M} (input entries)"
+        )
+    return x, added

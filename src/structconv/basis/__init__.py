@@ -1,0 +1,14 @@
+"""Bases: families of K matrices (M, N) that carry the structure of a convolution.
+
+Generic bases live in ``base``; grid shift matrices in ``grid``; graph and relational bases
+in ``graph``. Attention bases (computed from content) are in ``sc.attention``.
+"""
+
+from .base import Basis, Dense, Product, Sparse, Stack, as_basis, density
+from .graph import *  # noqa: F403
+from .graph import __all__ as _graph_all
+from .grid import *  # noqa: F403
+from .grid import __all__ as _grid_all
+
+__all__ = ["Basis", "Dense", "Sparse", "Stack", "Product", "as_basis", "density",
+           *_grid_all, *_graph_all]

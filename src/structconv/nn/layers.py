@@ -1,0 +1,47 @@
+"""``Convolution``: a thin nn.Module holding a basis, a parameter form and a bias."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ..basis.base import Basis, as_basis
+from ..engine import convolve, plan
+from ..params import Parameterization, make_param
+
+__all__ = ["Convolution"]
+
+
+class Convolution(nn.Module):
+    """y = Σ_k A_kᵀ x Θ_k + bias for a fixed basis; x (B, M, P) or (M, P) -> (B, N, Q) or (N, Q).
+
+    ``param`` is ``"full"``, ``"depthwise"`` or a module from ``sc.params``; ``route`` is passed
+    to ``sc.convolve`` (``"auto"`` lets the planner choose per call).
+    """
+
+    def __init__(self, basis: Basis | Tensor, in_channels: int, out_channels: int,
+                 param: str | Parameterization = "full", bias: bool = True, route: str = "auto"):
+        super().__init__()
+        self.basis = as_basis(basis)
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.param = make_param(param, self.basis.K, in_channels, out_channels)
+        self.route = route
+        if bias:
+            b = 1.0 / math.sqrt(self.param.fan_in)
+            self.bias = nn.Parameter(torch.empty(out_channels).uniform_(-b, b))
+        else:
+            self.register_parameter("bias", None)
+
+    def extra_repr(self) -> str:
+        return (f"basis={self.basis!r}, in_channels={self.in_channels}, "
+                f"out_channels={self.out_channels}, bias={self.bias is not None}")
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = convolve(x, self.basis, self.param, route=self.route)
+        return y if self.bias is None else y + self.bias
+
+    def plan(self, x: Tensor):
+        """The planner's decision for this input (see ``sc.plan``)."""
+        return plan(x, self.basis, self.param)

@@ -1,0 +1,237 @@
+"""Parameter forms: modules whose call returns theta (K, P, Q), with their parameter counts fixed.
+
+Each form may also offer *factored routes*: ways to compute the convolution that never build the
+full theta (e.g. the Transformer's x·Θ_value → attention → ·Θ_outᵀ). The engine's planner weighs
+them against the three classic routes on the materialised theta.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "Parameterization", "Full", "Grouped", "DepthwiseSeparable", "ControlledSeparable",
+    "LowRank", "Route", "make_param",
+]
+
+
+@dataclass
+class Route:
+    """One way to compute a convolution: its name, weighted flops, largest temporary, and runner."""
+
+    name: str
+    flops: float
+    elements: float
+    run: Callable[[], Tensor] | None = None
+
+    @property
+    def cost(self) -> float:
+        # one element written and read back costs about as much as a few GEMM multiply-adds
+        return self.flops + ELEMENT_WEIGHT * self.elements
+
+
+#: weight of one element of intermediate memory traffic against one GEMM multiply-add
+ELEMENT_WEIGHT = 4.0
+
+
+def _check_sizes(**kw):
+    for k, v in kw.items():
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{k} must be a positive int, got {v!r}")
+
+
+class Parameterization(nn.Module):
+    """Base class of parameter forms: ``module()`` returns theta of shape (K, P, Q)."""
+
+    def __init__(self, K: int, P: int, Q: int):
+        super().__init__()
+        _check_sizes(K=K, P=P, Q=Q)
+        self.K, self.P, self.Q = K, P, Q
+
+    def extra_repr(self) -> str:
+        return f"K={self.K}, P={self.P}, Q={self.Q}"
+
+    @property
+    def fan_in(self) -> int:
+        """Inputs feeding one output channel of one entry (as torch's conv: K * P / groups)."""
+        return self.K * self.P
+
+    def factored_routes(self, x: Tensor, basis) -> list[Route]:
+        """Routes that use this form's factors instead of the full theta (default: none)."""
+        return []
+
+
+class Full(Parameterization):
+    """An unconstrained theta (K, P, Q): ``K*P*Q`` parameters."""
+
+    def __init__(self, K: int, P: int, Q: int):
+        super().__init__(K, P, Q)
+        b = 1.0 / math.sqrt(self.fan_in)
+        self.weight = nn.Parameter(torch.empty(K, P, Q).uniform_(-b, b))
+
+    def forward(self) -> Tensor:
+        return self.weight
+
+
+class Grouped(Parameterization):
+    """Block-diagonal theta_k with ``groups`` blocks of (P/groups, Q/groups): ``K*P*Q/groups``."""
+
+    def __init__(self, K: int, P: int, Q: int, groups: int):
+        super().__init__(K, P, Q)
+        _check_sizes(groups=groups)
+        if P % groups or Q % groups:
+            raise ValueError(f"groups={groups} must divide both P={P} and Q={Q}")
+        self.groups = groups
+        b = 1.0 / math.sqrt(self.fan_in)
+        self.weight = nn.Parameter(
+            torch.empty(K, groups, P // groups, Q // groups).uniform_(-b, b))
+
+    @property
+    def fan_in(self):
+        return self.K * self.P // self.groups
+
+    def extra_repr(self):
+        return super().extra_repr() + f", groups={self.groups}"
+
+    def forward(self) -> Tensor:
+        g = self.groups
+        eye = torch.eye(g, dtype=self.weight.dtype, device=self.weight.device)
+        return torch.einsum("kgpq,gh->kgphq", self.weight, eye).reshape(self.K, self.P, self.Q)
+
+
+class DepthwiseSeparable(Parameterization):
+    """theta[k, p, q] = depth[k, p] * point[p, q] (Xception): ``K*P + P*Q`` parameters."""
+
+    def __init__(self, K: int, P: int, Q: int):
+        super().__init__(K, P, Q)
+        self.depth = nn.Parameter(torch.empty(K, P).uniform_(-1, 1) / math.sqrt(K))
+        self.point = nn.Parameter(torch.empty(P, Q).uniform_(-1, 1) / math.sqrt(P))
+
+    def forward(self) -> Tensor:
+        return self.depth.unsqueeze(2) * self.point.unsqueeze(0)
+
+    def factored_routes(self, x, basis):
+        B, M, P = x.shape
+        K, N, Q = basis.K, basis.N, self.Q
+
+        def input_side():
+            z = x.unsqueeze(2) * self.depth.to(x.dtype)  # (B, M, K, P)
+            return basis.propagate_sum(z) @ self.point.to(x.dtype)
+
+        def basis_side():
+            u = basis.propagate(x)  # (B, N, K, P)
+            return (u * self.depth.to(x.dtype)).sum(2) @ self.point.to(x.dtype)
+
+        return [
+            Route("depthwise_input", B * (M * K * P + basis.propagate_sum_flops(P) + N * P * Q),
+                  B * M * K * P, input_side),
+            Route("depthwise_basis", B * (basis.propagate_flops(P) + N * K * P + N * P * Q),
+                  B * N * K * P, basis_side),
+        ]
+
+
+class ControlledSeparable(Parameterization):
+    """The paper's controlled separability, theta = basis_coef ∘ channel (eq. "separable").
+
+    ``basis_coef`` (H, K) mixes the K basis matrices into H, ``channel`` (H, P, Q):
+    ``H*(K + P*Q)`` parameters, so K can grow without growing the channel maps.
+    """
+
+    def __init__(self, K: int, P: int, Q: int, H: int):
+        super().__init__(K, P, Q)
+        _check_sizes(H=H)
+        self.H = H
+        self.basis_coef = nn.Parameter(torch.empty(H, K).uniform_(-1, 1) / math.sqrt(H))
+        # var(theta) = H var(coef) var(channel) = 1 / (3 K P), as a Full theta's
+        b = math.sqrt(3.0 / self.fan_in)
+        self.channel = nn.Parameter(torch.empty(H, P, Q).uniform_(-b, b))
+
+    def extra_repr(self):
+        return super().extra_repr() + f", H={self.H}"
+
+    def forward(self) -> Tensor:
+        return torch.einsum("hk,hpq->kpq", self.basis_coef, self.channel)
+
+    def factored_routes(self, x, basis):
+        B, M, P = x.shape
+        K, N, Q, H = basis.K, basis.N, self.Q, self.H
+        coef, chan = self.basis_coef.to(x.dtype), self.channel.to(x.dtype)
+
+        def input_side():
+            z = (x.reshape(B * M, P) @ chan.permute(1, 0, 2).reshape(P, H * Q))
+            z = torch.einsum("bmhq,hk->bmkq", z.reshape(B, M, H, Q), coef)
+            return basis.propagate_sum(z)
+
+        def basis_side():
+            u = torch.einsum("bnkp,hk->bnhp", basis.propagate(x), coef)
+            return u.reshape(B, N, H * P) @ chan.reshape(H * P, Q)
+
+        return [
+            Route("separable_input",
+                  B * (M * P * H * Q + M * H * K * Q + basis.propagate_sum_flops(Q)),
+                  B * M * (H + K) * Q, input_side),
+            Route("separable_basis",
+                  B * (basis.propagate_flops(P) + N * K * H * P + N * H * P * Q),
+                  B * N * (K + H) * P, basis_side),
+        ]
+
+
+class LowRank(Parameterization):
+    """theta_k = value_k @ out_k (the Transformer's value/output form): ``K*rank*(P+Q)``.
+
+    ``value`` is (K, P, rank) and ``out`` is (K, rank, Q): head k projects to ``rank`` channels,
+    is propagated by A_k alone, and is projected back, as multi-head attention does.
+    """
+
+    def __init__(self, K: int, P: int, Q: int, rank: int):
+        super().__init__(K, P, Q)
+        _check_sizes(rank=rank)
+        self.rank = rank
+        self.value = nn.Parameter(torch.empty(K, P, rank).uniform_(-1, 1) / math.sqrt(P))
+        b = math.sqrt(3.0 / (K * rank))
+        self.out = nn.Parameter(torch.empty(K, rank, Q).uniform_(-b, b))
+
+    def extra_repr(self):
+        return super().extra_repr() + f", rank={self.rank}"
+
+    def forward(self) -> Tensor:
+        return self.value @ self.out
+
+    def factored_routes(self, x, basis):
+        B, M, P = x.shape
+        K, N, Q, r = basis.K, basis.N, self.Q, self.rank
+        V, O = self.value.to(x.dtype), self.out.to(x.dtype)
+
+        def heads():
+            z = (x.reshape(B * M, P) @ V.permute(1, 0, 2).reshape(P, K * r)).reshape(B, M, K, r)
+            h = basis.propagate_heads(z)  # (B, N, K, r)
+            return h.reshape(B, N, K * r) @ O.reshape(K * r, Q)
+
+        # propagate_heads costs the same per channel as propagate
+        return [Route("lowrank_heads",
+                      B * (M * P * K * r + basis.propagate_flops(r) + N * K * r * Q),
+                      B * (M + N) * K * r, heads)]
+
+
+def make_param(spec, K: int, P: int, Q: int) -> Parameterization:
+    """A parameter form from a name (``"full"``, ``"depthwise"``) or a ready module."""
+    if isinstance(spec, Parameterization):
+        if (spec.K, spec.P, spec.Q) != (K, P, Q):
+            raise ValueError(
+                f"param module has (K, P, Q)=({spec.K}, {spec.P}, {spec.Q}) but the layer needs "
+                f"(K, P, Q)=({K}, {P}, {Q})"
+            )
+        return spec
+    if spec == "full":
+        return Full(K, P, Q)
+    if spec in ("depthwise", "depthwise_separable"):
+        return DepthwiseSeparable(K, P, Q)
+    raise ValueError(
+        f"unknown param {spec!r}: use 'full', 'depthwise' or a module from sc.params "
+        "(Grouped, ControlledSeparable, LowRank need their extra size)"
+    )
