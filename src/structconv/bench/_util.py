@@ -1,0 +1,81 @@
+"""Timing and peak-memory helpers shared by the benchmark suites."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+import resource
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+
+def median_time(fn: Callable[[], object], repeats: int = 7, warmup: int = 2,
+                min_time: float = 0.0) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` runs after ``warmup`` runs, in seconds.
+
+    With ``min_time``, each sample loops ``fn`` until it has run for that long (short kernels).
+    """
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        n, t0 = 0, time.perf_counter()
+        while True:
+            fn()
+            n += 1
+            dt = time.perf_counter() - t0
+            if dt >= min_time:
+                break
+        samples.append(dt / n)
+    return statistics.median(samples)
+
+
+def fwd_bwd(fn: Callable[[], torch.Tensor]) -> Callable[[], None]:
+    """A closure running ``fn()`` forward and a backward pass of its sum."""
+    def run():
+        out = fn()
+        if isinstance(out, tuple):
+            out = out[0]
+        out.sum().backward()
+    return run
+
+
+def _child(conn, make: Callable[[], Callable[[], object]]):
+    # the closure is built in the child so that its inputs count in its own baseline
+    try:
+        fn = make()
+        gc.collect()
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        fn()
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        conn.send(max(0, peak - base) * 1024)
+    except BaseException as e:  # report, never hang the parent
+        conn.send(repr(e))
+    finally:
+        conn.close()
+
+
+def peak_memory(make: Callable[[], Callable[[], object]], timeout: float = 600) -> float | None:
+    """Peak extra resident memory (bytes) of one call of ``make()()`` in a forked process.
+
+    ``make`` builds the inputs and returns the closure to measure; the baseline is taken after
+    building them, so the figure is the memory the computation itself adds. CPU only; None on
+    failure.
+    """
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_child, args=(child, make))
+    p.start()
+    child.close()
+    res = parent.recv() if parent.poll(timeout) else None
+    p.join(5)
+    if p.is_alive():
+        p.kill()
+    return res if isinstance(res, (int, float)) else None
+
+
+def fmt_ratio(x: float) -> str:
+    return f"{x:.2f}x"
