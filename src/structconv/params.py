@@ -8,8 +8,8 @@ them against the three classic routes on the materialised theta.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor, nn

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .._checks import check_index_tensor, shape_error
+from .._checks import check_index_tensor
 
 __all__ = ["Basis", "Dense", "Sparse", "Stack", "Product", "as_basis"]
 
@@ -269,31 +269,28 @@ class Sparse(Basis):
         """
         if layout in self._cache:
             return self._cache[layout]
-        K, M, N = self.shape
-        k, m, n = self.indices
-        if layout == "tall":
-            r, c, shp = n * K + k, m, (N * K, M)
-        elif layout == "wide":
-            r, c, shp = n, m * K + k, (N, M * K)
-        else:
-            r, c, shp = n * K + k, m * K + k, (N * K, M * K)
+        r, c, shp = self._layout(layout)
         v = self.values.detach()
         S, St = to_csr(r, c, v, shp), to_csr(c, r, v, shp[::-1])
         self._cache[layout] = (S, St)
         return S, St
 
+    def _layout(self, layout: str) -> tuple[Tensor, Tensor, tuple[int, int]]:
+        """Row and column indices and the 2-d shape of one arrangement (see ``_csr``)."""
+        K, M, N = self.shape
+        k, m, n = self.indices
+        if layout == "tall":
+            return n * K + k, m, (N * K, M)
+        if layout == "wide":
+            return n, m * K + k, (N, M * K)
+        return n * K + k, m * K + k, (N * K, M * K)
+
     def _mm(self, layout: str, X: Tensor) -> Tensor:
         if self.values.requires_grad:
             # differentiable in the values: COO sparse @ dense has autograd for both operands
-            K, M, N = self.shape
-            k, m, n = self.indices
-            if layout == "tall":
-                r, c, shp = n * K + k, m, (N * K, M)
-            elif layout == "wide":
-                r, c, shp = n, m * K + k, (N, M * K)
-            else:
-                r, c, shp = n * K + k, m * K + k, (N * K, M * K)
-            S = torch.sparse_coo_tensor(torch.stack([r, c]), self.values, shp)
+            r, c, shp = self._layout(layout)
+            S = torch.sparse_coo_tensor(torch.stack([r, c]), self.values, shp,
+                                        check_invariants=False)
             return torch.sparse.mm(S, X)
         S, St = self._csr(layout)
         return csr_matmul(S, St, X)

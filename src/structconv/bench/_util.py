@@ -7,7 +7,7 @@ import multiprocessing as mp
 import resource
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
