@@ -1,0 +1,1 @@
+"""Ready-made models built from structconv layers (graph models in ``models.graph``)."""
