@@ -1,0 +1,176 @@
+"""Checkpoints without pickle: tensors in safetensors, everything else in JSON, atomic commits.
+
+A run directory holds ``ckpt-EEEEEE.safetensors`` (model, best model, optimizer tensors, RNG
+states) and ``checkpoint.json``, which names that file with its sha256 and holds the scalars
+(epoch, optimizer hyper-parameters and scalar state, trainer state, Python RNG state). The JSON is
+written last, atomically, so it always points at a complete tensor file: a run killed at any
+moment resumes from the last committed epoch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from .io import atomic_write_bytes, atomic_write_json
+
+__all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "save_weights",
+           "load_weights", "optimizer_split", "optimizer_join", "rng_state", "set_rng_state",
+           "CHECKPOINT_JSON"]
+
+CHECKPOINT_JSON = "checkpoint.json"
+FORMAT = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, corrupt or does not fit the model."""
+
+
+def _tensors(d: dict, prefix: str) -> dict:
+    # safetensors refuses shared or non-contiguous storage: store independent contiguous copies
+    return {f"{prefix}{k}": v.detach().to("cpu").contiguous().clone() for k, v in d.items()}
+
+
+def optimizer_split(state: dict) -> tuple[dict, dict]:
+    """An optimizer ``state_dict`` -> (tensors by ``"i.key"``, JSON-able scalars)."""
+    tensors, scalars = {}, {}
+    for i, st in state["state"].items():
+        for k, v in st.items():
+            if torch.is_tensor(v):
+                tensors[f"{i}.{k}"] = v
+            else:
+                scalars[f"{i}.{k}"] = v
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()}
+              for g in state["param_groups"]]
+    return tensors, {"scalars": scalars, "param_groups": groups}
+
+
+def optimizer_join(tensors: dict, meta: dict) -> dict:
+    """Inverse of ``optimizer_split``: the ``state_dict`` to load into the optimizer."""
+    state: dict = {}
+    for key, v in list(tensors.items()) + list(meta["scalars"].items()):
+        i, k = key.split(".", 1)
+        state.setdefault(int(i), {})[k] = v
+    groups = []
+    for g in meta["param_groups"]:
+        g = dict(g)
+        if "betas" in g:
+            g["betas"] = tuple(g["betas"])
+        groups.append(g)
+    return {"state": state, "param_groups": groups}
+
+
+def rng_state() -> tuple[dict, dict]:
+    """(tensors, JSON) of the torch, CUDA, NumPy and Python random states."""
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"cuda.{i}"] = s
+    np_state = np.random.get_state()
+    tensors["numpy"] = torch.from_numpy(np_state[1].astype(np.int64))
+    py = random.getstate()
+    meta = {"python": [py[0], list(py[1]), py[2]],
+            "numpy": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])]}
+    return tensors, meta
+
+
+def set_rng_state(tensors: dict, meta: dict) -> None:
+    """Restore what ``rng_state`` saved."""
+    torch.set_rng_state(tensors["torch"])
+    cuda = sorted(k for k in tensors if k.startswith("cuda."))
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([tensors[k] for k in cuda])
+    n = meta["numpy"]
+    np.random.set_state((n[0], tensors["numpy"].numpy().astype(np.uint32), n[1], n[2], n[3]))
+    p = meta["python"]
+    random.setstate((p[0], tuple(p[1]), p[2]))
+
+
+def save_weights(path, state_dict: dict, metadata: dict | None = None) -> None:
+    """Atomically write a model ``state_dict`` as safetensors."""
+    meta = {k: str(v) for k, v in (metadata or {}).items()}
+    atomic_write_bytes(path, st_save(_tensors(state_dict, ""), metadata=meta))
+
+
+def _read_safetensors(path: Path) -> dict:
+    if not path.is_file():
+        raise CheckpointError(f"{path}: file not found (expected a safetensors file)")
+    try:
+        return st_load(path.read_bytes())
+    except (SafetensorError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{path}: corrupt safetensors file ({e})") from None
+
+
+def load_weights(path) -> dict:
+    """A model ``state_dict`` from a safetensors file."""
+    return _read_safetensors(Path(path))
+
+
+def save_checkpoint(run_dir, epoch: int, model_state: dict, optimizer_state: dict,
+                    trainer: dict, best_state: dict | None = None, keep: int = 2) -> Path:
+    """Write ``ckpt-<epoch>.safetensors`` then commit ``checkpoint.json``; prune old files."""
+    run_dir = Path(run_dir)
+    opt_t, opt_meta = optimizer_split(optimizer_state)
+    rng_t, rng_meta = rng_state()
+    tensors = {**_tensors(model_state, "model."), **_tensors(opt_t, "optim."),
+               **_tensors(rng_t, "rng.")}
+    if best_state is not None:
+        tensors.update(_tensors(best_state, "best."))
+    data = st_save(tensors)
+    name = f"ckpt-{epoch:06d}.safetensors"
+    atomic_write_bytes(run_dir / name, data)
+    atomic_write_json(run_dir / CHECKPOINT_JSON, {
+        "format": FORMAT, "epoch": epoch, "file": name,
+        "sha256": hashlib.sha256(data).hexdigest(), "optimizer": opt_meta, "rng": rng_meta,
+        "trainer": trainer, "has_best": best_state is not None,
+    })
+    # only after the commit may older tensor files go
+    old = sorted(run_dir.glob("ckpt-*.safetensors"))
+    for p in old[:-keep] if keep else []:
+        if p.name != name:
+            p.unlink(missing_ok=True)
+    return run_dir / name
+
+
+def load_checkpoint(run_dir) -> dict:
+    """The committed checkpoint of a run: ``{epoch, model, best, optimizer, rng, trainer}``."""
+    run_dir = Path(run_dir)
+    meta_path = run_dir / CHECKPOINT_JSON
+    if not run_dir.is_dir():
+        raise CheckpointError(f"{run_dir}: run directory not found")
+    if not meta_path.is_file():
+        raise CheckpointError(f"{meta_path}: no checkpoint to resume from (file not found)")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        epoch, name, digest = int(meta["epoch"]), meta["file"], meta["sha256"]
+        if meta.get("format") != FORMAT:
+            raise CheckpointError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT}")
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, UnicodeDecodeError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"{meta_path}: corrupt checkpoint metadata ({e})") from None
+    path = run_dir / Path(name).name
+    if not path.is_file():
+        raise CheckpointError(f"{path}: tensor file named by {meta_path} not found")
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise CheckpointError(f"{path}: corrupt checkpoint (sha256 differs from {meta_path})")
+    try:
+        tensors = st_load(data)
+    except (SafetensorError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{path}: corrupt safetensors file ({e})") from None
+
+    def part(prefix):
+        return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+    return {"epoch": epoch, "model": part("model."), "best": part("best.") or None,
+            "optimizer": optimizer_join(part("optim."), meta["optimizer"]),
+            "rng": (part("rng."), meta["rng"]), "trainer": meta["trainer"]}

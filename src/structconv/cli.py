@@ -1,0 +1,386 @@
+"""The ``structconv`` command line: demo, train, eval, bench, reproduce, plot-basis, verify.
+
+Every command accepts ``--seed``, ``--device`` and ``--out``. Bad input (unknown name, missing or
+corrupt file, wrong shape, bad override, NaN loss) exits with status 2 and one line on stderr;
+``STRUCTCONV_DEBUG=1`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["main", "build_parser", "UsageError"]
+
+PROG = "structconv"
+
+
+class UsageError(ValueError):
+    """Bad command-line input: reported as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    # one line on stderr (no usage block), exit status 2, as for every other bad input
+    def error(self, message):
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _common(p: argparse.ArgumentParser, top: bool = False) -> None:
+    # on subcommands the defaults are SUPPRESS so that a value given before the command stays
+    d = (lambda v: v) if top else (lambda v: argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=d(None), help="random seed (default: the "
+                   "config's seed, 0 elsewhere)")
+    p.add_argument("--device", default=d("cpu"),
+                   help="cpu, cuda, cuda:N or auto (default: cpu)")
+    p.add_argument("--out", default=d(None), help="output directory (per command default)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (subcommands with their own ``--help``)."""
+    from . import __version__
+
+    p = _Parser(prog=PROG, description="structconv: every convolution is y = Σ_k A_kᵀ x Θ_k. "
+                "Train, evaluate, benchmark and verify structured convolutions.")
+    p.add_argument("--version", action="version", version=f"structconv {__version__}")
+    _common(p, top=True)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    def cmd(name, help_):
+        s = sub.add_parser(name, help=help_, description=help_)
+        _common(s)
+        return s
+
+    s = cmd("demo", "the main job: a grid, a graph and an attention model on data that ships "
+                    "with the dependencies; prints one table")
+    s.add_argument("--quick", action="store_true", help="tiny settings (a smoke test)")
+    s.add_argument("--only", default="grid,graph,attention",
+                   help="comma-separated subset of grid, graph, attention")
+    s.add_argument("--progress", action="store_true", help="show progress bars")
+
+    s = cmd("train", "train a model described by a TOML config (with key=value overrides)")
+    s.add_argument("--config", help="TOML file or the name of a shipped config "
+                                    "(see `structconv configs`)")
+    s.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="config overrides, e.g. train.epochs=3 model.layers.0.channels=8")
+    s.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR")
+    s.add_argument("--nproc", type=int, default=1,
+                   help="data-parallel processes on this machine (DDP; gloo on CPU)")
+    s.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bars and per-epoch lines (default: when stderr is a tty)")
+    s.add_argument("--stop-after", type=int, default=0, help=argparse.SUPPRESS)
+
+    s = cmd("eval", "evaluate a trained run directory on a split")
+    s.add_argument("run", help="run directory written by structconv train")
+    s.add_argument("--split", default="test", help="train, val or test (default test)")
+    s.add_argument("--weights", default="best",
+                   help="best (default), last (the last checkpoint) or a safetensors file")
+
+    s = cmd("bench", "run a benchmark suite (structconv.bench.NAME) or all of them")
+    s.add_argument("name", help="suite name or 'all'")
+    s.add_argument("args", nargs=argparse.REMAINDER,
+                   help="suite options (--quick, --repeats N, ... see bench NAME --help)")
+
+    s = cmd("reproduce", "run an experiment recipe (structconv.experiments.NAME)")
+    s.add_argument("name", help="experiment name")
+    s.add_argument("args", nargs=argparse.REMAINDER, help="experiment options")
+
+    s = cmd("plot-basis", "plot the matrices of a basis (structconv.plots)")
+    s.add_argument("args", nargs=argparse.REMAINDER, help="plot options, e.g. grid ...")
+
+    s = cmd("verify", "check the paper's propositions and the equivalences with torch/PyG on "
+                      "random data; prints a pass/fail table")
+    s.add_argument("--quick", action="store_true", help="fewer random trials")
+
+    cmd("configs", "list the example configs shipped with structconv")
+    cmd("datasets", "list the registered datasets")
+    return p
+
+
+# -- commands ------------------------------------------------------------------------------------
+def _seed(args, default=0) -> int:
+    return default if args.seed is None else args.seed
+
+
+def _cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    return run_demo(args)
+
+
+def _train_worker(cfg, out, device, resume, progress, stop_after, result_path):
+    from .io import atomic_write_json
+    from .train import train
+
+    res = train(cfg, out, device=device, resume=resume, progress=progress,
+                stop_after=stop_after)
+    if result_path is not None:
+        from . import distributed as D
+
+        if D.world().main:
+            atomic_write_json(result_path, res)
+
+
+def _print_result(res: dict, out) -> None:
+    if res.get("interrupted"):
+        print(f"stopped after epoch {res['epoch']}; resume with: structconv train --resume {out}")
+        return
+    rows = [("model", res["model"]), ("dataset", res["dataset"]),
+            ("parameters", f"{res['parameters']:,}"), ("epochs", res["epochs"]),
+            ("best epoch", res["best_epoch"]), ("val acc", f"{res['val_acc']:.4f}"),
+            ("val loss", f"{res['val_loss']:.4f}")]
+    if res["test_acc"] is not None:
+        rows += [("test acc", f"{res['test_acc']:.4f}"), ("test loss", f"{res['test_loss']:.4f}")]
+    rows += [("train time", f"{res['train_time_s']:.1f} s"), ("run directory", str(out))]
+    w = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{w}}  {v}")
+
+
+def _cmd_train(args) -> int:
+    from .config import load_config
+
+    if args.resume:
+        if args.config or args.overrides:
+            raise UsageError("train --resume DIR continues a run with its saved config; "
+                             "do not pass --config or overrides")
+        if args.out and Path(args.out) != Path(args.resume):
+            raise UsageError("train --resume DIR writes into DIR; drop --out")
+        cfg, out = None, Path(args.resume)
+        if not out.is_dir():
+            raise UsageError(f"--resume {out}: run directory not found")
+    else:
+        if not args.config:
+            raise UsageError("train needs --config FILE (or --resume DIR)")
+        cfg = load_config(args.config, args.overrides)
+        if args.seed is not None:
+            cfg["seed"] = args.seed
+        name = cfg.get("name") or Path(args.config).stem
+        cfg["name"] = name
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        out = Path(args.out) if args.out else Path("runs") / f"{name}-{stamp}"
+    if args.nproc < 1:
+        raise UsageError(f"--nproc must be >= 1, got {args.nproc}")
+    from .train import resolve_device
+
+    resolve_device(args.device)
+    progress = sys.stderr.isatty() if args.progress is None else args.progress
+    if args.nproc > 1:
+        from .distributed import spawn
+
+        if args.device.startswith("cuda"):
+            import torch
+
+            if torch.cuda.device_count() < args.nproc:
+                raise UsageError(f"--nproc {args.nproc} on cuda needs {args.nproc} GPUs, found "
+                                 f"{torch.cuda.device_count()}")
+        if cfg is not None:
+            # the workers must not race to create the run; validate it once here
+            from .train import _setup_run
+
+            _setup_run(out, cfg, False)
+        result_path = out / "result.json"
+        spawn(args.nproc, _train_worker, cfg, str(out), args.device, bool(args.resume),
+              progress, args.stop_after, None)
+        res = json.loads(result_path.read_text()) if result_path.is_file() else \
+            {"interrupted": True, "epoch": "?"}
+    else:
+        from .train import train
+
+        res = train(cfg, out, device=args.device, resume=bool(args.resume), progress=progress,
+                    stop_after=args.stop_after)
+    _print_result(res, out)
+    return 0
+
+
+def _cmd_eval(args) -> int:
+    from .io import atomic_write_json
+    from .train import count_parameters, evaluate, load_run
+
+    if args.split not in ("train", "val", "test"):
+        raise UsageError(f"--split must be train, val or test, got {args.split!r}")
+    cfg, data, model = load_run(args.run, args.weights, args.device)
+    t0 = time.perf_counter()
+    m = evaluate(model, data, cfg, args.split)
+    dt = time.perf_counter() - t0
+    res = {"run": str(args.run), "split": args.split, "weights": args.weights,
+           "parameters": count_parameters(model), **m, "time_s": round(dt, 4)}
+    print(f"{'run':<10}  {args.run}\n{'split':<10}  {args.split} ({m['n']} items)\n"
+          f"{'parameters':<10}  {res['parameters']:,}\n{'loss':<10}  {m['loss']:.4f}\n"
+          f"{'accuracy':<10}  {m['acc']:.4f}")
+    out = Path(args.out) if args.out else Path(args.run)
+    atomic_write_json(out / f"eval-{args.split}.json", res)
+    return 0
+
+
+def _suite_parser(prog: str, module, out_default: str) -> argparse.ArgumentParser:
+    p = _Parser(prog=prog, conflict_handler="resolve",
+                description=(module.__doc__ or "").strip().splitlines()[0] if module.__doc__
+                else None)
+    p.add_argument("--out", default=out_default, help=f"output directory (default {out_default})")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
+    p.add_argument("--repeats", type=int, default=5, help="timing repeats (median)")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    if hasattr(module, "add_arguments"):
+        module.add_arguments(p)
+    return p
+
+
+def _import_suite(package: str, name: str, known) -> object:
+    if not name.replace("_", "").replace("-", "").isalnum():
+        raise UsageError(f"bad name {name!r}")
+    mod = name.replace("-", "_")
+    try:
+        return importlib.import_module(f"structconv.{package}.{mod}")
+    except ModuleNotFoundError as e:
+        if e.name in (f"structconv.{package}.{mod}", f"structconv.{package}"):
+            raise UsageError(f"unknown {package} {name!r}; known: "
+                             f"{', '.join(known) or '(none installed)'}") from None
+        raise
+
+
+def _run_suites(package: str, names, rest, args, out_default) -> int:
+    status = 0
+    for name in names:
+        module = _import_suite(package, name, _known(package))
+        p = _suite_parser(f"{PROG} {'bench' if package == 'bench' else 'reproduce'} {name}",
+                          module, out_default)
+        ns = p.parse_args(rest)
+        for k in ("seed", "device", "out"):
+            # options given before the suite name apply too, unless repeated after it
+            v = getattr(args, k, None)
+            if v is not None and f"--{k}" not in rest:
+                setattr(ns, k, v)
+        if getattr(ns, "device", "cpu") != "cpu":
+            from .train import resolve_device
+
+            resolve_device(ns.device)
+        rc = module.run(ns)
+        status = status or int(rc or 0)
+    return status
+
+
+def _known(package: str) -> list[str]:
+    mod = importlib.import_module(f"structconv.{package}")
+    for attr in ("SUITES", "EXPERIMENTS"):
+        if hasattr(mod, attr):
+            return list(getattr(mod, attr))
+    import pkgutil
+
+    return sorted(m.name for m in pkgutil.iter_modules(mod.__path__) if not m.name.startswith("_"))
+
+
+def _cmd_bench(args) -> int:
+    names = _known("bench") if args.name == "all" else [args.name]
+    if args.name == "all":
+        names = [n for n in names if importlib.util.find_spec(f"structconv.bench.{n}")]
+        if not names:
+            raise UsageError("no benchmark suites are installed")
+    return _run_suites("bench", names, args.args, args, "bench-results")
+
+
+def _cmd_reproduce(args) -> int:
+    return _run_suites("experiments", [args.name], args.args, args, "runs")
+
+
+def _cmd_plot(args) -> int:
+    try:
+        plots = importlib.import_module("structconv.plots")
+    except ModuleNotFoundError as e:
+        if e.name == "structconv.plots":
+            raise UsageError("plot-basis needs structconv.plots, which is not installed") \
+                from None
+        raise
+    p = _Parser(prog=f"{PROG} plot-basis", conflict_handler="resolve",
+                description="plot the matrices of a basis")
+    p.add_argument("--out", default="plots", help="output directory (default plots)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    plots.add_plot_arguments(p)
+    ns = p.parse_args(args.args)
+    if args.out is not None and "--out" not in args.args:
+        ns.out = args.out
+    return int(plots.run_plot(ns) or 0)
+
+
+def _cmd_verify(args) -> int:
+    from .verify import run_verify
+
+    return run_verify(seed=_seed(args), quick=args.quick, device=args.device, out=args.out)
+
+
+def _cmd_configs(args) -> int:
+    from .config import load_config, shipped_configs
+
+    for name, path in shipped_configs().items():
+        cfg = load_config(path)
+        print(f"{name:<26} data={cfg['data']['name']:<16} {cfg.get('description', '')}")
+    return 0
+
+
+def _cmd_datasets(args) -> int:
+    from .data.registry import DATASETS, data_root, dataset_names
+
+    root = data_root()
+    for name in dataset_names():
+        _, folder, desc = DATASETS[name]
+        where = "ships with the dependencies" if folder is None else \
+            f"{(root / folder) if root else '$STRUCTCONV_DATA'}/{'' if root else folder}"
+        print(f"{name:<16} {desc}  [{where}]")
+    return 0
+
+
+_COMMANDS = {"demo": _cmd_demo, "train": _cmd_train, "eval": _cmd_eval, "bench": _cmd_bench,
+             "reproduce": _cmd_reproduce, "plot-basis": _cmd_plot, "verify": _cmd_verify,
+             "configs": _cmd_configs, "datasets": _cmd_datasets}
+
+
+def _user_errors() -> tuple:
+    from .checkpoint import CheckpointError
+    from .distributed import SpawnError
+
+    # ValueError covers ConfigError, DatasetError, TrainingError, CheckpointError, UsageError
+    return (ValueError, TypeError, OSError, KeyError, IndexError, CheckpointError, SpawnError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``structconv`` console script; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = os.environ.get("STRUCTCONV_DEBUG", "") not in ("", "0")
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command is None:
+            build_parser().print_help()
+            return 0
+        rc = _COMMANDS[args.command](args)
+        return int(rc or 0)
+    except SystemExit as e:  # --help / --version, and suites that call sys.exit
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if debug:
+            raise
+        user = isinstance(e, _user_errors())
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if isinstance(e, (OSError,)) and getattr(e, "filename", None) and \
+                str(e.filename) not in msg:
+            msg = f"{msg}: {e.filename}"
+        if isinstance(e, KeyError):
+            msg = f"missing key {msg}"
+        if user:
+            print(f"{PROG}: error: {msg}", file=sys.stderr)
+            return 2
+        print(f"{PROG}: internal error: {type(e).__name__}: {msg} "
+              "(set STRUCTCONV_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,644 @@
+"""Declarative models: a TOML file -> an ``nn.Module`` built from structconv convolutions.
+
+Each ``[[model.layers]]`` entry names its basis in the paper's terms (``grid``, ``gcn``,
+``chebyshev``, ``diffusion``, ``sgc``, ``relational``, ``attention``, ``graph_attention``,
+``identity`` or a ``stack`` of those), its parameter form (``full``, ``grouped``, ``depthwise``,
+``separable`` with ``H``, ``lowrank`` with ``rank``), its output ``channels``, ``activation``,
+``dropout`` (on the layer's input), ``pool`` and ``residual``/``norm``. See ``configs/*.toml``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import sys
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from . import basis as B
+from . import params as P
+from .engine import convolve
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["ConfigError", "load_config", "parse_config", "apply_overrides", "build_model",
+           "build_basis", "build_param", "StructNet", "DEFAULTS", "config_path",
+           "shipped_configs"]
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the key and the bad value."""
+
+
+#: defaults merged under every config (the file's values win)
+DEFAULTS = {
+    "seed": 0,
+    "data": {"name": "digits", "root": None, "options": {}, "batch_size": 64, "seq_len": 64,
+             "eval_batch_size": 512, "batches_per_epoch": 0},
+    "model": {"layers": [], "readout": "auto", "classifier": "auto", "embedding": 0,
+              "dtype": "float32"},
+    "train": {"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "momentum": 0.9,
+              "epochs": 10, "patience": 0, "monitor": "val_acc", "grad_clip": 0.0,
+              "checkpoint_every": 1, "log_every": 0},
+}
+
+_TOP = {"seed", "name", "description", "data", "model", "train"}
+_ACT = {"relu": F.relu, "gelu": F.gelu, "elu": F.elu, "tanh": torch.tanh,
+        "sigmoid": torch.sigmoid, "none": None, "leaky_relu": F.leaky_relu}
+
+
+# -- loading -------------------------------------------------------------------------------------
+def _merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def shipped_configs() -> dict[str, Path]:
+    """The example configs shipped in the package, by name (file stem)."""
+    folder = Path(__file__).with_name("configs")
+    return {p.stem: p for p in sorted(folder.glob("*.toml"))}
+
+
+def config_path(name_or_path: str | Path) -> Path:
+    """A path as given, or the shipped config of that name (``cnn_digits``)."""
+    p = Path(name_or_path)
+    if p.is_file():
+        return p
+    shipped = shipped_configs()
+    if str(name_or_path) in shipped:
+        return shipped[str(name_or_path)]
+    if p.suffix == ".toml" or p.parent != Path("."):
+        raise ConfigError(f"config file {p} not found")
+    raise ConfigError(f"unknown config {str(name_or_path)!r}: not a file, and not one of the "
+                      f"shipped configs ({', '.join(shipped)})")
+
+
+def parse_config(text: str, source: str = "<config>") -> dict:
+    """TOML text -> validated config dict with defaults filled in."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{source}: invalid TOML ({e})") from None
+    return validate(_merge(DEFAULTS, raw), source)
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple = ()) -> dict:
+    """Read a TOML config (path or shipped name), apply ``key=value`` overrides, validate."""
+    p = config_path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read config {p}: {e}") from None
+    cfg = parse_config(text, str(p))
+    return validate(apply_overrides(cfg, overrides), str(p)) if overrides else cfg
+
+
+def _parse_value(text: str):
+    # a TOML value when it parses as one (numbers, booleans, arrays, quoted strings), else a string
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(cfg: dict, overrides) -> dict:
+    """Apply ``a.b.c=value`` overrides; ``model.layers.0.channels=8`` indexes a list."""
+    cfg = copy.deepcopy(cfg)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"bad override {item!r}: expected key=value, e.g. train.epochs=3")
+        key, text = item.split("=", 1)
+        parts = key.strip().split(".")
+        if not key.strip() or any(not p for p in parts):
+            raise ConfigError(f"bad override {item!r}: empty key")
+        if parts[0] not in _TOP:
+            raise ConfigError(f"bad override {item!r}: unknown section {parts[0]!r} "
+                              f"(expected one of {', '.join(sorted(_TOP))})")
+        node = cfg
+        for i, p in enumerate(parts[:-1]):
+            if isinstance(node, list):
+                if not p.isdigit() or int(p) >= len(node):
+                    raise ConfigError(f"bad override {item!r}: {'.'.join(parts[:i + 1])} is not "
+                                      f"an index below {len(node)}")
+                node = node[int(p)]
+            else:
+                if p not in node or not isinstance(node[p], (dict, list)):
+                    if parts[0] in ("data", "model", "train") and i >= 1 and p == "options":
+                        node[p] = {}
+                    elif p in ("options",):
+                        node.setdefault(p, {})
+                    else:
+                        raise ConfigError(f"bad override {item!r}: no table "
+                                          f"{'.'.join(parts[:i + 1])}")
+                node = node[p]
+        last = parts[-1]
+        value = _parse_value(text.strip())
+        if isinstance(node, list):
+            if not last.isdigit() or int(last) >= len(node):
+                raise ConfigError(f"bad override {item!r}: {last!r} is not an index below "
+                                  f"{len(node)}")
+            node[int(last)] = value
+        else:
+            section = parts[0]
+            known = DEFAULTS.get(section) if len(parts) == 2 else None
+            if isinstance(known, dict) and last not in known and last not in node:
+                raise ConfigError(f"bad override {item!r}: unknown key {key!r} (known in "
+                                  f"[{section}]: {', '.join(sorted(known))})")
+            old = node.get(last)
+            if isinstance(old, bool) and not isinstance(value, bool):
+                raise ConfigError(f"bad override {item!r}: {key} expects true/false")
+            if isinstance(old, (int, float)) and not isinstance(old, bool) and \
+                    not isinstance(value, (int, float)):
+                raise ConfigError(f"bad override {item!r}: {key} expects a number, got {text!r}")
+            if isinstance(old, float) and isinstance(value, int):
+                value = float(value)
+            node[last] = value
+    return cfg
+
+
+def _need(cond: bool, msg: str):
+    if not cond:
+        raise ConfigError(msg)
+
+
+def validate(cfg: dict, source: str = "<config>") -> dict:
+    """Check sections, keys and value types; returns ``cfg``."""
+    for k in cfg:
+        _need(k in _TOP, f"{source}: unknown top-level key {k!r} "
+                         f"(expected {', '.join(sorted(_TOP))})")
+    for sec in ("data", "model", "train"):
+        _need(isinstance(cfg[sec], dict), f"{source}: [{sec}] must be a table")
+        for k in cfg[sec]:
+            _need(k in DEFAULTS[sec], f"{source}: unknown key {sec}.{k} (known: "
+                                      f"{', '.join(sorted(DEFAULTS[sec]))})")
+    t = cfg["train"]
+    for k in ("epochs", "patience", "checkpoint_every", "log_every"):
+        _need(isinstance(t[k], int) and not isinstance(t[k], bool) and t[k] >= 0,
+              f"{source}: train.{k} must be an int >= 0, got {t[k]!r}")
+    _need(t["epochs"] >= 1, f"{source}: train.epochs must be >= 1, got {t['epochs']}")
+    for k in ("lr", "weight_decay", "momentum", "grad_clip"):
+        _need(isinstance(t[k], (int, float)) and not isinstance(t[k], bool) and t[k] >= 0
+              and math.isfinite(t[k]), f"{source}: train.{k} must be a number >= 0, got {t[k]!r}")
+    _need(t["optimizer"] in ("adam", "adamw", "sgd"),
+          f"{source}: train.optimizer must be adam, adamw or sgd, got {t['optimizer']!r}")
+    _need(t["monitor"] in ("val_acc", "val_loss"),
+          f"{source}: train.monitor must be val_acc or val_loss, got {t['monitor']!r}")
+    d = cfg["data"]
+    _need(isinstance(d["name"], str), f"{source}: data.name must be a string")
+    _need(isinstance(d["options"], dict), f"{source}: data.options must be a table")
+    for k in ("batch_size", "seq_len", "eval_batch_size"):
+        _need(isinstance(d[k], int) and not isinstance(d[k], bool) and d[k] >= 1,
+              f"{source}: data.{k} must be an int >= 1, got {d[k]!r}")
+    _need(isinstance(d["batches_per_epoch"], int) and d["batches_per_epoch"] >= 0,
+          f"{source}: data.batches_per_epoch must be an int >= 0")
+    _need(isinstance(cfg["seed"], int), f"{source}: seed must be an int, got {cfg['seed']!r}")
+    m = cfg["model"]
+    _need(m["dtype"] in ("float32", "float64"),
+          f"{source}: model.dtype must be float32 or float64, got {m['dtype']!r}")
+    _need(isinstance(m["layers"], list) and m["layers"],
+          f"{source}: model.layers must be a non-empty list of [[model.layers]] tables")
+    for i, layer in enumerate(m["layers"]):
+        _need(isinstance(layer, dict), f"{source}: model.layers.{i} must be a table")
+        _check_layer(layer, f"{source}: model.layers.{i}")
+    _need(m["readout"] in ("auto", "flatten", "mean", "sum", "max", "none"),
+          f"{source}: model.readout must be auto, flatten, mean, sum, max or none, "
+          f"got {m['readout']!r}")
+    return cfg
+
+
+_LAYER_KEYS = {"type", "basis", "channels", "param", "groups", "H", "rank", "activation",
+               "dropout", "bias", "pool", "residual", "norm", "route"}
+
+
+def _check_layer(layer: dict, where: str):
+    for k in layer:
+        _need(k in _LAYER_KEYS, f"{where}: unknown key {k!r} (known: "
+                                f"{', '.join(sorted(_LAYER_KEYS))})")
+    kind = layer.get("type", "conv")
+    _need(kind in ("conv", "linear"), f"{where}: type must be conv or linear, got {kind!r}")
+    ch = layer.get("channels", "same")
+    _need(ch in ("classes", "same") or (isinstance(ch, int) and not isinstance(ch, bool)
+                                        and ch >= 1),
+          f"{where}: channels must be a positive int, 'classes' or 'same', got {ch!r}")
+    act = layer.get("activation", "none")
+    _need(act in _ACT, f"{where}: unknown activation {act!r} (known: {', '.join(_ACT)})")
+    dp = layer.get("dropout", 0.0)
+    _need(isinstance(dp, (int, float)) and 0 <= dp < 1,
+          f"{where}: dropout must be in [0, 1), got {dp!r}")
+    _need(layer.get("param", "full") in _PARAMS,
+          f"{where}: unknown param {layer.get('param')!r} (known: {', '.join(_PARAMS)})")
+    if kind == "conv":
+        _need("basis" in layer, f"{where}: a conv layer needs a basis (e.g. basis = "
+                                f"{{ kind = \"grid\", kernel_size = 3 }})")
+        _check_basis(layer["basis"], f"{where}.basis")
+    _need(layer.get("norm", "none") in ("none", "layer"),
+          f"{where}: norm must be none or layer, got {layer.get('norm')!r}")
+
+
+_BASIS_KINDS = {"grid", "gcn", "chebyshev", "diffusion", "sgc", "relational", "attention",
+                "graph_attention", "identity", "stack"}
+
+
+def _basis_spec(spec) -> dict:
+    return {"kind": spec} if isinstance(spec, str) else dict(spec)
+
+
+def _check_basis(spec, where: str):
+    _need(isinstance(spec, (str, dict)), f"{where}: a basis is a kind name or a table, "
+                                         f"got {spec!r}")
+    spec = _basis_spec(spec)
+    kind = spec.get("kind")
+    _need(kind in _BASIS_KINDS, f"{where}: unknown basis kind {kind!r} (known: "
+                                f"{', '.join(sorted(_BASIS_KINDS))})")
+    if kind == "stack":
+        parts = spec.get("parts")
+        _need(isinstance(parts, list) and parts, f"{where}: a stack needs parts = [...]")
+        for i, p in enumerate(parts):
+            _check_basis(p, f"{where}.parts.{i}")
+
+
+# -- parameter forms -----------------------------------------------------------------------------
+_PARAMS = ("full", "grouped", "depthwise", "separable", "lowrank")
+
+
+def build_param(layer: dict, K: int, Pin: int, Q: int) -> P.Parameterization:
+    """The parameter form named by a layer table, for theta (K, Pin, Q)."""
+    name = layer.get("param", "full")
+    if name == "full":
+        return P.Full(K, Pin, Q)
+    if name == "grouped":
+        return P.Grouped(K, Pin, Q, int(layer.get("groups", 1)))
+    if name == "depthwise":
+        return P.DepthwiseSeparable(K, Pin, Q)
+    if name == "separable":
+        return P.ControlledSeparable(K, Pin, Q, int(layer.get("H", 1)))
+    return P.LowRank(K, Pin, Q, int(layer.get("rank", 1)))
+
+
+# -- bases ---------------------------------------------------------------------------------------
+def _basis_api(name: str):
+    fn = getattr(B, name, None)
+    if fn is None:
+        raise ConfigError(f"sc.basis.{name} is not available in this installation")
+    return fn
+
+
+class Ctx:
+    """What a layer's basis needs from the data: grid shape, graph, sequence length."""
+
+    def __init__(self, grid=None, edge_index=None, num_nodes=None, edge_type=None,
+                 num_relations=1):
+        self.grid = grid
+        self.edge_index, self.num_nodes = edge_index, num_nodes
+        self.edge_type, self.num_relations = edge_type, num_relations
+
+
+def _grid_args(spec: dict):
+    return (spec.get("kernel_size", 3), spec.get("stride", 1), spec.get("padding", 0),
+            spec.get("dilation", 1))
+
+
+def build_basis(spec, ctx: Ctx, where: str = "basis"):
+    """A fixed ``sc.basis.Basis`` from a basis table; attention kinds are built by the layer."""
+    spec = _basis_spec(spec)
+    kind = spec["kind"]
+    if kind == "grid":
+        _need(ctx.grid is not None, f"{where}: a grid basis needs grid-shaped input (images or "
+                                    "sequences)")
+        k, s, p, d = _grid_args(spec)
+        if spec.get("causal"):
+            # causal 1-d shifts: output n sees inputs n-(k-1)*d .. n
+            _need(len(ctx.grid) == 1, f"{where}: causal shifts need a 1-d grid")
+            p = [((int(k) - 1) * int(d), 0)]
+        return _basis_api("Grid")(tuple(ctx.grid), k, stride=s, padding=p, dilation=d)
+    if kind == "identity":
+        n = ctx.num_nodes if ctx.grid is None else math.prod(ctx.grid)
+        idx = torch.arange(n)
+        return B.Sparse(torch.stack([torch.zeros_like(idx), idx, idx]), torch.ones(n), (1, n, n))
+    if kind in ("gcn", "chebyshev", "diffusion", "sgc", "relational"):
+        _need(ctx.edge_index is not None, f"{where}: a {kind} basis needs a graph dataset")
+        ei, n = ctx.edge_index, ctx.num_nodes
+        if kind == "gcn":
+            return _basis_api("gcn")(ei, n, add_self_loops=spec.get("add_self_loops", True),
+                                     normalize=spec.get("normalize", True))
+        if kind == "sgc":
+            # SGC: S^hops as the composition (Proposition 2) of ``hops`` GCN steps, K = 1
+            hops = int(spec.get("hops", 2))
+            _need(hops >= 1, f"{where}: hops must be >= 1")
+            g = _basis_api("gcn")(ei, n)
+            out = g
+            for _ in range(hops - 1):
+                out = B.Product(out, g)
+            return out
+        if kind == "chebyshev":
+            return _basis_api("chebyshev")(ei, n, int(spec.get("K", 3)),
+                                           normalization=spec.get("normalization", "sym"))
+        if kind == "diffusion":
+            return _basis_api("diffusion")(ei, n, int(spec.get("K", 2)),
+                                           normalization=spec.get("normalization", "sym"))
+        _need(ctx.edge_type is not None, f"{where}: a relational basis needs edge types")
+        sorts = spec.get("sorts", "single")
+        if sorts == "single":
+            sorts = [(r,) for r in range(ctx.num_relations)]
+        else:
+            sorts = [tuple(s) for s in sorts]
+        kw = {k: v for k, v in spec.items() if k not in ("kind", "sorts")}
+        return _basis_api("relational")(ei, ctx.edge_type, n, sorts, **kw)
+    if kind == "stack":
+        return B.Stack([build_basis(p, ctx, f"{where}.parts.{i}")
+                        for i, p in enumerate(spec["parts"])])
+    raise ConfigError(f"{where}: {kind} is computed from content, not a fixed basis")
+
+
+# -- layers --------------------------------------------------------------------------------------
+class FixedConv(nn.Module):
+    """y = Σ_k A_kᵀ x Θ_k + b for a fixed basis; x (B, M, P) -> (B, N, Q).
+
+    ``identity_input`` convolves the identity bundle x = I (featureless nodes): then
+    x·Θ_k = Θ_k, so theta's P axis runs over the M input entries.
+    """
+
+    def __init__(self, basis, Pin: int, Q: int, layer: dict, identity_input: bool = False):
+        super().__init__()
+        self.basis = basis
+        self.param = build_param(layer, basis.K, Pin, Q)
+        self.identity_input = identity_input
+        self.route = layer.get("route", "auto")
+        self.bias = nn.Parameter(torch.zeros(Q)) if layer.get("bias", True) else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.identity_input:
+            theta = self.param()  # (K, M, Q): row m of Θ_k is I[m]·Θ_k
+            basis = self.basis._matching(theta)
+            y = basis.propagate_sum(theta.permute(1, 0, 2).unsqueeze(0))
+            y = y.expand(x.shape[0], -1, -1)
+        else:
+            y = convolve(x, self.basis, self.param, route=self.route)
+        return y if self.bias is None else y + self.bias
+
+
+class AttentionConv(nn.Module):
+    """Content bases: ``heads`` softmax attention matrices, optionally stacked with fixed ones.
+
+    A[b, k, m, n] = softmax_m(q_n · k_m / sqrt(d)) (scaled dot product, i.e. a biaffine score with
+    Λ_k = W_q,k W_k,kᵀ), masked causally or to the graph's edges; the fixed part (e.g. shift heads)
+    is a basis from ``build_basis``; y = Σ_k A_kᵀ x Θ_k with one theta over all K.
+    ``graph_attention`` is GAT's score LeakyReLU(μ_k·x_m + ν_k·x_n) over the edges m -> n.
+    """
+
+    def __init__(self, spec: dict, ctx: Ctx, Pin: int, Q: int, layer: dict, where: str):
+        super().__init__()
+        spec = _basis_spec(spec)
+        parts = spec["parts"] if spec["kind"] == "stack" else [spec]
+        att = [p for p in map(_basis_spec, parts) if p["kind"] in ("attention",
+                                                                    "graph_attention")]
+        fixed = [p for p in map(_basis_spec, parts) if p["kind"] not in ("attention",
+                                                                          "graph_attention")]
+        _need(len(att) == 1, f"{where}: use one attention part (with heads = H) per layer")
+        a = att[0]
+        self.kind = a["kind"]
+        self.heads = int(a.get("heads", 1))
+        self.causal = bool(a.get("causal", False))
+        self.fixed = B.Stack([build_basis(p, ctx, where) for p in fixed]) if fixed else None
+        K = self.heads + (self.fixed.K if self.fixed is not None else 0)
+        if self.kind == "graph_attention":
+            _need(ctx.edge_index is not None, f"{where}: graph_attention needs a graph dataset")
+            ei = ctx.edge_index
+            if a.get("add_self_loops", True):
+                keep = ei[0] != ei[1]
+                loops = torch.arange(ctx.num_nodes).repeat(2, 1)
+                ei = torch.cat([ei[:, keep], loops], 1)
+            self.register_buffer("edge_index", ei, persistent=False)
+            self.num_nodes = ctx.num_nodes
+            self.slope = float(a.get("negative_slope", 0.2))
+            self.att_dropout = float(a.get("dropout", 0.0))
+            # GAT scores come from the projected features: μ_k, ν_k act on x Θ_k
+            self.mu = nn.Parameter(torch.randn(self.heads, Q) / math.sqrt(Q))
+            self.nu = nn.Parameter(torch.randn(self.heads, Q) / math.sqrt(Q))
+        else:
+            d = int(a.get("dim", max(1, Pin // self.heads)))
+            self.dim = d
+            self.query = nn.Linear(Pin, self.heads * d, bias=False)
+            self.key = nn.Linear(Pin, self.heads * d, bias=False)
+        self.param = build_param(layer, K, Pin, Q)
+        self.bias = nn.Parameter(torch.zeros(Q)) if layer.get("bias", True) else None
+
+    def scores(self, x: Tensor) -> Tensor:
+        """The attention part of the basis, (B, heads, M, N), each column normalised over m."""
+        Bn, M, _ = x.shape
+        q = self.query(x).reshape(Bn, M, self.heads, self.dim).transpose(1, 2)
+        k = self.key(x).reshape(Bn, M, self.heads, self.dim).transpose(1, 2)
+        s = k @ q.transpose(-1, -2) / math.sqrt(self.dim)  # (B, H, m, n)
+        if self.causal:
+            # input m may act on output n only when m <= n
+            mask = torch.ones(M, M, dtype=torch.bool, device=x.device).triu()
+            s = s.masked_fill(~mask, float("-inf"))
+        return torch.softmax(s, dim=2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        theta = self.param()
+        H = self.heads
+        if self.kind == "graph_attention":
+            y = self._gat(x, theta[:H])
+        else:
+            A = self.scores(x)
+            # input_param order: R_k = X Θ_k, then y = Σ_k A_kᵀ R_k
+            r = torch.einsum("bmp,kpq->bkmq", x, theta[:H])
+            y = torch.einsum("bkmn,bkmq->bnq", A, r)
+        if self.fixed is not None:
+            y = y + convolve(x, self.fixed, theta[H:])
+        return y if self.bias is None else y + self.bias
+
+    def _gat(self, x: Tensor, theta: Tensor) -> Tensor:
+        src, dst = self.edge_index
+        r = torch.einsum("bmp,kpq->bkmq", x, theta)  # (B, H, N, Q)
+        e = (r * self.mu[None, :, None]).sum(-1)[:, :, src] + \
+            (r * self.nu[None, :, None]).sum(-1)[:, :, dst]
+        e = F.leaky_relu(e, self.slope)  # (B, H, E)
+        # softmax over the incoming edges of each target (column normalisation of A_k)
+        idx = dst.expand_as(e)
+        m = torch.full(e.shape[:2] + (self.num_nodes,), float("-inf"), dtype=e.dtype,
+                       device=e.device).scatter_reduce(2, idx, e, "amax", include_self=True)
+        w = torch.exp(e - m.gather(2, idx))
+        z = torch.zeros_like(m).scatter_add(2, idx, w)
+        alpha = w / z.gather(2, idx)
+        if self.training and self.att_dropout:
+            alpha = F.dropout(alpha, self.att_dropout)
+        msg = r[:, :, src] * alpha.unsqueeze(-1)  # (B, H, E, Q)
+        y = torch.zeros(r.shape[0], r.shape[2], r.shape[3], dtype=r.dtype, device=r.device)
+        return y.index_add(1, dst, msg.sum(1))
+
+
+class Block(nn.Module):
+    """One declared layer: dropout on the input, the convolution, activation, pool, residual."""
+
+    def __init__(self, conv: nn.Module, layer: dict, Pin: int, pool=None, pool_shape=None):
+        super().__init__()
+        self.conv = conv
+        self.act = _ACT[layer.get("activation", "none")]
+        self.dropout = float(layer.get("dropout", 0.0))
+        self.residual = bool(layer.get("residual", False))
+        self.norm = nn.LayerNorm(Pin) if layer.get("norm", "none") == "layer" else None
+        self.pool, self.pool_shape = pool, pool_shape
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.norm(x) if self.norm is not None else x
+        h = F.dropout(h, self.dropout, self.training) if self.dropout else h
+        h = self.conv(h)
+        if self.act is not None:
+            h = self.act(h)
+        if self.residual:
+            h = h + x
+        if self.pool is not None:
+            h = self.pool(h)
+        return h
+
+
+class _Pool(nn.Module):
+    """Grid pooling of a (B, H*W, C) bundle: ``avg`` is the K = 1 AvgPool basis, ``max`` torch's."""
+
+    def __init__(self, spec: dict, in_shape: tuple, where: str):
+        super().__init__()
+        kind = spec.get("kind", "avg")
+        _need(kind in ("avg", "max"), f"{where}: pool kind must be avg or max, got {kind!r}")
+        self.kind, self.in_shape = kind, tuple(in_shape)
+        ks, st = spec.get("kernel_size", 2), spec.get("stride")
+        pad = spec.get("padding", 0)
+        if kind == "avg":
+            self.basis = _basis_api("AvgPool")(self.in_shape, ks, stride=st, padding=pad)
+            self.out_shape = tuple(self.basis.out_shape)
+        else:
+            nd = len(self.in_shape)
+            self.args = (ks, st if st is not None else ks, pad)
+            fn = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[nd - 1]
+            self.fn = fn
+            self.out_shape = tuple(fn(torch.zeros(1, 1, *self.in_shape), *self.args).shape[2:])
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.kind == "avg":
+            return self.basis._matching(x).propagate(x)[:, :, 0]
+        Bn, M, C = x.shape
+        g = x.transpose(1, 2).reshape(Bn, C, *self.in_shape)
+        return self.fn(g, *self.args).reshape(Bn, C, -1).transpose(1, 2)
+
+
+class StructNet(nn.Module):
+    """A stack of declared layers over a bundle; input/readout set by the data's task.
+
+    image: (B, C, H, W) -> (B, classes); node: x (N, F) -> (N, classes); text: ids (B, T) ->
+    (B, T, classes).
+    """
+
+    def __init__(self, cfg: dict, info: dict):
+        super().__init__()
+        m = cfg["model"]
+        self.task = info["task"]
+        self.classes = info["num_classes"]
+        ctx = Ctx(grid=info.get("grid"), edge_index=info.get("edge_index"),
+                  num_nodes=info.get("num_nodes"), edge_type=info.get("edge_type"),
+                  num_relations=info.get("num_relations", 1))
+        channels = info["channels"]
+        self.embed = None
+        if self.task == "text":
+            d = int(m["embedding"]) or 64
+            self.embed = nn.Embedding(info["vocab"], d)
+            channels = d
+        featureless = self.task == "node" and info.get("featureless", False)
+        blocks = []
+        for i, layer in enumerate(m["layers"]):
+            where = f"model.layers.{i}"
+            ch = layer.get("channels", "same")
+            Q = self.classes if ch == "classes" else channels if ch == "same" else int(ch)
+            pool = None
+            if layer.get("type", "conv") == "linear":
+                conv = nn.Linear(channels, Q, bias=layer.get("bias", True))
+            else:
+                spec = _basis_spec(layer["basis"])
+                kinds = {_basis_spec(p)["kind"] for p in spec.get("parts", [spec])}
+                if kinds & {"attention", "graph_attention"}:
+                    _need(not (featureless and i == 0),
+                          f"{where}: attention cannot take featureless input")
+                    conv = AttentionConv(spec, ctx, channels, Q, layer, where)
+                else:
+                    basis = build_basis(spec, ctx, f"{where}.basis")
+                    conv = FixedConv(basis, channels, Q, layer,
+                                     identity_input=featureless and i == 0)
+                    if ctx.grid is not None and hasattr(basis, "out_shape"):
+                        ctx.grid = tuple(basis.out_shape)
+                if "pool" in layer:
+                    _need(ctx.grid is not None, f"{where}: pool needs grid-shaped input")
+                    pool = _Pool(dict(layer["pool"]), ctx.grid, f"{where}.pool")
+                    ctx.grid = pool.out_shape
+            if layer.get("residual"):
+                _need(Q == channels, f"{where}: residual needs channels == input channels "
+                                     f"({channels}), got {Q}")
+            blocks.append(Block(conv, layer, channels, pool))
+            channels = Q
+        self.blocks = nn.ModuleList(blocks)
+        readout = m["readout"]
+        if readout == "auto":
+            readout = "flatten" if self.task == "image" else "none"
+        self.readout = readout
+        feat = channels * (math.prod(ctx.grid) if readout == "flatten" and ctx.grid else 1)
+        clf = m["classifier"]
+        if clf == "auto":
+            clf = channels != self.classes or readout == "flatten"
+        self.classifier = nn.Linear(feat, self.classes) if clf else None
+        self.out_channels = channels
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.task == "image":
+            Bn, C = x.shape[:2]
+            x = x.reshape(Bn, C, -1).transpose(1, 2)  # row-major grid flattening, (B, H*W, C)
+        elif self.task == "node":
+            x = x.unsqueeze(0)
+        else:
+            x = self.embed(x)
+        for blk in self.blocks:
+            x = blk(x)
+        if self.readout == "flatten":
+            x = x.reshape(x.shape[0], -1)
+        elif self.readout in ("mean", "sum", "max"):
+            x = getattr(x, self.readout)(1)
+            x = x.values if self.readout == "max" else x
+        if self.classifier is not None:
+            x = self.classifier(x)
+        return x[0] if self.task == "node" else x
+
+
+def data_info(data, cfg: dict) -> dict:
+    """What ``build_model`` needs to know about a dataset (shapes, graph, classes)."""
+    info = {"task": data.task, "num_classes": data.num_classes}
+    if data.task == "image":
+        C, *grid = data.shape
+        info.update(channels=C, grid=tuple(grid))
+    elif data.task == "node":
+        info.update(channels=data.num_features, edge_index=data.edge_index,
+                    num_nodes=data.num_nodes, edge_type=data.edge_type,
+                    num_relations=data.num_relations, featureless=data.x is None)
+    else:
+        info.update(channels=0, grid=(cfg["data"]["seq_len"],), vocab=len(data.vocab))
+    return info
+
+
+def build_model(cfg: dict, data) -> StructNet:
+    """The model described by ``cfg['model']`` for ``data`` (a registry dataset)."""
+    try:
+        model = StructNet(cfg, data_info(data, cfg))
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"cannot build the model: {e}") from None
+    dtype = getattr(torch, cfg["model"]["dtype"])
+    return model.to(dtype)

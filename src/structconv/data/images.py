@@ -1,0 +1,115 @@
+"""Image datasets: scikit-learn's digits (shipped), MNIST and Fashion-MNIST (IDX gz files)."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .registry import DatasetError, ImageData, register_dataset
+
+__all__ = ["read_idx", "load_digits", "load_idx_images"]
+
+_IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
+              0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
+
+
+def read_idx(path: str | Path, ndim: int | None = None) -> np.ndarray:
+    """Parse a (gzip-compressed) IDX file into an array; ``ndim`` checks the stored rank."""
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"{path}: file not found (expected an IDX file, gzip-compressed)")
+    try:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError, zlib.error) as e:
+        raise DatasetError(f"{path}: not a readable gzip stream ({e})") from None
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_TYPES:
+        raise DatasetError(
+            f"{path}: bad IDX magic {raw[:4].hex() or '(empty)'}; expected 0000 then a type "
+            f"byte (08 = uint8) and the rank, e.g. 00000803 for images")
+    dtype, d = np.dtype(_IDX_TYPES[raw[2]]), raw[3]
+    if ndim is not None and d != ndim:
+        raise DatasetError(f"{path}: IDX rank {d}, expected {ndim}")
+    if len(raw) < 4 + 4 * d:
+        raise DatasetError(f"{path}: truncated IDX header ({len(raw)} bytes)")
+    dims = struct.unpack(f">{d}I", raw[4:4 + 4 * d])
+    need = int(np.prod(dims)) * dtype.itemsize
+    body = raw[4 + 4 * d:]
+    if len(body) != need:
+        raise DatasetError(
+            f"{path}: IDX header says {dims} ({need} data bytes) but the file holds "
+            f"{len(body)} data bytes ({'truncated' if len(body) < need else 'trailing data'})")
+    return np.frombuffer(body, dtype=dtype).reshape(dims)
+
+
+def _split_val(x, y, val: int, seed: int):
+    # a fixed permutation (seeded) so that train/val do not depend on the file order's classes
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(x.shape[0], generator=g)
+    return (x[perm[val:]], y[perm[val:]]), (x[perm[:val]], y[perm[:val]])
+
+
+def load_idx_images(root: Path, name: str, val: int = 10000, limit: int | None = None,
+                    seed: int = 0, mean: float | None = None, std: float | None = None):
+    """MNIST-style folder -> ImageData with train/val/test; pixels scaled to [0, 1], normalised."""
+    out = {}
+    for split, prefix in (("train", "train"), ("test", "t10k")):
+        imgs = read_idx(root / f"{prefix}-images-idx3-ubyte.gz", ndim=3)
+        labels = read_idx(root / f"{prefix}-labels-idx1-ubyte.gz", ndim=1)
+        if imgs.shape[0] != labels.shape[0]:
+            raise DatasetError(
+                f"{root}: {prefix}-images has {imgs.shape[0]} images but {prefix}-labels has "
+                f"{labels.shape[0]} labels")
+        if labels.size and labels.max() > 9:
+            raise DatasetError(f"{root}/{prefix}-labels-idx1-ubyte.gz: label {labels.max()} > 9")
+        x = torch.from_numpy(imgs.astype(np.float32) / 255.0).unsqueeze(1)
+        y = torch.from_numpy(labels.astype(np.int64))
+        out[split] = (x, y)
+    m = out["train"][0].mean().item() if mean is None else mean
+    s = out["train"][0].std().item() if std is None else std
+    out = {k: ((x - m) / s, y) for k, (x, y) in out.items()}
+    if val:
+        if val >= out["train"][0].shape[0]:
+            raise ValueError(f"val={val} must be smaller than the {out['train'][0].shape[0]} "
+                             "training images")
+        out["train"], out["val"] = _split_val(*out["train"], val, seed)
+    if limit:
+        out = {k: (x[:limit], y[:limit]) for k, (x, y) in out.items()}
+    return ImageData(name, {k: out[k] for k in ("train", "val", "test") if k in out}, 10)
+
+
+@register_dataset("mnist", "mnist", "MNIST 28x28 digits (IDX gz files)")
+def _mnist(root, val=10000, limit=None, seed=0):
+    return load_idx_images(root, "mnist", val, limit, seed, 0.1307, 0.3081)
+
+
+@register_dataset("fashion-mnist", "fashion-mnist", "Fashion-MNIST 28x28 (IDX gz files)")
+def _fashion(root, val=10000, limit=None, seed=0):
+    return load_idx_images(root, "fashion-mnist", val, limit, seed, 0.2860, 0.3530)
+
+
+@register_dataset("digits", None, "scikit-learn's 8x8 digits (ships with scikit-learn)")
+def load_digits(root=None, val: float = 0.15, test: float = 0.15, seed: int = 0,
+                limit: int | None = None) -> ImageData:
+    """The 1797 8x8 digits, pixels scaled to [0, 1], split train/val/test by a seeded shuffle."""
+    from sklearn.datasets import load_digits as sk_digits
+
+    d = sk_digits()
+    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(d.target, dtype=torch.int64)
+    if limit:
+        x, y = x[:limit], y[:limit]
+    n = x.shape[0]
+    n_val, n_test = int(round(val * n)), int(round(test * n))
+    if n_val + n_test >= n:
+        raise ValueError(f"val={val} + test={test} leave no training images out of {n}")
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    idx = {"test": perm[:n_test], "val": perm[n_test:n_test + n_val],
+           "train": perm[n_test + n_val:]}
+    return ImageData("digits", {k: (x[idx[k]], y[idx[k]]) for k in ("train", "val", "test")}, 10)

@@ -1,0 +1,192 @@
+"""Dataset registry: ``load_dataset(name, root=None, **options)`` returns one of three containers.
+
+``ImageData`` (x (N, C, H, W) float, y (N,) long, per split), ``GraphData`` (node features (N, F),
+labels, ``edge_index`` (2, E), split masks, optional ``edge_type``) and ``TextData`` (token ids
+per split and the vocabulary). Loaders parse real files; file-backed sets look in ``root``, else in
+``$STRUCTCONV_DATA/<folder>``, else ``/work/shared/datasets/<folder>`` when it exists.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+__all__ = ["ImageData", "GraphData", "TextData", "DatasetError", "DATASETS", "register_dataset",
+           "load_dataset", "data_root", "dataset_names"]
+
+DEFAULT_DATA = Path("/work/shared/datasets")
+
+
+class DatasetError(ValueError):
+    """A dataset file is missing or corrupt; the message names the file and what was expected."""
+
+
+@dataclass
+class ImageData:
+    """Image classification: ``splits[name] = (x (N, C, H, W) float32, y (N,) long)``."""
+
+    name: str
+    splits: dict[str, tuple[Tensor, Tensor]]
+    num_classes: int
+    task: str = "image"
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of one image."""
+        return tuple(next(iter(self.splits.values()))[0].shape[1:])
+
+    def describe(self) -> str:
+        sizes = ", ".join(f"{k} {v[0].shape[0]}" for k, v in self.splits.items())
+        return f"{self.name}: images {self.shape}, {self.num_classes} classes ({sizes})"
+
+
+@dataclass
+class GraphData:
+    """Node classification on one graph: x (N, F) (None: featureless), y (N,), masks (N,) bool.
+
+    ``edge_index`` (2, E) is PyG's [source; target]; ``edge_type`` (E,) is set for relational
+    graphs, with ``num_relations`` types.
+    """
+
+    name: str
+    x: Tensor | None
+    y: Tensor
+    edge_index: Tensor
+    masks: dict[str, Tensor]
+    num_classes: int
+    edge_type: Tensor | None = None
+    num_relations: int = 1
+    task: str = "node"
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.y.shape[0])
+
+    @property
+    def num_features(self) -> int:
+        return self.num_nodes if self.x is None else int(self.x.shape[1])
+
+    def describe(self) -> str:
+        sizes = ", ".join(f"{k} {int(v.sum())}" for k, v in self.masks.items())
+        rel = f", {self.num_relations} relations" if self.edge_type is not None else ""
+        feats = "featureless" if self.x is None else f"{self.num_features} features"
+        return (f"{self.name}: {self.num_nodes} nodes, {self.edge_index.shape[1]} edges{rel}, "
+                f"{feats}, {self.num_classes} classes ({sizes})")
+
+
+@dataclass
+class TextData:
+    """Character-level text: ``splits[name]`` a 1-d long tensor of ids into ``vocab``."""
+
+    name: str
+    splits: dict[str, Tensor]
+    vocab: str
+    task: str = "text"
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.vocab)
+
+    def describe(self) -> str:
+        sizes = ", ".join(f"{k} {v.numel()}" for k, v in self.splits.items())
+        return f"{self.name}: {len(self.vocab)} symbols ({sizes} characters)"
+
+
+#: name -> (loader(root, **options), folder under the data root or None, one-line description)
+DATASETS: dict[str, tuple[Callable, str | None, str]] = {}
+
+
+def register_dataset(name: str, folder: str | None = None, description: str = ""):
+    """Decorator: register ``loader(root, **options)``; ``folder`` is its place in the data root."""
+    def deco(fn):
+        DATASETS[name] = (fn, folder, description)
+        return fn
+    return deco
+
+
+def data_root() -> Path | None:
+    """``$STRUCTCONV_DATA`` if set, else the shared dataset folder when it exists, else None."""
+    env = os.environ.get("STRUCTCONV_DATA")
+    if env:
+        return Path(env)
+    return DEFAULT_DATA if DEFAULT_DATA.is_dir() else None
+
+
+def _providers():
+    # loaders register themselves on import; the graph-data engineer's modules may be absent
+    import importlib
+
+    for mod in ("images", "text", "graphs_nx"):
+        importlib.import_module(f"{__package__}.{mod}")
+
+
+def dataset_names() -> list[str]:
+    """Every registered dataset name."""
+    _providers()
+    return sorted(DATASETS)
+
+
+def load_dataset(name: str, root: str | os.PathLike | None = None, **options):
+    """Load a registered dataset; ``root`` is its folder (default: data root / its folder)."""
+    _providers()
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(sorted(DATASETS))}")
+    fn, folder, _ = DATASETS[name]
+    if folder is not None:
+        if root is None:
+            base = data_root()
+            if base is None:
+                raise DatasetError(
+                    f"dataset {name!r} needs its files: set STRUCTCONV_DATA to the folder that "
+                    f"holds {folder}/ or pass data.root")
+            root = base / folder
+        root = Path(root)
+        if not root.is_dir():
+            raise DatasetError(f"dataset {name!r}: folder {root} does not exist")
+        return fn(root, **options)
+    return fn(None, **options)
+
+
+# -- wrappers over the graph-data loaders (structconv.data.planetoid / rgcn) ---------------------
+def _planetoid(name):
+    def load(root, normalize_features: bool = True):
+        from .planetoid import load_planetoid
+
+        d = load_planetoid(root, name, normalize_features=normalize_features)
+        return GraphData(name, d.x, d.y, d.edge_index,
+                         {"train": d.train_mask, "val": d.val_mask, "test": d.test_mask},
+                         d.num_classes)
+    return load
+
+
+def _entities(name):
+    def load(root, val: float = 0.2, seed: int = 0):
+        from .rgcn import load_entities
+
+        d = load_entities(root, name)
+        n = d.num_nodes
+        y = torch.zeros(n, dtype=torch.int64)
+        y[d.train_idx], y[d.test_idx] = d.train_y, d.test_y
+        # R-GCN tunes on a validation set of 20 % of the training entities
+        perm = d.train_idx[torch.randperm(d.train_idx.numel(),
+                                          generator=torch.Generator().manual_seed(seed))]
+        n_val = int(round(val * perm.numel()))
+        masks = {k: torch.zeros(n, dtype=torch.bool) for k in ("train", "val", "test")}
+        masks["val"][perm[:n_val]] = True
+        masks["train"][perm[n_val:]] = True
+        masks["test"][d.test_idx] = True
+        return GraphData(name, None, y, d.edge_index, masks, d.num_classes, d.edge_type,
+                         d.num_relations)
+    return load
+
+
+for _n in ("cora", "citeseer", "pubmed"):
+    DATASETS[_n] = (_planetoid(_n), "planetoid", f"Planetoid {_n} (ind.{_n}.* pickles)")
+for _n in ("aifb", "mutag"):
+    DATASETS[_n] = (_entities(_n), f"rgcn/{_n}", f"R-GCN entity classification {_n} (N-Triples)")

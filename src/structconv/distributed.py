@@ -1,0 +1,117 @@
+"""Data-parallel training on torch.distributed: gloo on CPU, nccl on GPU.
+
+Processes come from ``torchrun`` (which sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_*) or from
+``spawn(nproc, fn, ...)``, which starts ``nproc`` local processes on a free localhost port.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["World", "world", "init", "cleanup", "free_port", "spawn", "all_reduce_sum",
+           "barrier", "SpawnError"]
+
+
+class SpawnError(RuntimeError):
+    """A spawned worker failed; the message is the worker's one-line error."""
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place: ``rank`` of ``size`` processes, ``local_rank`` on its machine."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def world() -> World:
+    """The current world: from an initialised process group, else the torchrun environment."""
+    if dist.is_available() and dist.is_initialized():
+        return World(dist.get_rank(), dist.get_world_size(),
+                     int(os.environ.get("LOCAL_RANK", dist.get_rank())))
+    return World(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
+                 int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def init(device: str = "cpu") -> World:
+    """Join the process group described by the environment (no-op for a single process)."""
+    w = world()
+    if w.size > 1 and not dist.is_initialized():
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(w.local_rank)
+        dist.init_process_group(backend, init_method="env://", rank=w.rank, world_size=w.size)
+    return world()
+
+
+def cleanup() -> None:
+    """Leave the process group if this process joined one."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum of ``t`` over all processes (``t`` itself when alone)."""
+    if dist.is_available() and dist.is_initialized():
+        t = t.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def barrier() -> None:
+    """Wait for every process (no-op when alone)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def free_port() -> int:
+    """A TCP port on localhost that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, nproc, port, errors, fn, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank))
+    # share the cores instead of oversubscribing them nproc times
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
+    try:
+        fn(*args)
+    except BaseException as e:  # report one line to the parent, which raises it
+        errors.put((rank, f"{type(e).__name__}: {e}" if not isinstance(e, ValueError)
+                    else str(e)))
+        raise SystemExit(1) from None
+    finally:
+        cleanup()
+
+
+def spawn(nproc: int, fn, *args) -> None:
+    """Run ``fn(*args)`` in ``nproc`` processes forming one gloo/nccl group on localhost."""
+    import torch.multiprocessing as mp
+
+    if nproc < 1:
+        raise ValueError(f"nproc must be >= 1, got {nproc}")
+    ctx = mp.get_context("spawn")
+    errors = ctx.SimpleQueue()
+    try:
+        mp.start_processes(_worker, args=(nproc, free_port(), errors, fn, args), nprocs=nproc,
+                           start_method="spawn")
+    except mp.ProcessExitedException as e:
+        msgs = []
+        while not errors.empty():
+            msgs.append(errors.get())
+        if msgs:
+            rank, msg = sorted(msgs)[0]
+            raise SpawnError(f"{msg} (rank {rank})") from None
+        raise SpawnError(f"a worker process failed: {e}") from None

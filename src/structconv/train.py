@@ -1,0 +1,415 @@
+"""The trainer: a config (see ``structconv.config``) -> a run directory with metrics and weights.
+
+A run directory holds ``config.json``, ``metrics.jsonl`` and ``metrics.csv`` (one row per epoch),
+``curves.png``, checkpoints (``checkpoint.json`` + ``ckpt-*.safetensors``), ``best.safetensors``
+(weights of the best validation epoch) and ``result.json``. Data order, dropout and every other
+random draw derive from the seed and the epoch, and the RNG states travel in the checkpoint, so a
+resumed run ends exactly as an uninterrupted one. With ``WORLD_SIZE > 1`` each global batch is
+split across the processes and the per-process losses are scaled so that DDP's gradient average
+is the gradient of the global batch's mean loss.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from . import distributed as D
+from .checkpoint import (
+    CHECKPOINT_JSON,
+    CheckpointError,
+    load_checkpoint,
+    load_weights,
+    save_checkpoint,
+    save_weights,
+    set_rng_state,
+)
+from .config import ConfigError, build_model, validate
+from .data.registry import load_dataset
+from .io import atomic_write_bytes, atomic_write_json, atomic_write_text
+
+__all__ = ["TrainingError", "train", "evaluate", "load_data", "resolve_device", "load_run",
+           "make_optimizer", "count_parameters"]
+
+
+class TrainingError(ValueError):
+    """Training cannot go on (NaN loss, bad resume); the message says where and why."""
+
+
+def resolve_device(name: str) -> torch.device:
+    """``cpu``, ``cuda``, ``cuda:N`` or ``auto``; a clear error when CUDA is asked but absent."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"unknown device {name!r}: use cpu, cuda, cuda:N or auto") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available "
+                         "(torch.cuda.is_available() is False); use --device cpu")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {name!r}: use cpu or cuda")
+    return dev
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of trainable scalars."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def load_data(cfg: dict):
+    """The dataset named by ``cfg['data']``."""
+    d = cfg["data"]
+    return load_dataset(d["name"], d.get("root"), **d.get("options", {}))
+
+
+def make_optimizer(cfg: dict, model: nn.Module) -> torch.optim.Optimizer:
+    """The optimizer of ``cfg['train']``."""
+    t = cfg["train"]
+    params = [p for p in model.parameters() if p.requires_grad]
+    if t["optimizer"] == "sgd":
+        return torch.optim.SGD(params, lr=t["lr"], momentum=t["momentum"],
+                               weight_decay=t["weight_decay"])
+    cls = torch.optim.AdamW if t["optimizer"] == "adamw" else torch.optim.Adam
+    return cls(params, lr=t["lr"], weight_decay=t["weight_decay"])
+
+
+# -- batches -------------------------------------------------------------------------------------
+def _epoch_generator(seed: int, epoch: int) -> torch.Generator:
+    # data order depends only on (seed, epoch): the same after a resume, on every rank
+    return torch.Generator().manual_seed(seed * 100003 + epoch)
+
+
+def _train_batches(data, cfg: dict, epoch: int):
+    """Global batches of one epoch: (inputs, targets) on CPU; node tasks give node indices."""
+    d, seed = cfg["data"], cfg["seed"]
+    g = _epoch_generator(seed, epoch)
+    if data.task == "image":
+        x, y = data.splits["train"]
+        perm = torch.randperm(x.shape[0], generator=g)
+        n = d["batches_per_epoch"] or math.ceil(x.shape[0] / d["batch_size"])
+        for i in range(n):
+            idx = perm[i * d["batch_size"]:(i + 1) * d["batch_size"]]
+            if idx.numel():
+                yield x[idx], y[idx]
+    elif data.task == "node":
+        yield None, torch.nonzero(data.masks["train"]).flatten()
+    else:
+        ids, T = data.splits["train"], d["seq_len"]
+        if ids.numel() <= T + 1:
+            raise ConfigError(f"data.seq_len={T} must be shorter than the {ids.numel()} "
+                              "training characters")
+        for _ in range(d["batches_per_epoch"] or 20):
+            start = torch.randint(0, ids.numel() - T - 1, (d["batch_size"],), generator=g)
+            win = torch.stack([ids[s:s + T + 1] for s in start.tolist()])
+            yield win[:, :-1], win[:, 1:]
+
+
+def _eval_batches(data, cfg: dict, split: str):
+    d = cfg["data"]
+    if data.task == "image":
+        x, y = data.splits[split]
+        for i in range(0, x.shape[0], d["eval_batch_size"]):
+            yield x[i:i + d["eval_batch_size"]], y[i:i + d["eval_batch_size"]]
+    elif data.task == "node":
+        yield None, torch.nonzero(data.masks[split]).flatten()
+    else:
+        ids, T = data.splits[split], d["seq_len"]
+        n = (ids.numel() - 1) // T
+        if n < 1:
+            raise ConfigError(f"the {split} split has {ids.numel()} characters, fewer than "
+                              f"data.seq_len + 1 = {T + 1}")
+        win = torch.stack([ids[i * T:i * T + T + 1] for i in range(n)])
+        for i in range(0, n, d["eval_batch_size"]):
+            yield win[i:i + d["eval_batch_size"], :-1], win[i:i + d["eval_batch_size"], 1:]
+
+
+def _node_input(data, device, dtype):
+    if data.x is None:
+        return torch.zeros(data.num_nodes, 0, device=device, dtype=dtype)
+    return data.x.to(device=device, dtype=dtype)
+
+
+def _losses(model, data, inputs, targets, device, dtype) -> tuple[Tensor, Tensor]:
+    """Per-item cross-entropy (n,) and correct predictions (n,) for a batch."""
+    if data.task == "node":
+        logits = model(_node_input(data, device, dtype))[targets.to(device)]
+        y = data.y.to(device)[targets.to(device)]
+    else:
+        x = inputs.to(device)
+        logits = model(x if data.task == "text" else x.to(dtype))
+        y = targets.to(device)
+        if data.task == "text":
+            logits, y = logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
+    return F.cross_entropy(logits, y, reduction="none"), (logits.argmax(-1) == y)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data, cfg: dict, split: str, device=None) -> dict:
+    """``{loss, acc, n}`` of a model on a split (mean cross-entropy, accuracy)."""
+    device = device or next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    was = model.training
+    model.eval()
+    tot, correct, n = 0.0, 0, 0
+    for inputs, targets in _eval_batches(data, cfg, split):
+        loss, ok = _losses(model, data, inputs, targets, device, dtype)
+        tot += loss.double().sum().item()
+        correct += int(ok.sum())
+        n += ok.numel()
+    model.train(was)
+    if n == 0:
+        raise ConfigError(f"the {split} split of {data.name} is empty")
+    return {"loss": tot / n, "acc": correct / n, "n": n}
+
+
+# -- logging -------------------------------------------------------------------------------------
+def _write_metrics(run: Path, history: list[dict]) -> None:
+    atomic_write_text(run / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
+    buf = io.StringIO()
+    if history:
+        w = csv.DictWriter(buf, fieldnames=list(history[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows(history)
+    atomic_write_text(run / "metrics.csv", buf.getvalue())
+
+
+def plot_curves(run: Path, history: list[dict]) -> None:
+    """Learning curves (loss and accuracy per epoch) as ``curves.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 3.5))
+    ax1, ax2 = fig.subplots(1, 2)
+    ep = [h["epoch"] for h in history]
+    ax1.plot(ep, [h["train_loss"] for h in history], label="train")
+    ax1.plot(ep, [h["val_loss"] for h in history], label="val")
+    ax1.set(xlabel="epoch", ylabel="cross-entropy", title="loss")
+    ax1.legend()
+    ax2.plot(ep, [h["train_acc"] for h in history], label="train")
+    ax2.plot(ep, [h["val_acc"] for h in history], label="val")
+    ax2.set(xlabel="epoch", ylabel="accuracy", title="accuracy")
+    ax2.legend()
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    atomic_write_bytes(run / "curves.png", buf.getvalue())
+
+
+def _tensorboard(run: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # optional: TensorBoard logging only when it is installed
+        return None
+    return SummaryWriter(str(run / "tensorboard"))
+
+
+# -- training ------------------------------------------------------------------------------------
+def _improved(cfg, val: dict, best) -> bool:
+    if best is None:
+        return True
+    if cfg["train"]["monitor"] == "val_loss":
+        return val["loss"] < best
+    return val["acc"] > best
+
+
+def _setup_run(run: Path, cfg: dict, resume: bool) -> dict:
+    cfg_path = run / "config.json"
+    if resume:
+        if not cfg_path.is_file():
+            raise CheckpointError(f"{cfg_path}: not found; --resume needs a run directory made "
+                                  "by structconv train")
+        try:
+            saved = json.loads(cfg_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{cfg_path}: corrupt JSON ({e})") from None
+        return validate(saved, str(cfg_path))
+    if (run / CHECKPOINT_JSON).exists():
+        raise TrainingError(f"{run} already holds a run; use --resume {run} to continue it "
+                            "or choose another --out")
+    return cfg
+
+
+def train(cfg: dict | None, out: str | Path, device: str = "cpu", resume: bool = False,
+          progress: bool = False, stop_after: int = 0) -> dict:
+    """Train the model of ``cfg`` into run directory ``out``; returns the result summary.
+
+    ``resume`` continues the run in ``out`` from its last checkpoint (``cfg`` is then read from
+    ``out/config.json``). ``stop_after`` ends the process after that many epochs of this call
+    (as if interrupted), for tests of resuming.
+    """
+    run = Path(out)
+    w = D.init(device)
+    dev = resolve_device(device)
+    if dev.type == "cuda" and w.size > 1:
+        dev = torch.device("cuda", w.local_rank)
+    cfg = _setup_run(run, cfg, resume)
+    t_cfg = cfg["train"]
+    data = load_data(cfg)
+    torch.manual_seed(cfg["seed"])
+    model = build_model(cfg, data).to(dev)
+    dtype = next(model.parameters()).dtype
+    opt = make_optimizer(cfg, model)
+    net = model
+    if w.size > 1:
+        net = nn.parallel.DistributedDataParallel(
+            model, device_ids=[dev.index] if dev.type == "cuda" else None)
+    state = {"best": None, "best_epoch": 0, "bad_epochs": 0, "history": [], "stopped": False}
+    best_state = None
+    start = 0
+    if resume:
+        ck = load_checkpoint(run)
+        try:
+            model.load_state_dict(ck["model"])
+            opt.load_state_dict(ck["optimizer"])
+        except (RuntimeError, KeyError, ValueError) as e:
+            raise CheckpointError(f"{run}: checkpoint does not fit the model ({e})") from None
+        set_rng_state(*ck["rng"])
+        state, best_state, start = ck["trainer"], ck["best"], ck["epoch"]
+    elif w.main:
+        run.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(run / "config.json", cfg)
+    D.barrier()
+    tb = _tensorboard(run) if w.main else None
+    n_params = count_parameters(model)
+    epochs_run = 0
+    for epoch in range(start + 1, t_cfg["epochs"] + 1):
+        if state["stopped"]:
+            break
+        t0 = time.perf_counter()
+        net.train()
+        tot_loss = tot_ok = tot_n = 0.0
+        batches = list(_train_batches(data, cfg, epoch))
+        bar = None
+        if progress and w.main:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(batches), desc=f"epoch {epoch}", leave=False, unit="batch")
+        for step, (inputs, targets) in enumerate(batches):
+            n_global = targets.numel()
+            # this rank's contiguous share of the global batch
+            share = torch.arange(targets.shape[0]).tensor_split(w.size)[w.rank]
+            if share.numel() == 0:
+                raise ConfigError(f"batch of {targets.shape[0]} items cannot be split over "
+                                  f"{w.size} processes; raise data.batch_size")
+            sub_in = None if inputs is None else inputs[share]
+            loss, ok = _losses(net, data, sub_in, targets[share], dev, dtype)
+            # sum / global count, times world size: DDP's mean of gradients is then the
+            # gradient of the global mean loss
+            scaled = loss.sum() * (w.size / n_global)
+            opt.zero_grad(set_to_none=True)
+            scaled.backward()
+            if t_cfg["grad_clip"]:
+                nn.utils.clip_grad_norm_(model.parameters(), t_cfg["grad_clip"])
+            stats = D.all_reduce_sum(torch.stack([loss.detach().double().sum(),
+                                                  ok.double().sum(),
+                                                  torch.tensor(float(ok.numel()),
+                                                               dtype=torch.float64,
+                                                               device=ok.device)]))
+            if not torch.isfinite(stats[0]):
+                raise TrainingError(f"loss is {stats[0].item()} at epoch {epoch}, step {step + 1}"
+                                    f"; lower train.lr (now {t_cfg['lr']}) or check the data")
+            opt.step()
+            tot_loss += stats[0].item()
+            tot_ok += stats[1].item()
+            tot_n += stats[2].item()
+            if bar is not None:
+                rate = tot_n / max(time.perf_counter() - t0, 1e-9)
+                bar.set_postfix(loss=f"{tot_loss / tot_n:.4f}", items_s=f"{rate:.0f}")
+                bar.update()
+        if bar is not None:
+            bar.close()
+        dt = time.perf_counter() - t0
+        val = evaluate(model, data, cfg, "val", dev)
+        row = {"epoch": epoch, "train_loss": tot_loss / tot_n, "train_acc": tot_ok / tot_n,
+               "val_loss": val["loss"], "val_acc": val["acc"], "time_s": round(dt, 4),
+               "items_per_s": round(tot_n / max(dt, 1e-9), 1),
+               "lr": opt.param_groups[0]["lr"]}
+        state["history"].append(row)
+        if _improved(cfg, val, state["best"]):
+            state["best"] = val["loss"] if t_cfg["monitor"] == "val_loss" else val["acc"]
+            state["best_epoch"], state["bad_epochs"] = epoch, 0
+            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        else:
+            state["bad_epochs"] += 1
+        if t_cfg["patience"] and state["bad_epochs"] >= t_cfg["patience"]:
+            state["stopped"] = True
+        last = epoch == t_cfg["epochs"] or state["stopped"]
+        if w.main:
+            _write_metrics(run, state["history"])
+            if tb is not None:
+                for k, v in row.items():
+                    if k != "epoch":
+                        tb.add_scalar(k, v, epoch)
+            if last or (t_cfg["checkpoint_every"] and epoch % t_cfg["checkpoint_every"] == 0):
+                save_checkpoint(run, epoch, model.state_dict(), opt.state_dict(), state,
+                                best_state)
+            if progress:
+                print(f"epoch {epoch:3d}  train_loss {row['train_loss']:.4f}  "
+                      f"val_loss {row['val_loss']:.4f}  val_acc {row['val_acc']:.4f}  "
+                      f"{row['items_per_s']:.0f} items/s", flush=True)
+        D.barrier()
+        epochs_run += 1
+        if stop_after and epochs_run >= stop_after and not last:
+            return {"interrupted": True, "epoch": epoch}
+    # the result: best-validation weights on the test split
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    test = evaluate(model, data, cfg, "test", dev) if "test" in _splits(data) else None
+    val = evaluate(model, data, cfg, "val", dev)
+    result = {"model": cfg.get("name", "model"), "dataset": data.name, "parameters": n_params,
+              "epochs": len(state["history"]), "best_epoch": state["best_epoch"],
+              "val_loss": val["loss"], "val_acc": val["acc"],
+              "test_loss": test["loss"] if test else None,
+              "test_acc": test["acc"] if test else None,
+              "early_stopped": state["stopped"], "world_size": w.size,
+              "train_time_s": round(sum(h["time_s"] for h in state["history"]), 3)}
+    if w.main:
+        save_weights(run / "best.safetensors", model.state_dict(),
+                     {"epoch": state["best_epoch"]})
+        atomic_write_json(run / "result.json", result)
+        if state["history"]:
+            plot_curves(run, state["history"])
+        if tb is not None:
+            tb.close()
+    D.barrier()
+    return result
+
+
+def _splits(data) -> set:
+    return set(data.masks) if data.task == "node" else set(data.splits)
+
+
+def load_run(run: str | Path, weights: str = "best", device: str = "cpu"):
+    """(cfg, data, model) of a finished or checkpointed run, weights ``best`` or ``last``."""
+    run = Path(run)
+    cfg = _setup_run(run, None, resume=True)
+    data = load_data(cfg)
+    model = build_model(cfg, data).to(resolve_device(device))
+    if weights == "best":
+        path = run / "best.safetensors"
+        if path.is_file():
+            sd = load_weights(path)
+        else:  # an interrupted run: its best weights live in the last checkpoint
+            ck = load_checkpoint(run)
+            sd = ck["best"] or ck["model"]
+    elif weights == "last":
+        sd = load_checkpoint(run)["model"]
+    else:
+        sd = load_weights(weights)
+    try:
+        model.load_state_dict(sd)
+    except RuntimeError as e:
+        raise CheckpointError(f"{run}: weights do not fit the model "
+                              f"({str(e).splitlines()[0]})") from None
+    return cfg, data, model
