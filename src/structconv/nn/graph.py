@@ -1,0 +1,485 @@
+"""Graph layers with PyG's call signatures, built on ``sc.convolve`` and the graph bases.
+
+``GCNConv``, ``ChebConv``, ``TAGConv``, ``SGConv`` and ``RGCNConv`` take the constructor and call
+arguments of their PyG namesakes and give the same outputs; ``from_pyg`` converts PyG modules
+(weights copied). Each layer builds its sparse basis from ``edge_index`` and lets the planner
+decide whether Θ is applied before or after propagation. With ``cached=True`` (the default here,
+unlike PyG, because the key is safe) the normalised structure is built once per graph and shared
+by every layer and epoch; see ``sc.basis.graph`` for how graphs are keyed.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+
+import torch
+from torch import Tensor, nn
+
+from ..basis import graph as G
+from ..basis.base import Basis
+from ..engine import convolve, plan
+from ..params import ControlledSeparable, Full, Grouped, Parameterization
+from .convert import register_pyg
+
+__all__ = ["GCNConv", "ChebConv", "TAGConv", "SGConv", "RGCNConv", "GraphConvolution"]
+
+_FLOWS = ("source_to_target", "target_to_source")
+
+
+def _glorot_(t: Tensor) -> None:
+    # PyG's glorot: U(-a, a), a = sqrt(6 / (fan_in + fan_out)) on the last two dims
+    a = math.sqrt(6.0 / (t.size(-2) + t.size(-1)))
+    with torch.no_grad():
+        t.uniform_(-a, a)
+
+
+def _check_flow(flow: str) -> str:
+    if flow not in _FLOWS:
+        raise ValueError(f"unknown flow {flow!r}: use one of {list(_FLOWS)}")
+    return flow
+
+
+def _check_aggr(aggr, allowed: tuple[str, ...], layer: str) -> str:
+    if not isinstance(aggr, str) or aggr not in allowed:
+        raise ValueError(f"{layer} supports aggr in {list(allowed)} (linear aggregations), "
+                         f"got {aggr!r}")
+    return "add" if aggr == "sum" else aggr
+
+
+def _node_features(x, layer: str) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{layer} expects node features x as a tensor (N, F) or (B, N, F), got "
+                        f"{type(x).__name__}")
+    if x.dim() not in (2, 3):
+        raise ValueError(f"{layer} expects x of shape (N, F) or (B, N, F), got {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"{layer} expects floating node features, got dtype {x.dtype}")
+    return x
+
+
+def _edge_tensor(edge_index, layer: str) -> Tensor:
+    if not isinstance(edge_index, Tensor) or edge_index.layout != torch.strided:
+        raise TypeError(f"{layer} expects edge_index as a dense (2, E) integer tensor "
+                        f"[source; target], got {type(edge_index).__name__}"
+                        + (f" with layout {edge_index.layout}" if isinstance(edge_index, Tensor)
+                           else ""))
+    return edge_index
+
+
+def _transposed(basis_fn):
+    """Wrap a basis builder so that its operator is transposed (flow='target_to_source')."""
+    def build():
+        b = basis_fn()
+        op = b.op
+        t = G.SparseOperator(op.dst, op.src, op.value, op.N, op.M)
+        if isinstance(b, G.ChebyshevBasis):
+            return G.ChebyshevBasis(t, b.K)
+        return G.PowerBasis(t, b.powers)
+    return build
+
+
+class GraphConvolution(nn.Module):
+    """Common part of the graph layers: ``param`` (theta (K, P, Q)), ``bias`` (Q,), planner.
+
+    Subclasses implement ``basis(x, edge_index, ...)``; ``forward`` is
+    ``convolve(x, basis, param) + bias`` with x (N, P) or (B, N, P) -> (N, Q) or (B, N, Q).
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, K: int, bias: bool = True,
+                 cached: bool = True, route: str = "auto"):
+        super().__init__()
+        for name, v in (("in_channels", in_channels), ("out_channels", out_channels)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.cached, self.route = bool(cached), route
+        self.param: Parameterization = Full(K, in_channels, out_channels)
+        _glorot_(self.param.weight)
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(out_channels))
+        else:
+            self.register_parameter("bias", None)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, K={self.param.K}, "
+                f"bias={self.bias is not None}")
+
+    def basis(self, x: Tensor, edge_index: Tensor, *args, **kwargs) -> Basis:
+        raise NotImplementedError
+
+    def _check_x(self, x) -> Tensor:
+        x = _node_features(x, type(self).__name__)
+        if x.shape[-1] != self.in_channels:
+            raise ValueError(f"{type(self).__name__} has in_channels={self.in_channels} but x "
+                             f"has {x.shape[-1]} features (shape {tuple(x.shape)})")
+        return x
+
+    def forward(self, x: Tensor, edge_index: Tensor, *args, **kwargs) -> Tensor:
+        x = self._check_x(x)
+        b = self.basis(x, edge_index, *args, **kwargs)
+        y = convolve(x, b, self.param, route=self.route)
+        return y if self.bias is None else y + self.bias
+
+    def plan(self, x: Tensor, edge_index: Tensor, *args, **kwargs):
+        """The planner's decision for this call (see ``sc.plan``)."""
+        x = self._check_x(x)
+        return plan(x, self.basis(x, edge_index, *args, **kwargs), self.param)
+
+
+class GCNConv(GraphConvolution):
+    """PyG's GCNConv: y = D̂^-1/2 Â D̂^-1/2 x Θ + b; called ``(x, edge_index, edge_weight=None)``."""
+
+    def __init__(self, in_channels: int, out_channels: int, improved: bool = False,
+                 cached: bool = True, add_self_loops: bool | None = None,
+                 normalize: bool = True, bias: bool = True, flow: str = "source_to_target",
+                 aggr: str = "add"):
+        if add_self_loops is None:
+            add_self_loops = normalize
+        if add_self_loops and not normalize:
+            raise ValueError("GCNConv cannot add self loops without normalize=True "
+                             "(as PyG's GCNConv)")
+        super().__init__(in_channels, out_channels, 1, bias, cached)
+        self.improved, self.add_self_loops, self.normalize = improved, add_self_loops, normalize
+        self.flow = _check_flow(flow)
+        self.aggr = _check_aggr(aggr, ("add", "sum"), "GCNConv")
+
+    def basis(self, x, edge_index, edge_weight=None):
+        edge_index = _edge_tensor(edge_index, "GCNConv")
+        n = x.shape[-2]
+        t2s = self.flow == "target_to_source"
+        opts = ("GCNConv", n, self.improved, self.add_self_loops, self.normalize, t2s, x.dtype)
+
+        def build():
+            ei = edge_index.flip(0) if t2s else edge_index
+            return G.gcn(ei, n, edge_weight, self.add_self_loops, self.normalize,
+                         improved=self.improved, dtype=x.dtype)
+        return G._cached(self.cached, (edge_index, edge_weight), opts, build)
+
+
+class ChebConv(GraphConvolution):
+    """PyG's ChebConv: y = Σ_k T_k(L̂) x Θ_k + b; called ``(x, edge_index, edge_weight=None,
+    batch=None, lambda_max=None)``."""
+
+    def __init__(self, in_channels: int, out_channels: int, K: int,
+                 normalization: str | None = "sym", bias: bool = True, *, cached: bool = True,
+                 flow: str = "source_to_target", aggr: str = "add"):
+        G._check_K(K)
+        G._check_norm(normalization, (None, "sym", "rw"), "ChebConv")
+        super().__init__(in_channels, out_channels, K, bias, cached)
+        self.normalization = normalization
+        self.flow = _check_flow(flow)
+        self.aggr = _check_aggr(aggr, ("add", "sum"), "ChebConv")
+
+    def basis(self, x, edge_index, edge_weight=None, batch=None, lambda_max=None):
+        edge_index = _edge_tensor(edge_index, "ChebConv")
+        n = x.shape[-2]
+        lam_t = lambda_max if isinstance(lambda_max, Tensor) else None
+        lam_v = None if isinstance(lambda_max, Tensor) else lambda_max
+        opts = ("ChebConv", n, self.param.K, self.normalization, lam_v, self.flow, x.dtype)
+
+        def build():
+            return G.chebyshev(edge_index, n, self.param.K, edge_weight, self.normalization,
+                               lambda_max, batch=batch, dtype=x.dtype)
+        if self.flow == "target_to_source":
+            # PyG keeps the Laplacian of the given edges and sends messages backwards
+            build = _transposed(build)
+        return G._cached(self.cached, (edge_index, edge_weight, batch, lam_t), opts, build)
+
+
+class TAGConv(GraphConvolution):
+    """PyG's TAGConv: y = Σ_{k=0..K} S^k x Θ_k + b, S = D^-1/2 A D^-1/2 (no added loops)."""
+
+    def __init__(self, in_channels: int, out_channels: int, K: int = 3, bias: bool = True,
+                 normalize: bool = True, *, cached: bool = True, flow: str = "source_to_target",
+                 aggr: str = "add"):
+        G._check_K(K, low=0)
+        super().__init__(in_channels, out_channels, K + 1, bias, cached)
+        self.K, self.normalize = K, normalize
+        self.flow = _check_flow(flow)
+        self.aggr = _check_aggr(aggr, ("add", "sum"), "TAGConv")
+        # PyG's TAGConv uses torch.nn.Linear's default init
+        b = 1.0 / math.sqrt(in_channels)
+        with torch.no_grad():
+            self.param.weight.uniform_(-b, b)
+
+    def basis(self, x, edge_index, edge_weight=None):
+        edge_index = _edge_tensor(edge_index, "TAGConv")
+        n = x.shape[-2]
+        t2s = self.flow == "target_to_source"
+        opts = ("TAGConv", n, self.K, self.normalize, t2s, x.dtype)
+
+        def build():
+            ei = edge_index.flip(0) if t2s else edge_index
+            return G.diffusion(ei, n, self.K, edge_weight,
+                               "sym" if self.normalize else None, dtype=x.dtype)
+        return G._cached(self.cached, (edge_index, edge_weight), opts, build)
+
+
+class SGConv(GraphConvolution):
+    """PyG's SGConv: y = S^K x Θ + b with S the GCN-normalised adjacency.
+
+    With ``cached=True`` the propagated features S^K x are also kept (as PyG's ``cached``), but
+    keyed on the identity and version of ``x``, ``edge_index`` and ``edge_weight``, so a new
+    input is never answered from a stale cache.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, K: int = 1, cached: bool = False,
+                 add_self_loops: bool = True, bias: bool = True, *,
+                 flow: str = "source_to_target", aggr: str = "add"):
+        G._check_K(K)
+        super().__init__(in_channels, out_channels, 1, bias, cached=True)
+        self.K, self.add_self_loops, self.cache_features = K, add_self_loops, bool(cached)
+        self.flow = _check_flow(flow)
+        self.aggr = _check_aggr(aggr, ("add", "sum"), "SGConv")
+        # PyG's SGConv is a torch.nn.Linear with bias: its default init
+        b = 1.0 / math.sqrt(in_channels)
+        with torch.no_grad():
+            self.param.weight.uniform_(-b, b)
+            if self.bias is not None:
+                self.bias.uniform_(-b, b)
+        self._feat = None
+
+    def basis(self, x, edge_index, edge_weight=None):
+        edge_index = _edge_tensor(edge_index, "SGConv")
+        n = x.shape[-2]
+        t2s = self.flow == "target_to_source"
+        opts = ("SGConv", n, self.K, self.add_self_loops, t2s, x.dtype)
+
+        def build():
+            ei = edge_index.flip(0) if t2s else edge_index
+            return G.sgc(ei, n, self.K, edge_weight, self.add_self_loops, dtype=x.dtype)
+        return G._cached(self.cached, (edge_index, edge_weight), opts, build)
+
+    def forward(self, x, edge_index, edge_weight=None):
+        if not self.cache_features:
+            return super().forward(x, edge_index, edge_weight)
+        x = self._check_x(x)
+        keys = (x, edge_index, edge_weight)
+        sig = tuple(None if t is None else (t._version, tuple(t.shape), t.dtype) for t in keys)
+        hit = self._feat
+        if hit is not None and hit[1] == sig and all(
+                (r is None and t is None) or (r is not None and r() is t)
+                for r, t in zip(hit[0], keys)):
+            h = hit[2]
+        else:
+            b = self.basis(x, edge_index, edge_weight)
+            h = b.propagate(x if x.dim() == 3 else x.unsqueeze(0))[:, :, 0]
+            h = h if x.dim() == 3 else h[0]
+            refs = tuple(None if t is None else weakref.ref(t) for t in keys)
+            self._feat = (refs, sig, h.detach())
+        y = h @ self.param.weight[0].to(h.dtype)
+        return y if self.bias is None else y + self.bias
+
+
+class RGCNConv(nn.Module):
+    """PyG's RGCNConv: y_n = Σ_r mean_{m -r-> n} x_m W_r + x_n W_root + b.
+
+    Called ``(x, edge_index, edge_type)``; x is (N, P) floats, None or an index tensor
+    (featureless nodes: one-hot rows, applied by gathering rows of theta), or a pair
+    ``(x_source, x_target)``. ``num_bases`` is the paper's controlled separability
+    (``sc.params.ControlledSeparable``), ``num_blocks`` block-diagonal ``sc.params.Grouped``.
+    """
+
+    def __init__(self, in_channels, out_channels: int, num_relations: int,
+                 num_bases: int | None = None, num_blocks: int | None = None,
+                 aggr: str = "mean", root_weight: bool = True, is_sorted: bool = False,
+                 bias: bool = True, *, cached: bool = True, flow: str = "source_to_target",
+                 route: str = "auto"):
+        super().__init__()
+        if num_bases is not None and num_blocks is not None:
+            raise ValueError("RGCNConv cannot use both num_bases and num_blocks")
+        pair = in_channels if isinstance(in_channels, (tuple, list)) else (in_channels,) * 2
+        if len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
+                                 for v in pair):
+            raise ValueError(f"in_channels must be a positive int or a pair, got {in_channels!r}")
+        G._check_K(num_relations, "num_relations")
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.num_relations, self.num_bases, self.num_blocks = num_relations, num_bases, num_blocks
+        self.aggr = _check_aggr(aggr, ("mean", "add", "sum"), "RGCNConv")
+        self.flow = _check_flow(flow)
+        self.is_sorted, self.cached, self.route = is_sorted, bool(cached), route
+        P, Q, R = pair[0], out_channels, num_relations
+        if num_bases is not None:
+            self.param = ControlledSeparable(R, P, Q, num_bases)
+            _glorot_(self.param.channel)
+            _glorot_(self.param.basis_coef)  # PyG's comp is (R, H): same bound
+        elif num_blocks is not None:
+            self.param = Grouped(R, P, Q, num_blocks)
+            _glorot_(self.param.weight)
+        else:
+            self.param = Full(R, P, Q)
+            _glorot_(self.param.weight)
+        if root_weight:
+            self.root = nn.Parameter(torch.empty(pair[1], Q))
+            _glorot_(self.root)
+        else:
+            self.register_parameter("root", None)
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(Q))
+        else:
+            self.register_parameter("bias", None)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, num_relations={self.num_relations}, "
+                f"num_bases={self.num_bases}, num_blocks={self.num_blocks}, aggr={self.aggr!r}")
+
+    def _split(self, x):
+        x_l, x_r = (x if isinstance(x, tuple) else (x, x))
+        P = self.param.P
+        if x_l is None:
+            x_l = torch.arange(P, device=self.param.weight.device
+                               if hasattr(self.param, "weight") else self.param.channel.device)
+        if x_r is None:
+            x_r = x_l
+        for t, what in ((x_l, "x (source)"), (x_r, "x (target)")):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"RGCNConv expects {what} as a tensor or None, got "
+                                f"{type(t).__name__}")
+        if x_l.is_floating_point():
+            if x_l.dim() != 2 or x_l.shape[1] != P:
+                raise ValueError(f"RGCNConv expects {what} features (N, {P}), got "
+                                 f"{tuple(x_l.shape)}")
+        elif x_l.dim() != 1 or (x_l.numel() and (x_l.min() < 0 or x_l.max() >= P)):
+            raise ValueError(f"RGCNConv featureless x must be a 1-d index tensor with values in "
+                             f"[0, {P - 1}], got shape {tuple(x_l.shape)}")
+        if self.num_blocks is not None and not x_l.is_floating_point():
+            raise ValueError("RGCNConv block-diagonal decomposition needs float features")
+        return x_l, x_r
+
+    def basis(self, x, edge_index: Tensor, edge_type: Tensor | None = None) -> Basis:
+        """The relational basis (R, M, N) of this call (x as in ``forward``)."""
+        x_l, x_r = self._split(x)
+        return self._basis(x_l.shape[0], x_r.shape[0], edge_index, edge_type,
+                           x_l.dtype if x_l.is_floating_point() else self._dtype())
+
+    def _dtype(self):
+        return next(self.param.parameters()).dtype
+
+    def _basis(self, M, N, edge_index, edge_type, dtype):
+        edge_index = _edge_tensor(edge_index, "RGCNConv")
+        if edge_type is None:
+            raise ValueError("RGCNConv needs edge_type (E,) with edge_index (2, E)")
+        t2s = self.flow == "target_to_source"
+        norm = "mean" if self.aggr == "mean" else None
+        opts = ("RGCNConv", M, N, self.num_relations, norm, t2s, dtype)
+
+        def build():
+            ei = edge_index.flip(0) if t2s else edge_index
+            return G.relational(ei, edge_type, (M, N), None, normalization=norm,
+                                num_relations=self.num_relations, dtype=dtype)
+        return G._cached(self.cached, (edge_index, edge_type), opts, build)
+
+    def forward(self, x, edge_index: Tensor, edge_type: Tensor | None = None) -> Tensor:
+        x_l, x_r = self._split(x)
+        if x_l.is_floating_point():
+            b = self._basis(x_l.shape[0], x_r.shape[0], edge_index, edge_type, x_l.dtype)
+            y = convolve(x_l, b, self.param, route=self.route)
+        else:
+            # one-hot inputs: X Θ_k is a row gather of Θ_k, then Σ_r A_rᵀ (X Θ_r)
+            b = self._basis(x_l.shape[0], x_r.shape[0], edge_index, edge_type, self._dtype())
+            z = self.param()[:, x_l].permute(1, 0, 2).unsqueeze(0)  # (1, M, R, Q)
+            y = b.propagate_sum(z.contiguous())[0]
+        if self.root is not None:
+            y = y + (x_r @ self.root if x_r.is_floating_point() else self.root[x_r])
+        return y if self.bias is None else y + self.bias
+
+    def plan(self, x, edge_index, edge_type=None):
+        """The planner's decision for the relation part of this call (float features)."""
+        x_l, _ = self._split(x)
+        return plan(x_l, self.basis(x, edge_index, edge_type), self.param)
+
+
+# ------------------------------------------------------------------------------------------------
+# converters from PyG (registered by class name; PyG itself is never imported here)
+def _like(layer: nn.Module, module: nn.Module) -> nn.Module:
+    p = next(module.parameters(), None)
+    if p is not None:
+        if isinstance(p, nn.parameter.UninitializedParameter):
+            raise ValueError(f"{type(module).__name__} has lazy (uninitialised) weights: run it "
+                             "once or give in_channels before converting")
+        layer = layer.to(device=p.device, dtype=p.dtype)
+    return layer.train(module.training)
+
+
+def _pyg_common(module, layer_name):
+    flow = getattr(module, "flow", "source_to_target")
+    aggr = getattr(module, "aggr", "add")
+    if not isinstance(aggr, str):
+        raise ValueError(f"{layer_name} with aggregation module {type(aggr).__name__} is not "
+                         "linear and has no structconv equivalent")
+    return flow, aggr
+
+
+def _copy_bias(layer, bias):
+    if bias is not None:
+        layer.bias.data.copy_(bias.detach())
+
+
+@register_pyg("GCNConv")
+def _from_gcn(m):
+    flow, aggr = _pyg_common(m, "GCNConv")
+    out = GCNConv(m.in_channels, m.out_channels, improved=m.improved, cached=True,
+                  add_self_loops=m.add_self_loops, normalize=m.normalize,
+                  bias=m.bias is not None, flow=flow, aggr=aggr)
+    out = _like(out, m)
+    with torch.no_grad():
+        out.param.weight.copy_(m.lin.weight.detach().t().unsqueeze(0))
+        _copy_bias(out, m.bias)
+    return out
+
+
+@register_pyg("ChebConv")
+def _from_cheb(m):
+    flow, aggr = _pyg_common(m, "ChebConv")
+    out = ChebConv(m.in_channels, m.out_channels, len(m.lins), m.normalization,
+                   bias=m.bias is not None, flow=flow, aggr=aggr)
+    out = _like(out, m)
+    with torch.no_grad():
+        out.param.weight.copy_(torch.stack([lin.weight.detach().t() for lin in m.lins]))
+        _copy_bias(out, m.bias)
+    return out
+
+
+@register_pyg("TAGConv")
+def _from_tag(m):
+    flow, aggr = _pyg_common(m, "TAGConv")
+    out = TAGConv(m.in_channels, m.out_channels, m.K, bias=m.bias is not None,
+                  normalize=m.normalize, flow=flow, aggr=aggr)
+    out = _like(out, m)
+    with torch.no_grad():
+        out.param.weight.copy_(torch.stack([lin.weight.detach().t() for lin in m.lins]))
+        _copy_bias(out, m.bias)
+    return out
+
+
+@register_pyg("SGConv")
+def _from_sgc(m):
+    flow, aggr = _pyg_common(m, "SGConv")
+    out = SGConv(m.in_channels, m.out_channels, m.K, cached=m.cached,
+                 add_self_loops=m.add_self_loops, bias=m.lin.bias is not None, flow=flow,
+                 aggr=aggr)
+    out = _like(out, m)
+    with torch.no_grad():
+        out.param.weight.copy_(m.lin.weight.detach().t().unsqueeze(0))
+        _copy_bias(out, m.lin.bias)
+    return out
+
+
+@register_pyg("RGCNConv", "FastRGCNConv")
+def _from_rgcn(m):
+    flow, aggr = _pyg_common(m, type(m).__name__)
+    out = RGCNConv(m.in_channels, m.out_channels, m.num_relations, num_bases=m.num_bases,
+                   num_blocks=m.num_blocks, aggr=aggr, root_weight=m.root is not None,
+                   is_sorted=m.is_sorted, bias=m.bias is not None, flow=flow)
+    out = _like(out, m)
+    with torch.no_grad():
+        if m.num_bases is not None:
+            out.param.channel.copy_(m.weight.detach())
+            out.param.basis_coef.copy_(m.comp.detach().t())
+        else:
+            out.param.weight.copy_(m.weight.detach())
+        if m.root is not None:
+            out.root.copy_(m.root.detach())
+        _copy_bias(out, m.bias)
+    return out
