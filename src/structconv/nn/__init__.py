@@ -1,8 +1,17 @@
 """Layers (``nn.Module``s) built on ``sc.convolve``, and converters from torch.nn and PyG."""
 
+from .attention import (
+                        GATConv,
+                        MixedAttention,
+                        MultiheadAttention,
+                        TransformerDecoderLayer,
+                        TransformerEncoderLayer,
+)
 from .convert import from_pyg, from_torch, register_pyg, register_torch, to_torch
 from .graph import ChebConv, GCNConv, RGCNConv, SGConv, TAGConv
 from .layers import Convolution
 
 __all__ = ["Convolution", "from_torch", "from_pyg", "to_torch", "register_torch", "register_pyg",
-           "GCNConv", "ChebConv", "TAGConv", "SGConv", "RGCNConv"]
+           "GCNConv", "ChebConv", "TAGConv", "SGConv", "RGCNConv",
+           "MultiheadAttention", "GATConv", "TransformerEncoderLayer", "TransformerDecoderLayer",
+           "MixedAttention"]

@@ -1,0 +1,416 @@
+"""Attention bases: A_k = a(x', y'; Ξ_k) computed from auxiliary inputs, usable by ``sc.convolve``.
+
+* ``AttentionBasis``       dense weights (B, K, M, N) from any mechanism (small M, N).
+* ``DotProductAttention``  softmax(k qᵀ / sqrt(D) + H) applied through
+  ``torch.nn.functional.scaled_dot_product_attention`` (never builds M x N unless asked).
+* ``GraphAttention``       attention restricted to a graph: per-edge weights (E, K), applied by a
+  sparse kernel in O(E) memory.
+* ``shift_basis``          index-based causal shift heads for mixing with attention heads.
+
+An attention basis may carry a batch dimension B (one basis per batch item, since it is computed
+from the batch's content); its ``propagate*`` then take bundles with the same B (or B = 1 bases
+apply to every item).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .._checks import check_index_tensor
+from ..basis.base import Basis, Sparse
+from .masks import dead_columns, edge_softmax, masked_softmax
+
+__all__ = ["AttentionBasis", "DotProductAttention", "GraphAttention", "GraphStructure",
+           "shift_basis"]
+
+
+def _check_z(basis: Basis, z: Tensor, batch: int) -> None:
+    if z.dim() != 4 or z.shape[1] != basis.M or z.shape[2] != basis.K:
+        raise ValueError(f"{type(basis).__name__}.propagate_heads expects z (B, M={basis.M}, "
+                         f"K={basis.K}, C), got shape {tuple(z.shape)}")
+    if batch != 1 and z.shape[0] != batch:
+        raise ValueError(f"{type(basis).__name__} was computed for a batch of {batch} but z has "
+                         f"batch {z.shape[0]} (shape {tuple(z.shape)})")
+
+
+class _Batched(Basis):
+    """Shared helpers of bases that carry a batch dimension."""
+
+    batch: int = 1
+
+    def propagate(self, x: Tensor) -> Tensor:
+        B, M, C = x.shape
+        return self.propagate_heads(x.unsqueeze(2).expand(B, M, self.K, C))
+
+    def _dense_out(self, A: Tensor) -> Tensor:
+        # (B, K, M, N): the contract's (K, M, N) when the basis has a single batch item
+        return A[0] if A.shape[0] == 1 else A
+
+
+# ------------------------------------------------------------------------------------------------
+class AttentionBasis(_Batched):
+    """A basis given by dense attention weights A (K, M, N) or (B, K, M, N); differentiable."""
+
+    def __init__(self, weights: Tensor):
+        if not isinstance(weights, Tensor) or weights.dim() not in (3, 4):
+            got = tuple(weights.shape) if isinstance(weights, Tensor) else type(weights).__name__
+            raise ValueError(f"AttentionBasis needs weights (K, M, N) or (B, K, M, N), got {got}")
+        A = weights if weights.dim() == 4 else weights.unsqueeze(0)
+        super().__init__(*A.shape[1:])
+        self.A, self.batch = A, A.shape[0]
+
+    @classmethod
+    def from_mechanism(cls, mechanism, x1: Tensor, x2: Tensor) -> AttentionBasis:
+        """The dense basis ``mechanism(x1, x2)`` (see ``sc.attention.attention_basis``)."""
+        return cls(mechanism(x1, x2))
+
+    @property
+    def dtype(self):
+        return self.A.dtype
+
+    @property
+    def device(self):
+        return self.A.device
+
+    def to(self, device=None, dtype=None):
+        return AttentionBasis(self.A.to(device=device, dtype=dtype))
+
+    def to_dense(self):
+        return self._dense_out(self.A)
+
+    def propagate_heads(self, z):
+        _check_z(self, z, self.batch)
+        out = self.A.transpose(-1, -2).to(z.dtype) @ z.transpose(1, 2)  # (B, K, N, C)
+        return out.transpose(1, 2)
+
+    def propagate_sum(self, z):
+        _check_z(self, z, self.batch)
+        B, M, K, C = z.shape
+        At = self.A.to(z.dtype).permute(0, 3, 2, 1).reshape(self.batch, self.N, M * K)
+        return At @ z.reshape(B, M * K, C)
+
+
+# ------------------------------------------------------------------------------------------------
+class DotProductAttention(_Batched):
+    """A_k = softmax over inputs of (key_k query_kᵀ · scale + H), applied with SDPA.
+
+    ``query`` (B, K, N, D) and ``key`` (B, K, M, D) are the projected auxiliary inputs (y' Λ_query
+    and x' Λ_key); ``mask`` is a log-domain (0 / -inf, or any additive float) or bool (True =
+    allowed) mask broadcastable to (B, K, M, N) in the paper's orientation; ``causal`` allows
+    input m on output n iff m <= n; ``sdpa_mask`` gives the mask already in SDPA's orientation
+    (.., N, M) instead. ``scale`` defaults to 1/sqrt(D). Columns that are entirely masked are
+    zero (the output there is 0, and so is its gradient), never NaN.
+    """
+
+    def __init__(self, query: Tensor, key: Tensor, mask: Tensor | None = None, *,
+                 causal: bool = False, scale: float | None = None, dropout_p: float = 0.0,
+                 sdpa_mask: Tensor | None = None):
+        if not isinstance(query, Tensor) or not isinstance(key, Tensor) or query.dim() != 4 \
+                or key.dim() != 4:
+            raise ValueError("DotProductAttention needs query (B, K, N, D) and key (B, K, M, D)")
+        Bq, K, N, D = query.shape
+        Bk, Kk, M, Dk = key.shape
+        if K != Kk or D != Dk or (Bq != Bk and 1 not in (Bq, Bk)):
+            raise ValueError(f"DotProductAttention: query {tuple(query.shape)} (B, K, N, D) and "
+                             f"key {tuple(key.shape)} (B, K, M, D) disagree on B, K or D")
+        super().__init__(K, M, N)
+        if mask is not None and sdpa_mask is not None:
+            raise ValueError("give mask (paper orientation) or sdpa_mask, not both")
+        if mask is not None:
+            sdpa_mask = mask.transpose(-1, -2)
+        if sdpa_mask is not None:
+            if sdpa_mask.dim() > 4:
+                raise ValueError(f"mask must broadcast to (B, K, M, N), got {tuple(mask.shape)}")
+            while sdpa_mask.dim() < 4:
+                sdpa_mask = sdpa_mask.unsqueeze(0)
+            try:
+                torch.broadcast_shapes(sdpa_mask.shape, (max(Bq, Bk), K, N, M))
+            except RuntimeError:
+                raise ValueError(
+                    f"mask of shape {tuple(sdpa_mask.transpose(-1, -2).shape)} (paper "
+                    f"orientation) does not broadcast to (B, K, M, N)=({max(Bq, Bk)}, {K}, {M}, "
+                    f"{N})") from None
+            if sdpa_mask.dtype != torch.bool:
+                sdpa_mask = sdpa_mask.to(query.dtype)
+        if causal and sdpa_mask is not None:
+            # SDPA takes either a mask or the causal flag: fold the causal mask in
+            allowed = torch.ones(N, M, dtype=torch.bool, device=query.device).tril()
+            if sdpa_mask.dtype == torch.bool:
+                sdpa_mask = sdpa_mask & allowed
+            else:
+                sdpa_mask = sdpa_mask.masked_fill(~allowed, float("-inf"))
+            causal = False
+        self.query, self.key = query, key
+        self.batch = max(Bq, Bk)
+        self.causal, self.dropout_p = bool(causal), float(dropout_p)
+        self.scale = 1.0 / D ** 0.5 if scale is None else float(scale)
+        self.dead = None
+        if sdpa_mask is not None:
+            dead = dead_columns(sdpa_mask, -1)  # (.., N, 1): queries with no allowed key
+            if bool(dead.any()):
+                # unmask those rows for the kernel (finite, gradient-safe) and zero them after
+                self.dead = dead
+                sdpa_mask = sdpa_mask | dead if sdpa_mask.dtype == torch.bool else \
+                    sdpa_mask.masked_fill(dead, 0.0)
+        self.sdpa_mask = sdpa_mask
+
+    @property
+    def dtype(self):
+        return self.query.dtype
+
+    @property
+    def device(self):
+        return self.query.device
+
+    def to(self, device=None, dtype=None):
+        m = self.sdpa_mask
+        if m is not None and m.dtype != torch.bool:
+            m = m.to(device=device, dtype=dtype)
+        elif m is not None:
+            m = m.to(device)
+        out = DotProductAttention(self.query.to(device=device, dtype=dtype),
+                                  self.key.to(device=device, dtype=dtype), causal=self.causal,
+                                  scale=self.scale, dropout_p=self.dropout_p, sdpa_mask=m)
+        if self.dead is not None:  # the stored mask was already unmasked on dead rows
+            out.dead = self.dead.to(device)
+        return out
+
+    def apply_flops(self):
+        return float(self.K * self.M * self.N)
+
+    def _qk(self, B: int) -> tuple[Tensor, Tensor]:
+        q, k = self.query, self.key
+        if q.shape[0] != B:
+            q = q.expand(B, *q.shape[1:])
+        if k.shape[0] != B:
+            k = k.expand(B, *k.shape[1:])
+        return q, k
+
+    def propagate_heads(self, z):
+        _check_z(self, z, self.batch)
+        B = max(z.shape[0], self.batch)
+        if z.shape[0] != B:
+            z = z.expand(B, *z.shape[1:])
+        q, k = self._qk(B)
+        v = z.transpose(1, 2)  # (B, K, M, C): SDPA's values are the bundle's head slices
+        out = F.scaled_dot_product_attention(
+            q, k, v.to(q.dtype), attn_mask=self.sdpa_mask, dropout_p=self.dropout_p,
+            is_causal=self.causal, scale=self.scale)
+        if self.dead is not None:
+            out = out.masked_fill(self.dead, 0.0)
+        return out.transpose(1, 2)
+
+    def _logits(self) -> Tensor:
+        # scores with the kernel's mask (dead rows unmasked), SDPA orientation (B, K, N, M)
+        s = (self.query * self.scale) @ self.key.transpose(-1, -2)
+        if self.causal:
+            allowed = torch.ones(self.N, self.M, dtype=torch.bool, device=s.device).tril()
+            s = s.masked_fill(~allowed, float("-inf"))
+        m = self.sdpa_mask
+        if m is not None:
+            s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m
+        return s
+
+    def scores(self) -> Tensor:
+        """Pre-softmax scores in SDPA orientation (B, K, N, M), masks added (-inf masked)."""
+        s = self._logits()
+        return s if self.dead is None else s.masked_fill(self.dead, float("-inf"))
+
+    def weights(self) -> Tensor:
+        """Attention probabilities in SDPA orientation (B, K, N, M); dead queries are zero rows."""
+        p = torch.softmax(self._logits(), -1)  # one fused kernel; dead rows are finite here
+        return p if self.dead is None else p.masked_fill(self.dead, 0.0)
+
+    def to_dense(self):
+        return self._dense_out(self.weights().transpose(-1, -2))
+
+
+# ------------------------------------------------------------------------------------------------
+class GraphStructure:
+    """CSR layouts of a graph's K-head attention operator, built once per graph.
+
+    The operator maps (M*K) rows (m, k) to (N*K) rows (n, k): entry ((n, k), (m, k)) holds the
+    weight of edge m -> n for head k. ``gather`` reorders edge-major weights (E*K,) into CSR
+    order; the ``t`` variants are the transpose (for the backward pass).
+    """
+
+    def __init__(self, edge_index: Tensor, M: int, N: int, K: int):
+        check_index_tensor(edge_index, 2, "edge_index")
+        ei = edge_index.long()
+        if ei.numel() and (int(ei.min()) < 0 or int(ei[0].max()) >= M or int(ei[1].max()) >= N):
+            raise ValueError(f"edge_index has node ids outside [0, {M}) x [0, {N}) "
+                             f"(sources < M={M}, targets < N={N})")
+        self.edge_index, self.M, self.N, self.K = ei, M, N, K
+        self.E = ei.shape[1]
+        self.crow, self.col, self.gather = self._layout(ei[1], ei[0], N, M, K)
+        self.crow_t, self.col_t, self.gather_t = self._layout(ei[0], ei[1], M, N, K)
+
+    @staticmethod
+    def _layout(rows: Tensor, cols: Tensor, R: int, C: int, K: int):
+        E, dev = rows.shape[0], rows.device
+        order = torch.argsort(rows * C + cols, stable=True)
+        r, c = rows[order], cols[order]
+        deg = torch.bincount(rows, minlength=R)
+        start = torch.cumsum(deg, 0) - deg
+        j = torch.arange(E, device=dev) - start[r]  # position of the edge within its row
+        k = torch.arange(K, device=dev)
+        # row (n, k) starts at K*start[n] + k*deg[n] and holds the row's edges in column order
+        pos = (K * start[r]).unsqueeze(1) + k * deg[r].unsqueeze(1) + j.unsqueeze(1)
+        pos = pos.reshape(-1)
+        gather = torch.empty(E * K, dtype=torch.long, device=dev)
+        gather[pos] = (order.unsqueeze(1) * K + k).reshape(-1)
+        col = torch.empty(E * K, dtype=torch.long, device=dev)
+        col[pos] = (c.unsqueeze(1) * K + k).reshape(-1)
+        crow = torch.zeros(R * K + 1, dtype=torch.long, device=dev)
+        crow[1:] = torch.cumsum(deg.repeat_interleave(K), 0)
+        return crow, col, gather
+
+    def csr(self, values: Tensor, transpose: bool = False) -> Tensor:
+        """The operator (N*K, M*K) (or its transpose) with edge-major weights ``values`` (E*K,)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # CSR is flagged beta; SpMM is stable
+            if transpose:
+                return torch.sparse_csr_tensor(self.crow_t, self.col_t, values[self.gather_t],
+                                               (self.M * self.K, self.N * self.K))
+            return torch.sparse_csr_tensor(self.crow, self.col, values[self.gather],
+                                           (self.N * self.K, self.M * self.K))
+
+
+class _EdgeSpMM(torch.autograd.Function):
+    """Y (N*K, C) = S(alpha) @ Z (M*K, C) for the graph operator S with per-edge-head weights."""
+
+    @staticmethod
+    def forward(ctx, alpha, Z, st):
+        ctx.st = st
+        ctx.save_for_backward(alpha, Z)
+        return st.csr(alpha) @ Z
+
+    @staticmethod
+    def backward(ctx, G):
+        alpha, Z = ctx.saved_tensors
+        st = ctx.st
+        G = G.contiguous()
+        ga = gz = None
+        if ctx.needs_input_grad[1]:
+            gz = st.csr(alpha, transpose=True) @ G
+        if ctx.needs_input_grad[0]:
+            # dL/dalpha[e, k] = <G[(n, k)], Z[(m, k)]>: the sampled product on S's pattern
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                vals = torch.sparse.sampled_addmm(st.csr(alpha.detach()), G, Z.t(),
+                                                  beta=0.0).values()
+            ga = torch.empty_like(alpha)
+            ga[st.gather] = vals
+        return ga, gz, None
+
+
+class GraphAttention(_Batched):
+    """Attention restricted to a graph: A_k[m, n] = alpha[e, k] for each edge e = (m -> n).
+
+    ``alpha`` (E, K) or (B, E, K) are the normalised per-edge weights (duplicate edges add up);
+    ``from_scores`` builds them by a softmax over each target's incoming edges. Applied with a
+    CSR kernel in O(E*K) memory, never M x N.
+    """
+
+    flop_weight = 6.0
+
+    def __init__(self, edge_index: Tensor, alpha: Tensor, M: int, N: int | None = None, *,
+                 structure: GraphStructure | None = None):
+        N = M if N is None else N
+        if not isinstance(alpha, Tensor) or alpha.dim() not in (2, 3):
+            raise ValueError("GraphAttention needs alpha (E, K) or (B, E, K)")
+        a = alpha if alpha.dim() == 3 else alpha.unsqueeze(0)
+        K = a.shape[2]
+        super().__init__(K, M, N)
+        if structure is None:
+            structure = GraphStructure(edge_index, M, N, K)
+        elif (structure.M, structure.N, structure.K) != (M, N, K):
+            raise ValueError("GraphAttention: structure was built for another (M, N, K)")
+        if a.shape[1] != structure.E:
+            raise ValueError(f"GraphAttention: alpha {tuple(alpha.shape)} needs E={structure.E} "
+                             f"edges to match edge_index (2, {structure.E})")
+        self.structure, self.alpha, self.batch = structure, a, a.shape[0]
+
+    @classmethod
+    def from_scores(cls, edge_index: Tensor, scores: Tensor, M: int, N: int | None = None, *,
+                    structure: GraphStructure | None = None) -> GraphAttention:
+        """Softmax over inputs of per-edge scores (E, K) or (B, E, K) (-inf = masked edge)."""
+        N = M if N is None else N
+        check_index_tensor(edge_index, 2, "edge_index")
+        alpha = edge_softmax(scores, edge_index[1].long(), N)
+        return cls(edge_index, alpha, M, N, structure=structure)
+
+    @property
+    def edge_index(self) -> Tensor:
+        return self.structure.edge_index
+
+    @property
+    def dtype(self):
+        return self.alpha.dtype
+
+    @property
+    def device(self):
+        return self.alpha.device
+
+    def to(self, device=None, dtype=None):
+        st = self.structure
+        if device is not None and torch.device(device) != st.edge_index.device:
+            st = GraphStructure(st.edge_index.to(device), self.M, self.N, self.K)
+        return GraphAttention(st.edge_index, self.alpha.to(device=device, dtype=dtype), self.M,
+                              self.N, structure=st)
+
+    def apply_flops(self):
+        return float(max(1, self.structure.E) * self.K)
+
+    def to_dense(self):
+        src, dst = self.structure.edge_index
+        K, M, N = self.shape
+        # (E, K) positions in a flattened (K, M, N) block; duplicate edges add up
+        flat = ((torch.arange(K, device=self.device) * (M * N)).unsqueeze(0)
+                + (src * N + dst).unsqueeze(1)).reshape(-1)
+        zero = torch.zeros(K * M * N, dtype=self.dtype, device=self.device)
+        out = torch.stack([zero.index_add(0, flat, self.alpha[b].reshape(-1))
+                           for b in range(self.batch)]).reshape(self.batch, K, M, N)
+        return self._dense_out(out)
+
+    def propagate_heads(self, z):
+        _check_z(self, z, self.batch)
+        B, M, K, C = z.shape
+        st = self.structure
+        if st.E == 0:
+            return z.new_zeros(B, self.N, K, C)
+        alpha = self.alpha.to(z.dtype)
+        if self.batch == 1:
+            # all items share the weights: one SpMM with the batch folded into the columns
+            Z = z.permute(1, 2, 0, 3).reshape(M * K, B * C)
+            Y = _EdgeSpMM.apply(alpha[0].reshape(-1), Z, st)  # (N*K, B*C)
+            return Y.reshape(self.N, K, B, C).permute(2, 0, 1, 3)
+        outs = [_EdgeSpMM.apply(alpha[b].reshape(-1), z[b].reshape(M * K, C), st)
+                for b in range(B)]
+        return torch.stack(outs).reshape(B, self.N, K, C)
+
+
+# ------------------------------------------------------------------------------------------------
+def shift_basis(length: int, shifts: Sequence[int] = (1,), *, dtype=None, device=None) -> Sparse:
+    """Index-based heads: A_s[m, n] = 1 iff m = n - s, for each shift s (a 1-d grid's shifts).
+
+    A positive s brings the entry s steps before (causal); K = len(shifts), M = N = length.
+    """
+    shifts = [int(s) for s in shifts]
+    if length < 1 or not shifts:
+        raise ValueError(f"shift_basis needs length >= 1 and at least one shift, got "
+                         f"length={length}, shifts={shifts}")
+    ks, ms, ns = [], [], []
+    for k, s in enumerate(shifts):
+        n = torch.arange(max(0, s), min(length, length + s), device=device)
+        ks.append(torch.full_like(n, k))
+        ms.append(n - s)
+        ns.append(n)
+    idx = torch.stack([torch.cat(ks), torch.cat(ms), torch.cat(ns)])
+    vals = torch.ones(idx.shape[1], dtype=dtype or torch.get_default_dtype(), device=device)
+    return Sparse(idx, vals, (len(shifts), length, length))

@@ -1,0 +1,617 @@
+"""Attention layers built from structconv parts, and converters from torch.nn and PyG.
+
+* ``MultiheadAttention``: torch's layer (same constructor, call, parameter names) as an
+  attention convolution: in-projections give the mechanism's Λ_key / Λ_query, the basis is a
+  ``DotProductAttention`` (SDPA), the value/out projections are the LowRank theta.
+* ``GATConv``: PyG's layer as a self-attention convolution on per-head inputs xΘ_k, with a
+  per-edge sparse basis (O(E) memory).
+* ``TransformerEncoderLayer`` / ``TransformerDecoderLayer``: torch's layers on these parts.
+* ``MixedAttention``: attention heads and index-based shift heads in one ``sc.basis.Stack``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..attention.basis import DotProductAttention, GraphAttention, GraphStructure, shift_basis
+from ..attention.masks import edge_softmax
+from ..attention.mechanisms import (
+    DotProduct,
+    GATScores,
+    GraphMasked,
+    LeakyReLU,
+    Masked,
+    Softmax,
+    attention_basis,
+)
+from ..basis.base import Stack
+from ..engine import convolve
+from ..params import LowRank
+from .convert import register_pyg, register_torch
+
+__all__ = ["MultiheadAttention", "GATConv", "TransformerEncoderLayer", "TransformerDecoderLayer",
+           "MixedAttention"]
+
+
+def _float_mask(mask: Tensor | None, dtype: torch.dtype, what: str) -> Tensor | None:
+    """torch's mask convention (bool True = masked, or additive float) -> additive float."""
+    if mask is None:
+        return None
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+            mask, float("-inf"))
+    if not mask.is_floating_point():
+        raise TypeError(f"{what} must be bool or floating, got dtype {mask.dtype}")
+    return mask.to(dtype)
+
+
+class MultiheadAttention(nn.Module):
+    """torch.nn.MultiheadAttention as an attention convolution (same arguments and outputs).
+
+    Differences from torch: a query whose keys are all masked gets a zero attention column
+    (finite output, zero weights) where torch gives NaN; ``is_causal=True`` without
+    ``attn_mask`` builds the causal mask instead of raising; dropout (training) draws its own
+    random numbers.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 add_bias_kv: bool = False, add_zero_attn: bool = False,
+                 kdim: int | None = None, vdim: int | None = None, batch_first: bool = False,
+                 device=None, dtype=None):
+        super().__init__()
+        if embed_dim <= 0 or num_heads <= 0:
+            raise ValueError(f"embed_dim and num_heads must be > 0, got embed_dim={embed_dim}, "
+                             f"num_heads={num_heads}")
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
+        fk = {"device": device, "dtype": dtype}
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.kdim = kdim if kdim is not None else embed_dim
+        self.vdim = vdim if vdim is not None else embed_dim
+        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
+        self.dropout, self.batch_first = float(dropout), bool(batch_first)
+        self.head_dim = embed_dim // num_heads
+        E = embed_dim
+        if self._qkv_same_embed_dim:
+            self.in_proj_weight = nn.Parameter(torch.empty(3 * E, E, **fk))
+            self.register_parameter("q_proj_weight", None)
+            self.register_parameter("k_proj_weight", None)
+            self.register_parameter("v_proj_weight", None)
+        else:
+            self.q_proj_weight = nn.Parameter(torch.empty(E, E, **fk))
+            self.k_proj_weight = nn.Parameter(torch.empty(E, self.kdim, **fk))
+            self.v_proj_weight = nn.Parameter(torch.empty(E, self.vdim, **fk))
+            self.register_parameter("in_proj_weight", None)
+        if bias:
+            self.in_proj_bias = nn.Parameter(torch.empty(3 * E, **fk))
+        else:
+            self.register_parameter("in_proj_bias", None)
+        self.out_proj = nn.Linear(E, E, bias=bias, **fk)
+        if add_bias_kv:
+            self.bias_k = nn.Parameter(torch.empty(1, 1, E, **fk))
+            self.bias_v = nn.Parameter(torch.empty(1, 1, E, **fk))
+        else:
+            self.bias_k = self.bias_v = None
+        self.add_zero_attn = bool(add_zero_attn)
+        self._reset_parameters()
+
+    def _reset_parameters(self):
+        for w in (self.in_proj_weight, self.q_proj_weight, self.k_proj_weight,
+                  self.v_proj_weight):
+            if w is not None:
+                nn.init.xavier_uniform_(w)
+        if self.in_proj_bias is not None:
+            nn.init.zeros_(self.in_proj_bias)
+            nn.init.zeros_(self.out_proj.bias)
+        for b in (self.bias_k, self.bias_v):
+            if b is not None:
+                nn.init.xavier_normal_(b)
+
+    def extra_repr(self):
+        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
+                f"batch_first={self.batch_first}")
+
+    # -- the paper's view --------------------------------------------------------------------
+    def _weights(self) -> tuple[Tensor, Tensor, Tensor]:
+        E = self.embed_dim
+        if self._qkv_same_embed_dim:
+            return self.in_proj_weight[:E], self.in_proj_weight[E:2 * E], \
+                self.in_proj_weight[2 * E:]
+        return self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
+
+    def _biases(self):
+        if self.in_proj_bias is None:
+            return None, None, None
+        return self.in_proj_bias.chunk(3)
+
+    def mechanism(self) -> DotProduct:
+        """The scores as a ``DotProduct`` mechanism (copied weights): x1 = key, x2 = query."""
+        Wq, Wk, _ = self._weights()
+        bq, bk, _ = self._biases()
+        K, D = self.num_heads, self.head_dim
+        mech = DotProduct(K, self.kdim, self.embed_dim, D, bias=bq is not None).to(Wq)
+        with torch.no_grad():
+            mech.key.copy_(Wk.reshape(K, D, self.kdim).transpose(1, 2))
+            mech.query.copy_(Wq.reshape(K, D, self.embed_dim).transpose(1, 2))
+            if bq is not None:
+                mech.key_bias.copy_(bk.reshape(K, D))
+                mech.query_bias.copy_(bq.reshape(K, D))
+        return mech
+
+    def value_out(self) -> LowRank:
+        """theta_k = Θ_value,k Θ_O,kᵀ as ``sc.params.LowRank`` (copied; biases excluded)."""
+        _, _, Wv = self._weights()
+        K, D, E = self.num_heads, self.head_dim, self.embed_dim
+        lr = LowRank(K, self.vdim, E, D).to(Wv)
+        with torch.no_grad():
+            lr.value.copy_(Wv.reshape(K, D, self.vdim).transpose(1, 2))
+            lr.out.copy_(self.out_proj.weight.reshape(E, K, D).permute(1, 2, 0))
+        return lr
+
+    # -- forward -----------------------------------------------------------------------------
+    def forward(self, query: Tensor, key: Tensor, value: Tensor,
+                key_padding_mask: Tensor | None = None, need_weights: bool = True,
+                attn_mask: Tensor | None = None, average_attn_weights: bool = True,
+                is_causal: bool = False) -> tuple[Tensor, Tensor | None]:
+        """(out, weights) exactly as torch: (L, B, E) or (B, L, E) (batch_first) or (L, E)."""
+        E, H, D = self.embed_dim, self.num_heads, self.head_dim
+        same_qkv, same_kv = query is key and key is value, key is value
+        batched = query.dim() == 3
+        if query.dim() not in (2, 3) or key.dim() != query.dim() or value.dim() != query.dim():
+            raise ValueError(f"query, key, value must all be 2-d (unbatched) or 3-d, got "
+                             f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
+        if not batched:
+            query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask.unsqueeze(0)
+        elif not self.batch_first:
+            query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
+        B, L, Eq = query.shape
+        S = key.shape[1]
+        if Eq != E or key.shape[2] != self.kdim or value.shape[2] != self.vdim \
+                or value.shape[:2] != key.shape[:2] or key.shape[0] != B:
+            raise ValueError(
+                f"expected query (.., L, {E}), key (.., S, {self.kdim}), value (.., S, "
+                f"{self.vdim}) with one batch size, got {tuple(query.shape)}, "
+                f"{tuple(key.shape)}, {tuple(value.shape)} (batch first)")
+        dtype = query.dtype
+        # in-projections: one GEMM for self-attention with packed weights
+        Wq, Wk, Wv = self._weights()
+        bq, bk, bv = self._biases()
+        if same_qkv and self._qkv_same_embed_dim:
+            q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, -1)
+        elif same_kv and self._qkv_same_embed_dim:
+            q = F.linear(query, Wq, bq)
+            b2 = None if self.in_proj_bias is None else self.in_proj_bias[E:]
+            k, v = F.linear(key, self.in_proj_weight[E:], b2).chunk(2, -1)
+        else:
+            q, k, v = F.linear(query, Wq, bq), F.linear(key, Wk, bk), F.linear(value, Wv, bv)
+        if self.bias_k is not None:
+            k = torch.cat([k, self.bias_k.to(dtype).expand(B, 1, E)], 1)
+            v = torch.cat([v, self.bias_v.to(dtype).expand(B, 1, E)], 1)
+        q = q.reshape(B, L, H, D).transpose(1, 2)       # (B, K, N, D)  queries = outputs n
+        k = k.reshape(B, k.shape[1], H, D).transpose(1, 2)  # (B, K, M, D)  keys = inputs m
+        v = v.reshape(B, v.shape[1], H, D)               # (B, M, K, C): the bundle's heads
+        if self.add_zero_attn:
+            k = torch.cat([k, k.new_zeros(B, H, 1, D)], 2)
+            v = torch.cat([v, v.new_zeros(B, 1, H, D)], 1)
+        # masks, in torch's (query, key) orientation, as additive floats
+        kpm = _float_mask(key_padding_mask, dtype, "key_padding_mask")
+        causal = False
+        if is_causal and kpm is None and not need_weights:
+            attn_mask, causal = None, True  # as torch: the hint replaces attn_mask
+        elif is_causal and attn_mask is None:
+            attn_mask = torch.ones(L, S, dtype=torch.bool, device=query.device).triu(1)
+        am = _float_mask(attn_mask, dtype, "attn_mask")
+        if am is not None:
+            if am.dim() == 2 and tuple(am.shape) == (L, S):
+                am = am.reshape(1, 1, L, S)
+            elif am.dim() == 3 and tuple(am.shape) == (B * H, L, S):
+                am = am.reshape(B, H, L, S)
+            else:
+                raise ValueError(f"attn_mask must be (L, S)=({L}, {S}) or (B*num_heads, L, S)="
+                                 f"({B * H}, {L}, {S}), got {tuple(attn_mask.shape)}")
+        if kpm is not None:
+            if tuple(kpm.shape) != (B, S):
+                raise ValueError(f"key_padding_mask must be (B, S)=({B}, {S}) (or (S,) "
+                                 f"unbatched), got {tuple(key_padding_mask.shape)}")
+            kpm = kpm.reshape(B, 1, 1, S)
+        extra = int(self.bias_k is not None) + int(self.add_zero_attn)
+        if extra:  # the appended keys are never masked
+            am = None if am is None else F.pad(am, (0, extra))
+            kpm = None if kpm is None else F.pad(kpm, (0, extra))
+        mask = am if kpm is None else (kpm if am is None else am + kpm)
+        p = self.dropout if self.training else 0.0
+        basis = DotProductAttention(q, k, sdpa_mask=mask, causal=causal, dropout_p=p)
+        weights = None
+        if need_weights:
+            w = basis.weights()  # (B, K, N, M)
+            wd = F.dropout(w, p) if p > 0 else w
+            out = (wd @ v.transpose(1, 2)).transpose(1, 2)
+            weights = w.mean(1) if average_attn_weights else w
+        else:
+            out = basis.propagate_heads(v)  # SDPA: (B, N, K, D)
+        out = F.linear(out.reshape(B, L, E), self.out_proj.weight, self.out_proj.bias)
+        if not batched:
+            return out[0], (None if weights is None else weights[0])
+        if not self.batch_first:
+            out = out.transpose(0, 1)
+        return out, weights
+
+
+@register_torch(nn.MultiheadAttention)
+def _from_mha(m: nn.MultiheadAttention) -> MultiheadAttention:
+    w = m.out_proj.weight
+    out = MultiheadAttention(m.embed_dim, m.num_heads, m.dropout, m.in_proj_bias is not None,
+                             m.bias_k is not None, m.add_zero_attn, m.kdim, m.vdim,
+                             m.batch_first, device=w.device, dtype=w.dtype)
+    out.load_state_dict(m.state_dict())
+    return out.train(m.training)
+
+
+# ------------------------------------------------------------------------------------------------
+class GATConv(nn.Module):
+    """PyG's GATConv as a self-attention convolution on per-head inputs h_k = xΘ_k.
+
+    Same constructor (``edge_dim`` unsupported), parameter names and call
+    ``(x, edge_index, edge_attr=None, size=None, return_attention_weights=None)``; x is (M, F) or
+    a pair (x_src, x_dst). The basis is a per-edge ``GraphAttention`` (softmax of the leaky ReLU
+    of μ·h_src + ν·h_dst over each node's incoming edges), applied in O(E) memory.
+    """
+
+    def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int = 1,
+                 concat: bool = True, negative_slope: float = 0.2, dropout: float = 0.0,
+                 add_self_loops: bool = True, edge_dim: int | None = None,
+                 fill_value="mean", bias: bool = True, residual: bool = False):
+        super().__init__()
+        if edge_dim is not None:
+            raise ValueError("structconv GATConv does not support edge_dim (edge features)")
+        self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
+        self.concat, self.negative_slope = concat, float(negative_slope)
+        self.dropout, self.add_self_loops = float(dropout), add_self_loops
+        self.residual, self.fill_value = residual, fill_value
+        HC = heads * out_channels
+        self.lin = self.lin_src = self.lin_dst = None
+        if isinstance(in_channels, int):
+            self.lin = nn.Linear(in_channels, HC, bias=False)
+        else:
+            self.lin_src = nn.Linear(in_channels[0], HC, bias=False)
+            self.lin_dst = nn.Linear(in_channels[1], HC, bias=False)
+        s = math.sqrt(6.0 / (heads + out_channels))
+        self.att_src = nn.Parameter(torch.empty(1, heads, out_channels).uniform_(-s, s))
+        self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels).uniform_(-s, s))
+        total = out_channels * (heads if concat else 1)
+        if residual:
+            d = in_channels if isinstance(in_channels, int) else in_channels[1]
+            self.res = nn.Linear(d, total, bias=False)
+        else:
+            self.register_parameter("res", None)
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(total))
+        else:
+            self.register_parameter("bias", None)
+        self._cache: tuple | None = None
+
+    def extra_repr(self):
+        return (f"{self.in_channels}, {self.out_channels}, heads={self.heads}, "
+                f"concat={self.concat}")
+
+    def _graph(self, edge_index: Tensor, M: int, N: int, size) -> tuple[Tensor, GraphStructure]:
+        key = (edge_index.data_ptr(), edge_index._version, tuple(edge_index.shape),
+               edge_index.device, M, N, size, self.add_self_loops, self.heads)
+        if self._cache is not None and self._cache[0] == key:
+            return self._cache[1], self._cache[2]
+        ei = edge_index.long()
+        if self.add_self_loops:
+            n = min(M, N) if size is None else min(size)
+            ei = ei[:, ei[0] != ei[1]]
+            loop = torch.arange(n, device=ei.device)
+            ei = torch.cat([ei, torch.stack([loop, loop])], 1)
+        st = GraphStructure(ei, M, N, self.heads)
+        self._cache = (key, ei, st)
+        return ei, st
+
+    def mechanism(self, edge_index: Tensor) -> Softmax:
+        """GAT's mechanism as composable parts (copied weights), masked by ``edge_index``."""
+        g = GATScores(self.heads, self.out_channels).to(self.att_src)
+        with torch.no_grad():
+            g.mu.copy_(self.att_src[0])
+            g.nu.copy_(self.att_dst[0])
+        return Softmax(LeakyReLU(GraphMasked(g, edge_index), self.negative_slope))
+
+    def forward(self, x, edge_index: Tensor, edge_attr: Tensor | None = None, size=None,
+                return_attention_weights: bool | None = None):
+        if edge_attr is not None:
+            raise ValueError("structconv GATConv has no edge_dim: edge_attr must be None")
+        H, C = self.heads, self.out_channels
+        if isinstance(x, Tensor):
+            x_src, x_dst = x, x
+        else:
+            x_src, x_dst = x
+        if x_src.dim() != 2:
+            raise ValueError(f"GATConv expects node features (M, F), got {tuple(x_src.shape)}")
+        res = self.res(x_dst) if (self.res is not None and x_dst is not None) else None
+        if self.lin is not None:
+            h_src = self.lin(x_src).view(-1, H, C)
+            h_dst = h_src if x_dst is x_src else (None if x_dst is None else
+                                                  self.lin(x_dst).view(-1, H, C))
+        else:
+            h_src = self.lin_src(x_src).view(-1, H, C)
+            h_dst = None if x_dst is None else self.lin_dst(x_dst).view(-1, H, C)
+        M = h_src.shape[0]
+        N = h_dst.shape[0] if h_dst is not None else (size[1] if size is not None else M)
+        ei, st = self._graph(edge_index, M, N, None if size is None else tuple(size))
+        src, dst = ei[0], ei[1]
+        # GAT's bi-affine scores with Λ = 0 on h = xΘ_k: μ·h_src[m] + ν·h_dst[n], per edge
+        a_src = (h_src * self.att_src).sum(-1)
+        s = a_src.index_select(0, src)
+        if h_dst is not None:
+            s = s + (h_dst * self.att_dst).sum(-1).index_select(0, dst)
+        s = F.leaky_relu(s, self.negative_slope)
+        alpha = edge_softmax(s, dst, N)
+        if self.training and self.dropout > 0:
+            alpha = F.dropout(alpha, self.dropout)
+        basis = GraphAttention(ei, alpha, M, N, structure=st)
+        out = basis.propagate_heads(h_src.unsqueeze(0))[0]  # (N, K, C)
+        out = out.reshape(N, H * C) if self.concat else out.mean(1)
+        if res is not None:
+            out = out + res
+        if self.bias is not None:
+            out = out + self.bias
+        if return_attention_weights:
+            return out, (ei, alpha)
+        return out
+
+
+@register_pyg("GATConv")
+def _from_pyg_gat(m) -> GATConv:
+    if getattr(m, "edge_dim", None) is not None:
+        raise ValueError("from_pyg(GATConv): edge_dim (edge features) is not supported")
+    ref = m.att_src
+    out = GATConv(m.in_channels, m.out_channels, m.heads, m.concat, m.negative_slope,
+                  m.dropout, m.add_self_loops, None, getattr(m, "fill_value", "mean"),
+                  m.bias is not None, getattr(m, "res", None) is not None).to(ref)
+    sd = {k: v for k, v in m.state_dict().items() if not k.startswith("lin_edge")}
+    out.load_state_dict(sd)
+    return out.train(m.training)
+
+
+# ------------------------------------------------------------------------------------------------
+def _activation(act):
+    if isinstance(act, str):
+        if act == "relu":
+            return F.relu
+        if act == "gelu":
+            return F.gelu
+        raise ValueError(f"activation must be 'relu', 'gelu' or a callable, got {act!r}")
+    return act
+
+
+class _FeedForward(nn.Module):
+    def _ff_block(self, x):
+        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+
+class TransformerEncoderLayer(_FeedForward):
+    """torch.nn.TransformerEncoderLayer on structconv's ``MultiheadAttention`` (same args).
+
+    ``shift_heads`` (a sequence of shifts) adds index-based causal shift heads to the
+    self-attention (``MixedAttention``), the paper's alternative to positional encodings.
+    """
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048,
+                 dropout: float = 0.1, activation="relu", layer_norm_eps: float = 1e-5,
+                 batch_first: bool = False, norm_first: bool = False, bias: bool = True,
+                 device=None, dtype=None, shift_heads: Sequence[int] = ()):
+        super().__init__()
+        fk = {"device": device, "dtype": dtype}
+        if shift_heads:
+            self.self_attn = MixedAttention(d_model, nhead, shifts=shift_heads, dropout=dropout,
+                                            bias=bias, batch_first=batch_first, **fk)
+        else:
+            self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
+                                                batch_first=batch_first, **fk)
+        self.linear1 = nn.Linear(d_model, dim_feedforward, bias=bias, **fk)
+        self.dropout = nn.Dropout(dropout)
+        self.linear2 = nn.Linear(dim_feedforward, d_model, bias=bias, **fk)
+        self.norm_first = norm_first
+        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
+        self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+        self.activation = _activation(activation)
+        self.batch_first = batch_first
+
+    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal):
+        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                           need_weights=False, is_causal=is_causal)[0]
+        return self.dropout1(x)
+
+    def forward(self, src: Tensor, src_mask: Tensor | None = None,
+                src_key_padding_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+        x = src
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
+            return x + self._ff_block(self.norm2(x))
+        x = self.norm1(x + self._sa_block(x, src_mask, src_key_padding_mask, is_causal))
+        return self.norm2(x + self._ff_block(x))
+
+
+class TransformerDecoderLayer(_FeedForward):
+    """torch.nn.TransformerDecoderLayer on structconv's ``MultiheadAttention`` (same args)."""
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048,
+                 dropout: float = 0.1, activation="relu", layer_norm_eps: float = 1e-5,
+                 batch_first: bool = False, norm_first: bool = False, bias: bool = True,
+                 device=None, dtype=None):
+        super().__init__()
+        fk = {"device": device, "dtype": dtype}
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
+                                            batch_first=batch_first, **fk)
+        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
+                                                 batch_first=batch_first, **fk)
+        self.linear1 = nn.Linear(d_model, dim_feedforward, bias=bias, **fk)
+        self.dropout = nn.Dropout(dropout)
+        self.linear2 = nn.Linear(dim_feedforward, d_model, bias=bias, **fk)
+        self.norm_first = norm_first
+        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
+        self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
+        self.norm3 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+        self.dropout3 = nn.Dropout(dropout)
+        self.activation = _activation(activation)
+        self.batch_first = batch_first
+
+    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal):
+        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                           need_weights=False, is_causal=is_causal)[0]
+        return self.dropout1(x)
+
+    def _mha_block(self, x, mem, attn_mask, key_padding_mask, is_causal):
+        x = self.multihead_attn(x, mem, mem, attn_mask=attn_mask,
+                                key_padding_mask=key_padding_mask, need_weights=False,
+                                is_causal=is_causal)[0]
+        return self.dropout2(x)
+
+    def _ff_block(self, x):
+        return self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+    def forward(self, tgt: Tensor, memory: Tensor, tgt_mask: Tensor | None = None,
+                memory_mask: Tensor | None = None, tgt_key_padding_mask: Tensor | None = None,
+                memory_key_padding_mask: Tensor | None = None, tgt_is_causal: bool = False,
+                memory_is_causal: bool = False) -> Tensor:
+        x = tgt
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), tgt_mask, tgt_key_padding_mask, tgt_is_causal)
+            x = x + self._mha_block(self.norm2(x), memory, memory_mask,
+                                    memory_key_padding_mask, memory_is_causal)
+            return x + self._ff_block(self.norm3(x))
+        x = self.norm1(x + self._sa_block(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal))
+        x = self.norm2(x + self._mha_block(x, memory, memory_mask, memory_key_padding_mask,
+                                           memory_is_causal))
+        return self.norm3(x + self._ff_block(x))
+
+
+def _act_name(fn):
+    if fn is F.relu:
+        return "relu"
+    if fn is F.gelu:
+        return "gelu"
+    return fn
+
+
+@register_torch(nn.TransformerEncoderLayer)
+def _from_encoder(m: nn.TransformerEncoderLayer) -> TransformerEncoderLayer:
+    w = m.linear1.weight
+    out = TransformerEncoderLayer(
+        m.self_attn.embed_dim, m.self_attn.num_heads, m.linear1.out_features,
+        m.dropout.p, _act_name(m.activation), m.norm1.eps, m.self_attn.batch_first,
+        m.norm_first, m.linear1.bias is not None, device=w.device, dtype=w.dtype)
+    out.load_state_dict(m.state_dict())
+    return out.train(m.training)
+
+
+@register_torch(nn.TransformerDecoderLayer)
+def _from_decoder(m: nn.TransformerDecoderLayer) -> TransformerDecoderLayer:
+    w = m.linear1.weight
+    out = TransformerDecoderLayer(
+        m.self_attn.embed_dim, m.self_attn.num_heads, m.linear1.out_features,
+        m.dropout.p, _act_name(m.activation), m.norm1.eps, m.self_attn.batch_first,
+        m.norm_first, m.linear1.bias is not None, device=w.device, dtype=w.dtype)
+    out.load_state_dict(m.state_dict())
+    return out.train(m.training)
+
+
+# ------------------------------------------------------------------------------------------------
+class MixedAttention(nn.Module):
+    """Self-attention with ``num_heads`` attention heads and one index-based head per shift.
+
+    The basis is ``sc.basis.Stack([DotProductAttention, shift_basis(L, shifts)])`` and theta a
+    ``sc.params.LowRank`` over all K = num_heads + len(shifts) heads, so ``sc.convolve`` runs
+    each part on its own fast path (SDPA, sparse shifts). Called like ``MultiheadAttention``
+    for self-attention: ``(x, x, x, key_padding_mask=None, need_weights=False, attn_mask=None,
+    average_attn_weights=True, is_causal=False)``; ``causal=True`` always masks the future.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, shifts: Sequence[int] = (1, 2),
+                 *, causal: bool = True, dropout: float = 0.0, bias: bool = True,
+                 batch_first: bool = True, device=None, dtype=None):
+        super().__init__()
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.shifts = tuple(int(s) for s in shifts)
+        self.head_dim = D = embed_dim // num_heads
+        self.causal, self.dropout, self.batch_first = causal, float(dropout), batch_first
+        K = num_heads + len(self.shifts)
+        self.qk = DotProduct(num_heads, embed_dim, embed_dim, D, bias=bias)
+        self.theta = LowRank(K, embed_dim, embed_dim, D)
+        self.bias = nn.Parameter(torch.zeros(embed_dim)) if bias else None
+        if device is not None or dtype is not None:
+            self.to(device=device, dtype=dtype)
+        self._shift_cache: dict = {}
+
+    def extra_repr(self):
+        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
+                f"shifts={self.shifts}, causal={self.causal}")
+
+    def _shifts(self, L: int, x: Tensor):
+        key = (L, x.dtype, x.device)
+        if key not in self._shift_cache:
+            self._shift_cache[key] = shift_basis(L, self.shifts, dtype=x.dtype, device=x.device)
+        return self._shift_cache[key]
+
+    def basis(self, x: Tensor, attn_mask: Tensor | None = None,
+              key_padding_mask: Tensor | None = None) -> Stack:
+        """The layer's basis on x (B, L, E): attention heads then shift heads."""
+        B, L, _ = x.shape
+        mask = None
+        am = _float_mask(attn_mask, x.dtype, "attn_mask")
+        if am is not None:
+            mask = am.transpose(-1, -2)  # torch (L, S) -> paper (M, N)
+        kpm = _float_mask(key_padding_mask, x.dtype, "key_padding_mask")
+        if kpm is not None:
+            kpm = kpm.reshape(B, 1, L, 1)
+            mask = kpm if mask is None else mask + kpm
+        mech = Masked(self.qk, mask, causal=self.causal) if (mask is not None or self.causal) \
+            else self.qk
+        att = attention_basis(Softmax(mech), x, x)
+        if isinstance(att, DotProductAttention) and self.training:
+            att.dropout_p = self.dropout
+        return Stack([att, self._shifts(L, x)])
+
+    def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None,
+                key_padding_mask: Tensor | None = None, need_weights: bool = False,
+                attn_mask: Tensor | None = None, average_attn_weights: bool = True,
+                is_causal: bool = False):
+        """(out, None): self-attention output (B, L, E) (or (L, B, E) without batch_first)."""
+        x = query
+        for other in (key, value):
+            if other is not None and other is not query:
+                raise ValueError("MixedAttention is a self-attention layer: key and value must "
+                                 "be the query tensor (or None)")
+        if need_weights:
+            raise ValueError("MixedAttention does not return weights (need_weights=False)")
+        unbatched = x.dim() == 2
+        if unbatched:
+            x = x.unsqueeze(0)
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask.unsqueeze(0)
+        elif not self.batch_first:
+            x = x.transpose(0, 1)
+        if is_causal and not self.causal and attn_mask is None:
+            L = x.shape[1]
+            attn_mask = torch.ones(L, L, dtype=torch.bool, device=x.device).triu(1)
+        y = convolve(x, self.basis(x, attn_mask, key_padding_mask), self.theta,
+                     route="lowrank_heads")
+        if self.bias is not None:
+            y = y + self.bias
+        if unbatched:
+            return y[0], None
+        return (y if self.batch_first else y.transpose(0, 1)), None
