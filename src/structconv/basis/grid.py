@@ -375,18 +375,7 @@ class Grid(_GridGeometry, Basis):
 
     def conv_weight(self, theta) -> tuple[Tensor, int]:
         """The torch weight (Q, P/groups, *kernel_size) and groups equal to a theta / module."""
-        from ..params import Grouped
-
-        if isinstance(theta, Grouped):
-            K, g, Pg, Qg = theta.weight.shape
-            W = theta.weight.permute(1, 3, 2, 0).reshape(g * Qg, Pg, *self.kernel_size)
-            return W, g
-        th = theta if isinstance(theta, Tensor) else theta()
-        K, P, Q = th.shape
-        if K != self.K:
-            raise ValueError(f"theta has K={K} (shape {tuple(th.shape)}) but the Grid has "
-                             f"K={self.K} (kernel_size {self.kernel_size})")
-        return th.permute(2, 1, 0).reshape(Q, P, *self.kernel_size), 1
+        return conv_weight(theta, self.kernel_size)
 
     def conv_image(self, x: Tensor, theta, bias: Tensor | None = None) -> Tensor:
         """x (B, P, *in_shape) channels-first -> (B, Q, *out_shape) by F.conv1d/2d/3d."""
@@ -599,6 +588,26 @@ class AvgPool(_GridGeometry, Basis):
         y = self.pool_image(x.reshape(B, *self.in_shape, C).movedim(-1, 1))
         y = y.movedim(1, -1).reshape(B, self.N, C)
         return y if first else y @ th
+
+
+def conv_weight(theta, kernel_size: Sequence[int]) -> tuple[Tensor, int]:
+    """theta (K, P, Q) or a params module -> torch weight (Q, P/groups, *kernel_size), groups.
+
+    A ``Grouped`` module keeps its groups; any other form is materialised (groups 1).
+    """
+    from ..params import Grouped
+
+    K = math.prod(kernel_size)
+    if isinstance(theta, Grouped):
+        _, g, Pg, Qg = theta.weight.shape
+        W = theta.weight.permute(1, 3, 2, 0).reshape(g * Qg, Pg, *kernel_size)
+        return W, g
+    th = theta if isinstance(theta, Tensor) else theta()
+    if th.dim() != 3 or th.shape[0] != K:
+        raise ValueError(f"theta must be (K, P, Q) with K={K} (kernel_size {tuple(kernel_size)})"
+                         f", got shape {tuple(th.shape)}")
+    _, P, Q = th.shape
+    return th.permute(2, 1, 0).reshape(Q, P, *kernel_size), 1
 
 
 class _GridOp(torch.autograd.Function):

@@ -9,9 +9,10 @@ from .attention import (
 )
 from .convert import from_pyg, from_torch, register_pyg, register_torch, to_torch
 from .graph import ChebConv, GCNConv, RGCNConv, SGConv, TAGConv
+from .grid import GridAvgPool, GridConv
 from .layers import Convolution
 
 __all__ = ["Convolution", "from_torch", "from_pyg", "to_torch", "register_torch", "register_pyg",
            "GCNConv", "ChebConv", "TAGConv", "SGConv", "RGCNConv",
            "MultiheadAttention", "GATConv", "TransformerEncoderLayer", "TransformerDecoderLayer",
-           "MixedAttention"]
+           "MixedAttention", "GridConv", "GridAvgPool"]
