@@ -132,15 +132,18 @@ class GridConv(_GridLayer):
     Options as ``torch.nn.ConvNd`` (``padding`` also takes ``(before, after)`` pairs); ``param`` is
     ``"full"`` (``Grouped`` when ``groups > 1``), ``"depthwise"`` or a module from ``sc.params``
     with ``K = prod(kernel_size)``; ``route`` as ``sc.convolve`` (``"auto"``: the planner, which
-    takes ``F.convNd`` whenever theta maps onto it). ``.basis`` is the Grid of the last input.
+    takes ``F.convNd`` whenever theta maps onto it; ``native=False`` keeps it to the
+    shift-and-accumulate routes). ``.basis`` is the Grid of the last input.
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
                  dilation=1, groups: int = 1, bias: bool = True,
                  param: str | Parameterization = "full", *, dim: int | None = None,
-                 in_shape=None, layout: str = "auto", route: str = "auto"):
+                 in_shape=None, layout: str = "auto", route: str = "auto",
+                 native: bool = True):
         super().__init__()
         d = _ndim(kernel_size, dim, in_shape, "GridConv")
+        self._native = bool(native)
         for name, v in (("in_channels", in_channels), ("out_channels", out_channels),
                         ("groups", groups)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -181,8 +184,21 @@ class GridConv(_GridLayer):
                 f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, "
                 f"groups={self.groups}, bias={self.bias is not None}, route={self.route!r}")
 
+    @property
+    def native(self) -> bool:
+        """Whether the planner may dispatch to F.convNd (False: shift-and-accumulate only)."""
+        return self._native
+
+    @native.setter
+    def native(self, value: bool) -> None:
+        self._native = bool(value)
+        self._bases.clear()
+        self._routes.clear()
+        self._last = None if self.in_shape is None else self.basis_for(self.in_shape)
+
     def _make_basis(self, in_shape) -> Grid:
-        return Grid(in_shape, self.kernel_size, self.stride, self.padding, self.dilation)
+        return Grid(in_shape, self.kernel_size, self.stride, self.padding, self.dilation,
+                    native=self._native)
 
     def _route_for(self, grid: Grid, B: int, x: Tensor) -> str:
         if self.route != "auto":
