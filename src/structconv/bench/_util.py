@@ -44,8 +44,11 @@ def fwd_bwd(fn: Callable[[], torch.Tensor]) -> Callable[[], None]:
 
 
 def _child(conn, make: Callable[[], Callable[[], object]]):
-    # the closure is built in the child so that its inputs count in its own baseline
+    # the closure is built in the child so that its inputs count in its own baseline.
+    # One thread: GNU OpenMP's pool does not survive fork (the child would hang on its first
+    # parallel region), and peak memory does not depend on the thread count.
     try:
+        torch.set_num_threads(1)
         fn = make()
         gc.collect()
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
