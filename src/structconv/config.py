@@ -333,14 +333,8 @@ def build_basis(spec, ctx: Ctx, where: str = "basis"):
             return _basis_api("gcn")(ei, n, add_self_loops=spec.get("add_self_loops", True),
                                      normalize=spec.get("normalize", True))
         if kind == "sgc":
-            # SGC: S^hops as the composition (Proposition 2) of ``hops`` GCN steps, K = 1
-            hops = int(spec.get("hops", 2))
-            _need(hops >= 1, f"{where}: hops must be >= 1")
-            g = _basis_api("gcn")(ei, n)
-            out = g
-            for _ in range(hops - 1):
-                out = B.Product(out, g)
-            return out
+            # SGC: the single matrix S^hops of the GCN-normalised adjacency, K = 1
+            return _basis_api("sgc")(ei, n, int(spec.get("hops", 2)))
         if kind == "chebyshev":
             return _basis_api("chebyshev")(ei, n, int(spec.get("K", 3)),
                                            normalization=spec.get("normalization", "sym"))
@@ -349,12 +343,11 @@ def build_basis(spec, ctx: Ctx, where: str = "basis"):
                                            normalization=spec.get("normalization", "sym"))
         _need(ctx.edge_type is not None, f"{where}: a relational basis needs edge types")
         sorts = spec.get("sorts", "single")
-        if sorts == "single":
-            sorts = [(r,) for r in range(ctx.num_relations)]
-        else:
-            sorts = [tuple(s) for s in sorts]
-        kw = {k: v for k, v in spec.items() if k not in ("kind", "sorts")}
-        return _basis_api("relational")(ei, ctx.edge_type, n, sorts, **kw)
+        # "single": one basis matrix per relation (R-GCN); else a list of relation-id tuples
+        sorts = None if sorts == "single" else [tuple(s) for s in sorts]
+        return _basis_api("relational")(
+            ei, ctx.edge_type, n, sorts, normalization=spec.get("normalization", "mean"),
+            identity=bool(spec.get("identity", True)), num_relations=ctx.num_relations)
     if kind == "stack":
         return B.Stack([build_basis(p, ctx, f"{where}.parts.{i}")
                         for i, p in enumerate(spec["parts"])])
@@ -389,95 +382,72 @@ class FixedConv(nn.Module):
 
 
 class AttentionConv(nn.Module):
-    """Content bases: ``heads`` softmax attention matrices, optionally stacked with fixed ones.
+    """Content bases from ``sc.attention``, optionally stacked with fixed bases (shift heads).
 
-    A[b, k, m, n] = softmax_m(q_n · k_m / sqrt(d)) (scaled dot product, i.e. a biaffine score with
-    Λ_k = W_q,k W_k,kᵀ), masked causally or to the graph's edges; the fixed part (e.g. shift heads)
-    is a basis from ``build_basis``; y = Σ_k A_kᵀ x Θ_k with one theta over all K.
-    ``graph_attention`` is GAT's score LeakyReLU(μ_k·x_m + ν_k·x_n) over the edges m -> n.
+    ``attention``: A_k = softmax over inputs of the scaled dot product (``DotProduct``, masked
+    causally when ``causal``), applied by ``DotProductAttention``; ``graph_attention``: GAT's
+    LeakyReLU(μ_k·h_m + ν_k·h_n) on h = x Θ_k over the edges m -> n (``GraphAttention``).
+    y = Σ_k A_kᵀ x Θ_k with one theta over all K = heads + fixed.
     """
 
     def __init__(self, spec: dict, ctx: Ctx, Pin: int, Q: int, layer: dict, where: str):
         super().__init__()
+        from . import attention as att
+
         spec = _basis_spec(spec)
-        parts = spec["parts"] if spec["kind"] == "stack" else [spec]
-        att = [p for p in map(_basis_spec, parts) if p["kind"] in ("attention",
-                                                                    "graph_attention")]
-        fixed = [p for p in map(_basis_spec, parts) if p["kind"] not in ("attention",
-                                                                          "graph_attention")]
-        _need(len(att) == 1, f"{where}: use one attention part (with heads = H) per layer")
-        a = att[0]
+        parts = [_basis_spec(p) for p in (spec["parts"] if spec["kind"] == "stack" else [spec])]
+        content = [p for p in parts if p["kind"] in ("attention", "graph_attention")]
+        fixed = [p for p in parts if p["kind"] not in ("attention", "graph_attention")]
+        _need(len(content) == 1, f"{where}: use one attention part (with heads = H) per layer")
+        a = content[0]
         self.kind = a["kind"]
-        self.heads = int(a.get("heads", 1))
-        self.causal = bool(a.get("causal", False))
+        self.heads = H = int(a.get("heads", 1))
+        _need(H >= 1, f"{where}: heads must be >= 1, got {H}")
         self.fixed = B.Stack([build_basis(p, ctx, where) for p in fixed]) if fixed else None
-        K = self.heads + (self.fixed.K if self.fixed is not None else 0)
+        K = H + (self.fixed.K if self.fixed is not None else 0)
+        self.dropout = float(a.get("dropout", 0.0))
         if self.kind == "graph_attention":
             _need(ctx.edge_index is not None, f"{where}: graph_attention needs a graph dataset")
+            _need(self.fixed is None, f"{where}: graph_attention cannot be stacked")
             ei = ctx.edge_index
             if a.get("add_self_loops", True):
-                keep = ei[0] != ei[1]
+                # GAT attends to the node itself as well
                 loops = torch.arange(ctx.num_nodes).repeat(2, 1)
-                ei = torch.cat([ei[:, keep], loops], 1)
+                ei = torch.cat([ei[:, ei[0] != ei[1]], loops], 1)
             self.register_buffer("edge_index", ei, persistent=False)
             self.num_nodes = ctx.num_nodes
             self.slope = float(a.get("negative_slope", 0.2))
-            self.att_dropout = float(a.get("dropout", 0.0))
-            # GAT scores come from the projected features: μ_k, ν_k act on x Θ_k
-            self.mu = nn.Parameter(torch.randn(self.heads, Q) / math.sqrt(Q))
-            self.nu = nn.Parameter(torch.randn(self.heads, Q) / math.sqrt(Q))
+            self.scores = att.GATScores(H, Q)
         else:
-            d = int(a.get("dim", max(1, Pin // self.heads)))
-            self.dim = d
-            self.query = nn.Linear(Pin, self.heads * d, bias=False)
-            self.key = nn.Linear(Pin, self.heads * d, bias=False)
+            self.causal = bool(a.get("causal", False))
+            d = int(a.get("dim", max(1, Pin // H)))
+            self.scores = att.DotProduct(H, Pin, Pin, d)
         self.param = build_param(layer, K, Pin, Q)
         self.bias = nn.Parameter(torch.zeros(Q)) if layer.get("bias", True) else None
 
-    def scores(self, x: Tensor) -> Tensor:
-        """The attention part of the basis, (B, heads, M, N), each column normalised over m."""
-        Bn, M, _ = x.shape
-        q = self.query(x).reshape(Bn, M, self.heads, self.dim).transpose(1, 2)
-        k = self.key(x).reshape(Bn, M, self.heads, self.dim).transpose(1, 2)
-        s = k @ q.transpose(-1, -2) / math.sqrt(self.dim)  # (B, H, m, n)
-        if self.causal:
-            # input m may act on output n only when m <= n
-            mask = torch.ones(M, M, dtype=torch.bool, device=x.device).triu()
-            s = s.masked_fill(~mask, float("-inf"))
-        return torch.softmax(s, dim=2)
+    def content_basis(self, x: Tensor, theta: Tensor):
+        """The attention part of the basis for bundle x (B, M, P): a batched sc.attention basis."""
+        from . import attention as att
+
+        p = self.dropout if self.training else 0.0
+        if self.kind == "graph_attention":
+            h = torch.einsum("bmp,kpq->bmkq", x, theta)  # per-head features h = x Θ_k
+            s = F.leaky_relu(self.scores.edge_scores(h, h, self.edge_index), self.slope)
+            basis = att.GraphAttention.from_scores(self.edge_index, s, self.num_nodes)
+            if p:
+                basis = att.GraphAttention(self.edge_index, F.dropout(basis.alpha, p),
+                                           self.num_nodes, structure=basis.structure)
+            return basis
+        q, k = self.scores.project(x, x)
+        return att.DotProductAttention(q, k, causal=self.causal, dropout_p=p)
 
     def forward(self, x: Tensor) -> Tensor:
         theta = self.param()
         H = self.heads
-        if self.kind == "graph_attention":
-            y = self._gat(x, theta[:H])
-        else:
-            A = self.scores(x)
-            # input_param order: R_k = X Θ_k, then y = Σ_k A_kᵀ R_k
-            r = torch.einsum("bmp,kpq->bkmq", x, theta[:H])
-            y = torch.einsum("bkmn,bkmq->bnq", A, r)
+        y = convolve(x, self.content_basis(x, theta[:H]), theta[:H])
         if self.fixed is not None:
             y = y + convolve(x, self.fixed, theta[H:])
         return y if self.bias is None else y + self.bias
-
-    def _gat(self, x: Tensor, theta: Tensor) -> Tensor:
-        src, dst = self.edge_index
-        r = torch.einsum("bmp,kpq->bkmq", x, theta)  # (B, H, N, Q)
-        e = (r * self.mu[None, :, None]).sum(-1)[:, :, src] + \
-            (r * self.nu[None, :, None]).sum(-1)[:, :, dst]
-        e = F.leaky_relu(e, self.slope)  # (B, H, E)
-        # softmax over the incoming edges of each target (column normalisation of A_k)
-        idx = dst.expand_as(e)
-        m = torch.full(e.shape[:2] + (self.num_nodes,), float("-inf"), dtype=e.dtype,
-                       device=e.device).scatter_reduce(2, idx, e, "amax", include_self=True)
-        w = torch.exp(e - m.gather(2, idx))
-        z = torch.zeros_like(m).scatter_add(2, idx, w)
-        alpha = w / z.gather(2, idx)
-        if self.training and self.att_dropout:
-            alpha = F.dropout(alpha, self.att_dropout)
-        msg = r[:, :, src] * alpha.unsqueeze(-1)  # (B, H, E, Q)
-        y = torch.zeros(r.shape[0], r.shape[2], r.shape[3], dtype=r.dtype, device=r.device)
-        return y.index_add(1, dst, msg.sum(1))
 
 
 class Block(nn.Module):

@@ -49,7 +49,7 @@ def _tiny(root, val=0.05, test=0.05, limit=None):
                           limit=limit)
 
 
-def python_text(modules: str = "textwrap,this") -> str:
+def python_text(modules: str = "this,textwrap") -> str:
     """Text that ships with every Python: stdlib module sources (``this`` as the decoded Zen)."""
     parts = []
     for name in [m.strip() for m in modules.split(",") if m.strip()]:
@@ -68,6 +68,6 @@ def python_text(modules: str = "textwrap,this") -> str:
 
 
 @register_dataset("python-text", None,
-                  "characters of stdlib sources shipped with Python (textwrap + the Zen)")
-def _python_text(root=None, modules="textwrap,this", val=0.05, test=0.05, limit=None):
+                  "characters of stdlib text shipped with Python (the Zen + textwrap source)")
+def _python_text(root=None, modules="this,textwrap", val=0.05, test=0.05, limit=None):
     return encode_text("python-text", python_text(modules), val=val, test=test, limit=limit)
