@@ -337,3 +337,28 @@ def test_bad_inputs_raise_clear_errors():
         at.Masked(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="AttentionBasis"):
         at.AttentionBasis(_rand(3, 3))
+
+
+@pytest.mark.parametrize("average", [False, True])
+def test_block_weights_equal_dense_and_gradcheck(monkeypatch, average):
+    # tiny blocks so that every item spans several row blocks
+    monkeypatch.setattr(at.basis, "BLOCK_ELEMENTS", 5)
+    q, k, _ = _dot_case(B=2, K=2, M=5, N=4, D=3, seed=9)
+    mask = torch.zeros(2, 1, 5, 4, dtype=DT)
+    mask[1, 0, :, 2] = float("-inf")  # a dead query
+    mask[0, 0, 3, 1] = float("-inf")
+    for causal in (False, True):
+        basis = at.DotProductAttention(q, k, mask, causal=causal)
+        ref = _dense_dot(q, k, mask, causal).transpose(-1, -2)  # (B, K, N, M)
+        w = basis.weights(average=average)
+        torch.testing.assert_close(w, ref.mean(1) if average else ref)
+    qq, kk = q.clone().requires_grad_(), k.clone().requires_grad_()
+
+    def f(q, k):
+        return at.DotProductAttention(q, k, mask, causal=True).weights(average=average)
+
+    assert torch.autograd.gradcheck(f, (qq, kk))
+    # a basis shared by the batch (B = 1 key) accumulates its gradient
+    k1 = k[:1].clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda q, k: at.DotProductAttention(q, k).weights(average),
+                                    (qq, k1))

@@ -132,8 +132,13 @@ def test_multihead_attention_gradients_match_torch():
         mine.zero_grad()
         ins = [t.clone().requires_grad_() for t in (q, k, v)]
         ins2 = [t.clone().requires_grad_() for t in (q, k, v)]
-        (ref(*ins, key_padding_mask=kpm, need_weights=need_weights)[0] ** 2).sum().backward()
-        (mine(*ins2, key_padding_mask=kpm, need_weights=need_weights)[0] ** 2).sum().backward()
+        for module, args in ((ref, ins), (mine, ins2)):
+            torch.manual_seed(0)
+            out, w = module(*args, key_padding_mask=kpm, need_weights=need_weights)
+            loss = (out ** 2).sum()
+            if need_weights:  # the weights' own backward pass
+                loss = loss + (w * torch.randn_like(w)).sum()
+            loss.backward()
         for a, b in zip(ins, ins2):
             torch.testing.assert_close(a.grad, b.grad)
         for (n1, p1), (n2, p2) in zip(ref.named_parameters(), mine.named_parameters()):

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from .._checks import check_index_tensor
 from ..basis.base import Basis, Sparse
-from .masks import dead_columns, edge_softmax, masked_softmax
+from .masks import dead_columns, edge_softmax
 
 __all__ = ["AttentionBasis", "DotProductAttention", "GraphAttention", "GraphStructure",
            "shift_basis"]
@@ -221,13 +221,82 @@ class DotProductAttention(_Batched):
         s = self._logits()
         return s if self.dead is None else s.masked_fill(self.dead, float("-inf"))
 
-    def weights(self) -> Tensor:
-        """Attention probabilities in SDPA orientation (B, K, N, M); dead queries are zero rows."""
-        p = torch.softmax(self._logits(), -1)  # one fused kernel; dead rows are finite here
-        return p if self.dead is None else p.masked_fill(self.dead, 0.0)
+    def weights(self, average: bool = False) -> Tensor:
+        """Attention probabilities in SDPA orientation (B, K, N, M), or their mean over heads
+        (B, N, M) with ``average``; dead queries are zero rows.
+
+        Computed in row blocks that stay in cache (never several B x K x N x M temporaries);
+        differentiable in query and key (the backward pass recomputes the blocks).
+        """
+        return _BlockWeights.apply(self.query, self.key, self.sdpa_mask, self.dead, self.causal,
+                                   self.scale, bool(average))
 
     def to_dense(self):
         return self._dense_out(self.weights().transpose(-1, -2))
+
+
+#: elements of one block of scores (K x rows x M) in ``weights``: small enough to stay in cache
+BLOCK_ELEMENTS = 2**20
+
+
+def _blocks(q: Tensor, k: Tensor, mask, dead, causal: bool, scale: float):
+    """Yield (b, row slice, probabilities (K, rows, M)) for every row block of every item."""
+    B = max(q.shape[0], k.shape[0])
+    K, N, M = q.shape[1], q.shape[2], k.shape[2]
+    rows = max(1, min(N, BLOCK_ELEMENTS // max(1, K * M)))
+    for b in range(B):
+        qb = q[b if q.shape[0] > 1 else 0] * scale
+        kt = k[b if k.shape[0] > 1 else 0].transpose(-1, -2)
+        mb = None if mask is None else mask[b if mask.shape[0] > 1 else 0]
+        db = None if dead is None else dead[b if dead.shape[0] > 1 else 0]
+        for r0 in range(0, N, rows):
+            sl = slice(r0, min(N, r0 + rows))
+            if mb is not None and mb.dtype != torch.bool:
+                a = torch.baddbmm(mb[:, sl].expand(K, -1, -1), qb[:, sl], kt)
+            else:
+                a = qb[:, sl] @ kt
+                if mb is not None:
+                    a.masked_fill_(~mb[:, sl], float("-inf"))
+            if causal:
+                n = torch.arange(sl.start, sl.stop, device=a.device).unsqueeze(1)
+                a.masked_fill_(torch.arange(M, device=a.device) > n, float("-inf"))
+            a = torch.softmax(a, -1)
+            if db is not None:
+                a.masked_fill_(db[:, sl], 0.0)
+            yield b, sl, a
+
+
+class _BlockWeights(torch.autograd.Function):
+    """softmax(q kᵀ · scale + mask) per head (or its head mean), built block by block."""
+
+    @staticmethod
+    def forward(ctx, q, k, mask, dead, causal, scale, average):
+        B = max(q.shape[0], k.shape[0])
+        K, N, M = q.shape[1], q.shape[2], k.shape[2]
+        shape = (B, N, M) if average else (B, K, N, M)
+        out = torch.empty(shape, dtype=q.dtype, device=q.device)
+        for b, sl, a in _blocks(q, k, mask, dead, causal, scale):
+            if average:
+                torch.mean(a, 0, out=out[b, sl])
+            else:
+                out[b, :, sl] = a
+        ctx.save_for_backward(q, k)
+        ctx.rest = (mask, dead, causal, scale, average)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k = ctx.saved_tensors
+        mask, dead, causal, scale, average = ctx.rest
+        K = q.shape[1]
+        gq, gk = torch.zeros_like(q), torch.zeros_like(k)
+        for b, sl, a in _blocks(q, k, mask, dead, causal, scale):
+            gb = g[b, sl].unsqueeze(0) / K if average else g[b, :, sl]
+            ds = a * (gb - (gb * a).sum(-1, keepdim=True))  # softmax backward, (K, rows, M)
+            bq, bk = (b if q.shape[0] > 1 else 0), (b if k.shape[0] > 1 else 0)
+            gq[bq, :, sl] += (ds @ k[bk]) * scale
+            gk[bk] += (ds.transpose(-1, -2) @ q[bq, :, sl]) * scale
+        return gq, gk, None, None, None, None, None
 
 
 # ------------------------------------------------------------------------------------------------

@@ -229,13 +229,10 @@ class MultiheadAttention(nn.Module):
         p = self.dropout if self.training else 0.0
         basis = DotProductAttention(q, k, sdpa_mask=mask, causal=causal, dropout_p=p)
         weights = None
-        if need_weights:
-            w = basis.weights()  # (B, K, N, M)
-            wd = F.dropout(w, p) if p > 0 else w
-            out = (wd @ v.transpose(1, 2)).transpose(1, 2)
-            weights = w.mean(1) if average_attn_weights else w
-        else:
-            out = basis.propagate_heads(v)  # SDPA: (B, N, K, D)
+        # the output always goes through SDPA; the weights, when asked for, are built block by
+        # block beside it (torch builds B x K x N x M scores, probabilities and their copies)
+        out = basis.propagate_heads(v)  # (B, N, K, D)
+        weights = basis.weights(average=average_attn_weights) if need_weights else None
         out = F.linear(out.reshape(B, L, E), self.out_proj.weight, self.out_proj.bias)
         if not batched:
             return out[0], (None if weights is None else weights[0])
