@@ -239,7 +239,7 @@ def load_planetoid(root: str | os.PathLike, name: str, *,
             f"{paths['test.index']}: test ids must be distinct and >= len(allx)={n_all}, got "
             f"range [{lo}, {hi}]"
         )
-    # ids in [lo, hi] absent from test.index are featureless nodes (CiteSeer): pad with zeros
+    # ids in [lo, hi] absent from test.index are featureless nodes (CiteSeer): zero rows
     span = hi - lo + 1
     tx_ext = np.zeros((span, F), dtype=np.float32)
     ty_ext = np.zeros((span, C), dtype=ty.dtype)
@@ -248,12 +248,10 @@ def load_planetoid(root: str | os.PathLike, name: str, *,
     if lo != n_all:
         raise ValueError(f"{paths['test.index']}: smallest test id {lo} should be "
                          f"len(allx)={n_all} (ids are contiguous after the non-test nodes)")
+    # row i of tx belongs to node test_index[i] (the canonical assembly's reordering, done as
+    # a direct placement)
     feats = np.concatenate([allx.astype(np.float32), tx_ext], 0)
     labels = np.concatenate([ally, ty_ext], 0)
-    sorted_index = np.sort(test_index)
-    # row i of tx belongs to node test_index[i]; undo the sorted placement above
-    feats[test_index] = feats[sorted_index]
-    labels[test_index] = labels[sorted_index]
     N = feats.shape[0]
     yv = labels.argmax(1)
 

@@ -16,12 +16,12 @@ from torch import Tensor, nn
 
 from .. import basis as _basis
 from .._checks import check_index_tensor
-from ..basis.base import Basis, Product, Sparse, Stack
+from ..basis.base import Basis, Product, Sparse, csr_matmul, to_csr
 from ..nn.layers import Convolution
 from ..params import ControlledSeparable, Full, LowRank
 
 __all__ = ["GCN", "ChebNet", "SGC", "GAT", "RGCN", "gcn_basis", "chebyshev_basis",
-           "relational_basis", "identity_basis", "glorot_", "featureless_convolve"]
+           "relational_basis", "identity_basis", "glorot_", "featureless_convolve", "InputDropout"]
 
 
 def _check_graph(edge_index: Tensor, num_nodes: int) -> None:
@@ -160,15 +160,58 @@ def _reset(conv: Convolution) -> Convolution:
 def featureless_convolve(conv: Convolution) -> Tensor:
     """``conv(I)`` for one-hot node features without forming I: (N, Q) = Σ_k A_kᵀ Θ_k (+ bias).
 
-    With X = I the input-side product X·Θ is Θ itself, so only the propagation remains.
+    With X = I the input-side product X·Θ is Θ itself, so only the propagation remains; for a
+    ``Sparse`` basis it is one SpMM of Aᵀ arranged (N, K*M) with theta viewed as (K*M, Q).
     """
     theta = conv.param()  # (K, N, Q)
-    if theta.shape[1] != conv.basis.M:
+    K, M, Q = theta.shape
+    if M != conv.basis.M:
         raise ValueError(f"featureless input needs in_channels == num_nodes={conv.basis.M}, "
                          f"got theta {tuple(theta.shape)}")
-    basis = conv.basis._matching(theta)
-    y = basis.propagate_sum(theta.permute(1, 0, 2).unsqueeze(0))[0]
+    basis = conv.basis
+    if isinstance(basis, Sparse) and not basis.values.requires_grad:
+        key = (theta.dtype, theta.device)
+        cache = conv.__dict__.setdefault("_featureless_csr", {})
+        if key not in cache:
+            k, m, n = basis.indices.to(theta.device)
+            v = basis.values.detach().to(device=theta.device, dtype=theta.dtype)
+            cache[key] = (to_csr(n, k * M + m, v, (basis.N, K * M)),
+                          to_csr(k * M + m, n, v, (K * M, basis.N)))
+        y = csr_matmul(*cache[key], theta.reshape(K * M, Q))
+    else:
+        y = basis._matching(theta).propagate_sum(theta.permute(1, 0, 2).unsqueeze(0))[0]
     return y if conv.bias is None else y + conv.bias
+
+class InputDropout(nn.Module):
+    """Dropout on the non-zero entries of a fixed, mostly-zero input x (N, F) (sparse dropout).
+
+    Same distribution as ``F.dropout`` (a dropped zero is still zero) but it draws one number per
+    non-zero: bag-of-words features are ~1% dense. The non-zero positions are cached per input.
+    """
+
+    def __init__(self, p: float):
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        self.p = p
+        self._key = None
+        self._idx = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if x.requires_grad:
+            return F.dropout(x, self.p, True)
+        key = (x.data_ptr(), x._version, tuple(x.shape), x.dtype, x.device)
+        if key != self._key:
+            self._idx = (x.reshape(-1) != 0).nonzero().squeeze(1)
+            self._key = key
+        flat = x.reshape(-1)
+        vals = flat[self._idx]
+        keep = torch.rand(vals.shape, dtype=vals.dtype, device=vals.device) >= self.p
+        out = torch.zeros_like(flat)
+        out[self._idx] = vals * keep / (1.0 - self.p)
+        return out.reshape(x.shape)
 
 
 class GCN(nn.Module):
@@ -181,9 +224,10 @@ class GCN(nn.Module):
         self.conv1 = _reset(Convolution(A, in_channels, hidden))
         self.conv2 = _reset(Convolution(A, hidden, out_channels))
         self.dropout = dropout
+        self.input_dropout = InputDropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = F.dropout(x, self.dropout, self.training)
+        x = self.input_dropout(x)
         x = F.relu(self.conv1(x))
         x = F.dropout(x, self.dropout, self.training)
         return self.conv2(x)
@@ -203,6 +247,7 @@ class ChebNet(GCN):
         self.conv1 = _reset(Convolution(A, in_channels, hidden))
         self.conv2 = _reset(Convolution(A, hidden, out_channels))
         self.dropout = dropout
+        self.input_dropout = InputDropout(dropout)
 
 
 class SGC(nn.Module):
@@ -302,9 +347,10 @@ class GAT(nn.Module):
         self.conv2 = _GATLayer(src, dst, num_nodes, heads * hidden, out_channels, out_heads,
                                False, dropout)
         self.dropout = dropout
+        self.input_dropout = InputDropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = F.dropout(x, self.dropout, self.training)
+        x = self.input_dropout(x)
         x = F.elu(self.conv1(x))
         x = F.dropout(x, self.dropout, self.training)
         return self.conv2(x)
@@ -321,22 +367,16 @@ class _RelationalLayer(nn.Module):
         super().__init__()
         param = ("full" if num_bases is None
                  else ControlledSeparable(rel.K, in_channels, out_channels, num_bases))
-        if num_bases is None:
-            # no decomposition: self-connection and relations form one basis of R + 1 matrices
-            self.conv = _reset(Convolution(Stack([eye, rel]), in_channels, out_channels))
-            self.root = None
-        else:
-            # R-GCN's basis decomposition is controlled separability over the R relations;
-            # the self-connection keeps its own full weight
-            self.conv = _reset(Convolution(rel, in_channels, out_channels, param, bias=False))
-            self.root = _reset(Convolution(eye, in_channels, out_channels))
+        # R-GCN's basis decomposition is controlled separability over the R relations; the
+        # self-connection (the identity basis) keeps its own full weight, as in the paper
+        self.conv = _reset(Convolution(rel, in_channels, out_channels, param, bias=False))
+        self.root = _reset(Convolution(eye, in_channels, out_channels))
 
     def forward(self, x: Tensor | None) -> Tensor:
         if x is None:
-            y = featureless_convolve(self.conv)
-            return y if self.root is None else y + featureless_convolve(self.root)
-        y = self.conv(x)
-        return y if self.root is None else y + self.root(x)
+            # the self-connection of one-hot features is the root weight itself
+            return featureless_convolve(self.conv) + self.root.param()[0] + self.root.bias
+        return self.conv(x) + self.root(x)
 
 
 class RGCN(nn.Module):

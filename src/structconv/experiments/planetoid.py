@@ -1,0 +1,185 @@
+"""Recipe: GCN / ChebNet / SGC / GAT on Planetoid's public split, mean ± std test accuracy.
+
+``structconv reproduce planetoid --model gcn --dataset cora --seeds 10 --data DIR --out DIR``.
+Hyper-parameters are PyG's reference ones (see ``RECIPES``); each seed trains full-batch and the
+reported test accuracy is the one at the epoch of best validation accuracy (ties: lower
+validation loss). Writes ``<out>/planetoid-<model>-<dataset>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..data.planetoid import PLANETOID_NAMES, load_planetoid, shared_dir
+from ..io import atomic_write_json
+
+__all__ = ["RECIPES", "PUBLISHED", "add_arguments", "run", "train_seed", "build_model"]
+
+#: published test accuracy (%) on the public split (REFERENCES.md)
+PUBLISHED = {
+    "gcn": {"cora": 81.5, "citeseer": 70.3, "pubmed": 79.0},
+    "cheb": {"cora": 81.2, "citeseer": 69.8, "pubmed": 74.4},
+    "sgc": {"cora": 81.0, "citeseer": 71.9, "pubmed": 78.9},
+    "gat": {"cora": 83.0, "citeseer": 72.5, "pubmed": 79.0},
+}
+
+_BASE = dict(hidden=16, dropout=0.5, lr=0.01, weight_decay=5e-4, epochs=200, patience=None,
+             wd_first_layer_only=True)
+#: PyG's reference settings per model, with per-dataset overrides
+RECIPES = {
+    "gcn": dict(_BASE),
+    "cheb": dict(_BASE, K=3, per_dataset={"citeseer": {"K": 2}, "pubmed": {"K": 2}}),
+    "sgc": dict(lr=0.2, weight_decay=5e-4, epochs=100, patience=None, K=2,
+                wd_first_layer_only=False,
+                per_dataset={"cora": {"K": 3}, "citeseer": {"weight_decay": 5e-3}}),
+    "gat": dict(hidden=8, heads=8, out_heads=1, dropout=0.6, lr=0.005, weight_decay=5e-4,
+                epochs=1000, patience=100, wd_first_layer_only=False,
+                per_dataset={"pubmed": {"out_heads": 8, "lr": 0.01, "weight_decay": 1e-3}}),
+}
+
+
+def settings(model: str, dataset: str, **overrides) -> dict:
+    """The recipe's hyper-parameters for ``model`` on ``dataset``, with ``overrides`` applied."""
+    if model not in RECIPES:
+        raise ValueError(f"unknown model {model!r}: choose one of {sorted(RECIPES)}")
+    s = {k: v for k, v in RECIPES[model].items() if k != "per_dataset"}
+    s.update(RECIPES[model].get("per_dataset", {}).get(dataset, {}))
+    s.update({k: v for k, v in overrides.items() if v is not None})
+    return s
+
+
+def build_model(model: str, data, s: dict):
+    """The model of the recipe for ``data`` (a ``PlanetoidData``)."""
+    from ..models.graph import GAT, GCN, SGC, ChebNet
+
+    N, Fin, C, ei = data.num_nodes, data.num_features, data.num_classes, data.edge_index
+    if model == "gcn":
+        return GCN(ei, N, Fin, s["hidden"], C, dropout=s["dropout"])
+    if model == "cheb":
+        return ChebNet(ei, N, Fin, s["hidden"], C, K=s["K"], dropout=s["dropout"])
+    if model == "sgc":
+        return SGC(ei, N, Fin, C, K=s["K"])
+    if model == "gat":
+        return GAT(ei, N, Fin, s["hidden"], C, heads=s["heads"], out_heads=s["out_heads"],
+                   dropout=s["dropout"])
+    raise ValueError(f"unknown model {model!r}: choose one of {sorted(RECIPES)}")
+
+
+def _optimizer(net, s):
+    first = net.first_layer_parameters()
+    if s["wd_first_layer_only"]:
+        ids = {id(p) for p in first}
+        rest = [p for p in net.parameters() if id(p) not in ids]
+        groups = [dict(params=first, weight_decay=s["weight_decay"]),
+                  dict(params=rest, weight_decay=0.0)]
+    else:
+        groups = [dict(params=list(net.parameters()), weight_decay=s["weight_decay"])]
+    return torch.optim.Adam(groups, lr=s["lr"])
+
+
+def train_seed(model: str, data, s: dict, seed: int) -> dict:
+    """Train one seed; returns test/val accuracy at the selected epoch and the loss curve."""
+    torch.manual_seed(seed)
+    net = build_model(model, data, s)
+    opt = _optimizer(net, s)
+    x, y = data.x, data.y
+    best = (-1.0, math.inf)
+    out = dict(seed=seed)
+    losses, since = [], 0
+    t0 = time.perf_counter()
+    for epoch in range(1, s["epochs"] + 1):
+        net.train()
+        opt.zero_grad()
+        loss = F.cross_entropy(net(x)[data.train_mask], y[data.train_mask])
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+        net.eval()
+        with torch.no_grad():
+            logits = net(x)
+            pred = logits.argmax(1)
+            val_loss = float(F.cross_entropy(logits[data.val_mask], y[data.val_mask]))
+            val_acc = float((pred[data.val_mask] == y[data.val_mask]).float().mean())
+            test_acc = float((pred[data.test_mask] == y[data.test_mask]).float().mean())
+        if (val_acc, -val_loss) > (best[0], -best[1]):
+            best = (val_acc, val_loss)
+            out.update(epoch=epoch, val_acc=100 * val_acc, test_acc=100 * test_acc)
+            since = 0
+        else:
+            since += 1
+            if s.get("patience") and since >= s["patience"]:
+                break
+    out.update(epochs_run=epoch, seconds=time.perf_counter() - t0, train_loss=losses)
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", choices=sorted(RECIPES), default="gcn")
+    parser.add_argument("--dataset", choices=PLANETOID_NAMES, default="cora")
+    parser.add_argument("--seeds", type=int, default=10, help="number of seeds (runs)")
+    parser.add_argument("--seed", type=int, default=0, help="first seed")
+    parser.add_argument("--data", default=None,
+                        help="folder with the ind.<name>.* files (default: "
+                             "$STRUCTCONV_DATA/planetoid)")
+    parser.add_argument("--out", default="bench-results", help="output folder")
+    parser.add_argument("--epochs", type=int, default=None, help="override the recipe's epochs")
+    parser.add_argument("--quick", action="store_true", help="2 seeds, 20 epochs (smoke test)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+
+
+def run(args) -> int:
+    """Run the recipe over seeds, print a table and write the JSON; returns an exit code."""
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+    root = args.data or shared_dir("planetoid")
+    if root is None:
+        raise FileNotFoundError("no Planetoid folder: pass --data DIR or set STRUCTCONV_DATA")
+    data = load_planetoid(root, args.dataset, normalize_features=True)
+    quick = getattr(args, "quick", False)
+    s = settings(args.model, args.dataset,
+                 epochs=args.epochs if args.epochs else (20 if quick else None))
+    n_seeds = min(args.seeds, 2) if quick else args.seeds
+    seed0 = getattr(args, "seed", 0) or 0
+    t0 = time.perf_counter()
+    runs = []
+    for i in range(n_seeds):
+        r = train_seed(args.model, data, s, seed0 + i)
+        runs.append(r)
+        print(f"  seed {r['seed']:>3}: test {r['test_acc']:.1f}  val {r['val_acc']:.1f}  "
+              f"epoch {r['epoch']}/{r['epochs_run']}  {r['seconds']:.1f}s", flush=True)
+    wall = time.perf_counter() - t0
+    accs = [r["test_acc"] for r in runs]
+    mean = statistics.fmean(accs)
+    std = statistics.stdev(accs) if len(accs) > 1 else 0.0
+    pub = PUBLISHED[args.model][args.dataset]
+    result = dict(
+        recipe="planetoid", model=args.model, dataset=data.name, settings=s, seeds=n_seeds,
+        test_acc_mean=mean, test_acc_std=std, published=pub,
+        within_one_std=abs(mean - pub) <= std, wall_seconds=wall,
+        hardware=dict(machine=platform.machine(), processor=platform.processor(),
+                      threads=torch.get_num_threads()),
+        torch=torch.__version__, runs=runs,
+    )
+    print(f"{'model':<6} {'dataset':<9} {'test acc (%)':>16} {'published':>9} {'wall':>8}")
+    print(f"{args.model:<6} {data.name:<9} {mean:>9.2f} ± {std:<4.2f} {pub:>9.1f} {wall:>7.1f}s")
+    out = Path(args.out)
+    atomic_write_json(out / f"planetoid-{args.model}-{args.dataset}.json", result)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
