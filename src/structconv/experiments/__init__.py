@@ -1,0 +1,1 @@
+"""Recipes that train models to reproduce published numbers (``structconv reproduce NAME``)."""
