@@ -33,6 +33,23 @@ def median_time(fn: Callable[[], object], repeats: int = 7, warmup: int = 2,
     return statistics.median(samples)
 
 
+def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 1,
+                      min_time: float = 0.0) -> dict[str, float]:
+    """Median seconds per call of each function, sampled in interleaved rounds.
+
+    Alternating the candidates within each round keeps slow drifts of a shared, noisy machine
+    from favouring whichever ran first.
+    """
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            samples[k].append(median_time(fn, repeats=1, warmup=0, min_time=min_time))
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
 def fwd_bwd(fn: Callable[[], torch.Tensor]) -> Callable[[], None]:
     """A closure running ``fn()`` forward and a backward pass of its sum."""
     def run():

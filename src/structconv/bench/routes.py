@@ -19,7 +19,7 @@ import torch
 from .. import engine
 from ..basis.base import Dense, Sparse
 from ..io import atomic_write_json
-from ._util import median_time, peak_memory
+from ._util import interleaved_times, median_time, peak_memory
 
 NAME = "routes"
 
@@ -29,6 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="M = N of the sparse-vs-dense comparison (default 20000)")
     p.add_argument("--big-density", type=float, default=0.01,
                    help="density of the sparse-vs-dense comparison (default 0.01)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch intra-op threads (default: torch's choice)")
 
 
 def random_basis(K: int, M: int, N: int, density: float, gen: torch.Generator):
@@ -62,14 +64,13 @@ def time_case(case, repeats, gen):
     x = torch.randn(B, M, P, generator=gen)
     theta = torch.randn(K, P, Q, generator=gen)
     plan = engine.plan(x, basis, theta)
-    times = {}
+    fns = {}
     for r in plan.routes:
         if r.name == "basis_param" and M * N * P * Q > engine.PHI_LIMIT:
             continue  # Φ would not fit: the planner never picks it either
-        times[r.name] = median_time(lambda n=r.name: engine.convolve(x, basis, theta, route=n),
-                                    repeats=repeats, warmup=1, min_time=0.02)
-    times["auto"] = median_time(lambda: engine.convolve(x, basis, theta), repeats=repeats,
-                                warmup=1, min_time=0.02)
+        fns[r.name] = lambda n=r.name: engine.convolve(x, basis, theta, route=n)
+    fns["auto"] = lambda: engine.convolve(x, basis, theta)
+    times = interleaved_times(fns, repeats=repeats, warmup=1, min_time=0.02)
     best = min((t, n) for n, t in times.items() if n != "auto")
     return dict(B=B, K=K, M=M, N=N, P=P, Q=Q, density=dens, basis=type(basis).__name__,
                 chosen=plan.route, times=times, best=best[1],
@@ -118,6 +119,8 @@ def sparse_vs_dense(n: int, density: float, repeats: int, quick: bool):
 
 
 def run(args) -> int:
+    if getattr(args, "threads", 0):
+        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
     repeats = max(3, args.repeats)
