@@ -101,6 +101,7 @@ class _SafeUnpickler(pickle.Unpickler):
         ("builtins", "dict"), ("__builtin__", "set"), ("builtins", "set"),
         ("__builtin__", "tuple"), ("builtins", "tuple"), ("copy_reg", "_reconstructor"),
         ("copyreg", "_reconstructor"), ("__builtin__", "object"), ("builtins", "object"),
+        ("_codecs", "encode"),  # how Python-3 protocol-2 pickles spell bytes
     }
     _SPARSE = ("csr_matrix", "csc_matrix", "coo_matrix", "lil_matrix", "dok_matrix")
 

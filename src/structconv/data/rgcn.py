@@ -189,6 +189,8 @@ def _sha256(paths) -> str:
 def _build(d: Path, name: str, nt: Path, train_tsv: Path, test_tsv: Path):
     from rdflib.term import URIRef
 
+    # the small split files first: a bad header fails before the slow graph parse
+    splits = {"train": _read_tsv(train_tsv, name), "test": _read_tsv(test_tsv, name)}
     triples = _parse_nt(nt)
     freq = Counter(p for _, p, _ in triples)
     # most frequent relation first (as PyG), ties by IRI so the order is reproducible
@@ -206,7 +208,6 @@ def _build(d: Path, name: str, nt: Path, train_tsv: Path, test_tsv: Path):
     perm = torch.argsort((ei[0] * N + ei[1]) * R + et)
     ei, et = ei[:, perm], et[perm]
 
-    splits = {"train": _read_tsv(train_tsv, name), "test": _read_tsv(test_tsv, name)}
     classes = _label_order(lab for rows in splits.values() for _, lab, _ in rows)
     cls_id = {c: i for i, c in enumerate(classes)}
     out = {"edge_index": ei.contiguous(), "edge_type": et.contiguous()}
