@@ -1,5 +1,6 @@
 """Attention mechanisms, masks and bases against their dense formulas (float64)."""
 
+import itertools
 import math
 
 import pytest
@@ -362,3 +363,25 @@ def test_block_weights_equal_dense_and_gradcheck(monkeypatch, average):
     k1 = k[:1].clone().requires_grad_()
     assert torch.autograd.gradcheck(lambda q, k: at.DotProductAttention(q, k).weights(average),
                                     (qq, k1))
+
+
+def test_block_attention_output_and_weights_together(monkeypatch):
+    monkeypatch.setattr(at.basis, "BLOCK_ELEMENTS", 7)
+    q, k, z = _dot_case(B=2, K=2, M=5, N=4, D=3, C=2, seed=10)
+    mask = torch.zeros(2, 1, 5, 4, dtype=DT)
+    mask[0, 0, :, 3] = float("-inf")  # a dead query
+    for causal, average in itertools.product((False, True), (False, True)):
+        basis = at.DotProductAttention(q, k, mask, causal=causal)
+        out, w = basis.propagate_heads_and_weights(z, average)
+        ref = _dense_dot(q, k, mask, causal)
+        torch.testing.assert_close(out, torch.einsum("bkmn,bmkc->bnkc", ref, z))
+        rw = ref.transpose(-1, -2)
+        torch.testing.assert_close(w, rw.mean(1) if average else rw)
+    args = [t.clone().requires_grad_() for t in (q, k, z)]
+
+    def f(q, k, z):
+        out, w = at.DotProductAttention(q, k, mask, causal=True).propagate_heads_and_weights(
+            z, True)
+        return out, w
+
+    assert torch.autograd.gradcheck(f, args)

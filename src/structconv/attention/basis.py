@@ -228,8 +228,25 @@ class DotProductAttention(_Batched):
         Computed in row blocks that stay in cache (never several B x K x N x M temporaries);
         differentiable in query and key (the backward pass recomputes the blocks).
         """
-        return _BlockWeights.apply(self.query, self.key, self.sdpa_mask, self.dead, self.causal,
-                                   self.scale, bool(average))
+        return _BlockAttention.apply(self.query, self.key, None, self.sdpa_mask, self.dead,
+                                     self.causal, self.scale, bool(average))[0]
+
+    def propagate_heads_and_weights(self, z: Tensor, average: bool = False):
+        """(``propagate_heads(z)``, ``weights(average)``) computed together, block by block.
+
+        Each block of probabilities is used for the output and the weights while in cache, so
+        the B x K x N x M scores are never built (only the returned weights are).
+        """
+        _check_z(self, z, self.batch)
+        if self.dropout_p > 0:  # the kernel's dropout on the output; weights before dropout
+            return self.propagate_heads(z), self.weights(average)
+        B = max(z.shape[0], self.batch)
+        if z.shape[0] != B:
+            z = z.expand(B, *z.shape[1:])
+        q, k = self._qk(B)
+        w, out = _BlockAttention.apply(q, k, z.transpose(1, 2).to(q.dtype), self.sdpa_mask,
+                                       self.dead, self.causal, self.scale, bool(average))
+        return out.transpose(1, 2), w
 
     def to_dense(self):
         return self._dense_out(self.weights().transpose(-1, -2))
@@ -244,8 +261,9 @@ def _blocks(q: Tensor, k: Tensor, mask, dead, causal: bool, scale: float):
     B = max(q.shape[0], k.shape[0])
     K, N, M = q.shape[1], q.shape[2], k.shape[2]
     rows = max(1, min(N, BLOCK_ELEMENTS // max(1, K * M)))
+    qs = q * scale
     for b in range(B):
-        qb = q[b if q.shape[0] > 1 else 0] * scale
+        qb = qs[b if q.shape[0] > 1 else 0]
         kt = k[b if k.shape[0] > 1 else 0].transpose(-1, -2)
         mb = None if mask is None else mask[b if mask.shape[0] > 1 else 0]
         db = None if dead is None else dead[b if dead.shape[0] > 1 else 0]
@@ -266,37 +284,61 @@ def _blocks(q: Tensor, k: Tensor, mask, dead, causal: bool, scale: float):
             yield b, sl, a
 
 
-class _BlockWeights(torch.autograd.Function):
-    """softmax(q kᵀ · scale + mask) per head (or its head mean), built block by block."""
+def _head_mean(a: Tensor, out: Tensor) -> None:
+    # (K, rows, M) -> (rows, M): a GEMV with 1/K weights is one pass (mean is three on CPU)
+    K = a.shape[0]
+    w = torch.full((1, K), 1.0 / K, dtype=a.dtype, device=a.device)
+    out.copy_((w @ a.reshape(K, -1)).view(out.shape))
+
+
+class _BlockAttention(torch.autograd.Function):
+    """(probabilities @ v, probabilities or their head mean), built block by block.
+
+    q (B, K, N, D), k (B, K, M, D), v (B, K, M, C) or None (weights only). The backward pass
+    recomputes each block (like flash attention) and takes gradients from both outputs.
+    """
 
     @staticmethod
-    def forward(ctx, q, k, mask, dead, causal, scale, average):
+    def forward(ctx, q, k, v, mask, dead, causal, scale, average):
         B = max(q.shape[0], k.shape[0])
         K, N, M = q.shape[1], q.shape[2], k.shape[2]
-        shape = (B, N, M) if average else (B, K, N, M)
-        out = torch.empty(shape, dtype=q.dtype, device=q.device)
+        w = torch.empty((B, N, M) if average else (B, K, N, M), dtype=q.dtype, device=q.device)
+        out = None if v is None else torch.empty(B, K, N, v.shape[-1], dtype=q.dtype,
+                                                 device=q.device)
         for b, sl, a in _blocks(q, k, mask, dead, causal, scale):
             if average:
-                torch.mean(a, 0, out=out[b, sl])
+                _head_mean(a, w[b, sl])
             else:
-                out[b, :, sl] = a
-        ctx.save_for_backward(q, k)
+                w[b, :, sl] = a
+            if v is not None:
+                torch.matmul(a, v[b], out=out[b, :, sl])
+        ctx.save_for_backward(q, k, v)
         ctx.rest = (mask, dead, causal, scale, average)
-        return out
+        return (w, out) if v is not None else (w, w.new_empty(0))
 
     @staticmethod
-    def backward(ctx, g):
-        q, k = ctx.saved_tensors
+    def backward(ctx, gw, gout):
+        q, k, v = ctx.saved_tensors
         mask, dead, causal, scale, average = ctx.rest
         K = q.shape[1]
         gq, gk = torch.zeros_like(q), torch.zeros_like(k)
+        gv = None if v is None else torch.zeros_like(v)
         for b, sl, a in _blocks(q, k, mask, dead, causal, scale):
-            gb = g[b, sl].unsqueeze(0) / K if average else g[b, :, sl]
-            ds = a * (gb - (gb * a).sum(-1, keepdim=True))  # softmax backward, (K, rows, M)
+            ga = None
+            if gw is not None:
+                ga = gw[b, sl].unsqueeze(0) / K if average else gw[b, :, sl]
+            if v is not None and gout is not None and gout.numel():
+                go = gout[b, :, sl]
+                gv[b] += a.transpose(-1, -2) @ go
+                gav = go @ v[b].transpose(-1, -2)
+                ga = gav if ga is None else ga + gav
+            if ga is None:
+                continue
+            ds = a * (ga - (ga * a).sum(-1, keepdim=True))  # softmax backward, (K, rows, M)
             bq, bk = (b if q.shape[0] > 1 else 0), (b if k.shape[0] > 1 else 0)
             gq[bq, :, sl] += (ds @ k[bk]) * scale
             gk[bk] += (ds.transpose(-1, -2) @ q[bq, :, sl]) * scale
-        return gq, gk, None, None, None, None, None
+        return gq, gk, gv, None, None, None, None, None
 
 
 # ------------------------------------------------------------------------------------------------

@@ -231,8 +231,10 @@ class MultiheadAttention(nn.Module):
         weights = None
         # the output always goes through SDPA; the weights, when asked for, are built block by
         # block beside it (torch builds B x K x N x M scores, probabilities and their copies)
-        out = basis.propagate_heads(v)  # (B, N, K, D)
-        weights = basis.weights(average=average_attn_weights) if need_weights else None
+        if need_weights:
+            out, weights = basis.propagate_heads_and_weights(v, average_attn_weights)
+        else:
+            out, weights = basis.propagate_heads(v), None  # (B, N, K, D)
         out = F.linear(out.reshape(B, L, E), self.out_proj.weight, self.out_proj.bias)
         if not batched:
             return out[0], (None if weights is None else weights[0])
