@@ -235,7 +235,8 @@ class SparseOperator:
         """Sᵀ X: (M, C) -> (N, C)."""
         if self.value.requires_grad and torch.is_grad_enabled():
             St = torch.sparse_coo_tensor(torch.stack([self.dst, self.src]),
-                                         self.value.to(X.dtype), (self.N, self.M))
+                                         self.value.to(X.dtype), (self.N, self.M),
+                                         check_invariants=False)
             return torch.sparse.mm(St, X)
         T, Tt = self.csr(X.dtype, X.device)
         return csr_matmul(T, Tt, X)
@@ -544,7 +545,7 @@ class _GraphCache:
     def __init__(self, maxsize: int = 16):
         self.maxsize = maxsize
         self._d: OrderedDict = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: a weakref callback may fire under it
         self.hits = self.misses = 0
 
     @staticmethod
@@ -566,7 +567,7 @@ class _GraphCache:
                     self._d.move_to_end(key)
                     self.hits += 1
                     return basis
-                del self._d[key]
+                self._d.pop(key, None)
         basis = build()
         refs = []
         for t in tensors:
