@@ -132,7 +132,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="bench-results", help="output folder")
     parser.add_argument("--epochs", type=int, default=None, help="override the recipe's epochs")
     parser.add_argument("--quick", action="store_true", help="2 seeds, 20 epochs (smoke test)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default 1: full-batch ops on these small "
+                             "graphs gain little from more, and contend on a shared CPU; 0 keeps "
+                             "torch's default)")
 
 
 def run(args) -> int:

@@ -85,7 +85,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override the number of bases H (ControlledSeparable)")
     parser.add_argument("--cache", default=None, help="parse cache folder")
     parser.add_argument("--quick", action="store_true", help="2 seeds, 5 epochs (smoke test)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default 1: full-batch ops on these small "
+                             "graphs gain little from more, and contend on a shared CPU; 0 keeps "
+                             "torch's default)")
 
 
 def run(args) -> int:

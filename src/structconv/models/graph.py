@@ -333,7 +333,11 @@ class _GATLayer(nn.Module):
 
 
 class GAT(nn.Module):
-    """2-layer GAT: ``heads`` × ``hidden`` concatenated, ELU, ``out_heads`` averaged; (N, C)."""
+    """2-layer GAT: ``heads`` × ``hidden`` concatenated, ELU, ``out_heads`` averaged; (N, C).
+
+    Uses ``sc.nn.attention.GATConv`` (attention basis applied edge-wise) where the library has
+    it, otherwise this module's ``_GATLayer``; both equal PyG's GATConv.
+    """
 
     def __init__(self, edge_index: Tensor, num_nodes: int, in_channels: int, hidden: int,
                  out_channels: int, heads: int = 8, out_heads: int = 1, dropout: float = 0.6):
@@ -343,17 +347,35 @@ class GAT(nn.Module):
         keep = src != dst
         i = torch.arange(num_nodes)
         src, dst = torch.cat([src[keep], i]), torch.cat([dst[keep], i])  # self loops, as PyG
-        self.conv1 = _GATLayer(src, dst, num_nodes, in_channels, hidden, heads, True, dropout)
-        self.conv2 = _GATLayer(src, dst, num_nodes, heads * hidden, out_channels, out_heads,
-                               False, dropout)
+        try:
+            from ..nn.attention import GATConv
+        except ImportError:
+            GATConv = None
+        if GATConv is not None:
+            self.conv1 = GATConv(in_channels, hidden, heads=heads, dropout=dropout,
+                                 add_self_loops=False)
+            self.conv2 = GATConv(heads * hidden, out_channels, heads=out_heads, concat=False,
+                                 dropout=dropout, add_self_loops=False)
+            for conv in (self.conv1, self.conv2):
+                glorot_(conv.lin.weight)  # PyG initialises the projection with Glorot
+            self.register_buffer("edge_index", torch.stack([src, dst]), persistent=False)
+        else:
+            self.conv1 = _GATLayer(src, dst, num_nodes, in_channels, hidden, heads, True,
+                                   dropout)
+            self.conv2 = _GATLayer(src, dst, num_nodes, heads * hidden, out_channels, out_heads,
+                                   False, dropout)
+            self.edge_index = None
         self.dropout = dropout
         self.input_dropout = InputDropout(dropout)
 
+    def _conv(self, conv, x):
+        return conv(x) if self.edge_index is None else conv(x, self.edge_index)
+
     def forward(self, x: Tensor) -> Tensor:
         x = self.input_dropout(x)
-        x = F.elu(self.conv1(x))
+        x = F.elu(self._conv(self.conv1, x))
         x = F.dropout(x, self.dropout, self.training)
-        return self.conv2(x)
+        return self._conv(self.conv2, x)
 
     def first_layer_parameters(self):
         return list(self.conv1.parameters())
