@@ -553,7 +553,7 @@ class _GraphCache:
         if t is None:
             return None
         if not isinstance(t, Tensor):
-            return ("value", t)
+            return ("object", id(t))  # never hits: only tensors are keyed by identity
         return (id(t), t._version, tuple(t.shape), t.dtype, str(t.device), t.data_ptr())
 
     def get(self, tensors: tuple, options: tuple, build: Callable[[], Basis]) -> Basis:
@@ -624,10 +624,11 @@ def gcn(edge_index: Tensor, num_nodes: int, edge_weight: Tensor | None = None,
     ``improved`` gives remaining self loops weight 2 where edge weights are given (as PyG).
     """
     n = _check_num_nodes(num_nodes)
-    _check_edges(edge_index, n, edge_weight=edge_weight)
     opts = ("gcn", n, bool(add_self_loops), bool(normalize), bool(improved), dtype)
 
     def build():
+        # validated on a miss only: a hit is the same, unchanged tensor as a checked one
+        _check_edges(edge_index, n, edge_weight=edge_weight)
         src, dst, v = _gcn_values(edge_index[0].long(), edge_index[1].long(), edge_weight, n,
                                   add_self_loops=add_self_loops, normalize=normalize,
                                   improved=improved, dtype=_value_dtype(edge_weight, dtype))
@@ -642,10 +643,10 @@ def sgc(edge_index: Tensor, num_nodes: int, K: int, edge_weight: Tensor | None =
     """K=1 basis S^K with S the GCN-normalised adjacency (PyG's ``SGConv``), applied K times."""
     n = _check_num_nodes(num_nodes)
     K = _check_K(K)
-    _check_edges(edge_index, n, edge_weight=edge_weight)
     opts = ("sgc", n, K, bool(add_self_loops), dtype)
 
     def build():
+        _check_edges(edge_index, n, edge_weight=edge_weight)
         src, dst, v = _gcn_values(edge_index[0].long(), edge_index[1].long(), edge_weight, n,
                                   add_self_loops=add_self_loops, normalize=True, improved=False,
                                   dtype=_value_dtype(edge_weight, dtype))
@@ -671,7 +672,6 @@ def chebyshev(edge_index: Tensor, num_nodes: int, K: int, edge_weight: Tensor | 
     n = _check_num_nodes(num_nodes)
     K = _check_K(K)
     _check_norm(normalization, (None, "sym", "rw"), "Chebyshev")
-    _check_edges(edge_index, n, edge_weight=edge_weight)
     if batch is not None and (batch.dim() != 1 or batch.shape[0] != n):
         raise ValueError(f"batch must be ({n},) for {n} nodes, got {tuple(batch.shape)}")
     lam_key = lambda_max if not isinstance(lambda_max, Tensor) else None
@@ -680,6 +680,7 @@ def chebyshev(edge_index: Tensor, num_nodes: int, K: int, edge_weight: Tensor | 
     opts = ("cheb", n, K, normalization, lam_key, dtype)
 
     def build():
+        _check_edges(edge_index, n, edge_weight=edge_weight)
         src, dst, v = _laplacian_values(
             edge_index[0].long(), edge_index[1].long(), edge_weight, n,
             normalization=normalization, lambda_max=lambda_max, batch=batch,
@@ -700,10 +701,10 @@ def diffusion(edge_index: Tensor, num_nodes: int, K: int, edge_weight: Tensor | 
     n = _check_num_nodes(num_nodes)
     K = _check_K(K, low=0)
     _check_norm(normalization, (None, "sym", "rw"), "diffusion")
-    _check_edges(edge_index, n, edge_weight=edge_weight)
     opts = ("diffusion", n, K, normalization, dtype)
 
     def build():
+        _check_edges(edge_index, n, edge_weight=edge_weight)
         src, dst = edge_index[0].long(), edge_index[1].long()
         vd = _value_dtype(edge_weight, dtype)
         if normalization == "sym":
