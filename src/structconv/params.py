@@ -103,6 +103,32 @@ class Grouped(Parameterization):
         eye = torch.eye(g, dtype=self.weight.dtype, device=self.weight.device)
         return torch.einsum("kgpq,gh->kgphq", self.weight, eye).reshape(self.K, self.P, self.Q)
 
+    def factored_routes(self, x, basis):
+        # the blocks alone: `groups` times fewer multiply-adds than the block-diagonal theta
+        B, M, P = x.shape
+        K, N, Q, g = basis.K, basis.N, self.Q, self.groups
+        if g == 1:
+            return []
+        W = self.weight.to(x.dtype)  # (K, g, P/g, Q/g)
+
+        def input_side():
+            if P == g:  # depthwise: one input channel per group, a broadcast product
+                z = x[:, :, None, :, None] * W[:, :, 0][None, None]  # (B, M, K, g, Q/g)
+            else:
+                z = torch.einsum("bmgp,kgpq->bmkgq", x.reshape(B, M, g, P // g), W)
+            return basis.propagate_sum(z.reshape(B, M, K, Q))
+
+        def basis_side():
+            u = basis.propagate(x).reshape(B, N, K, g, P // g)
+            return torch.einsum("bnkgp,kgpq->bngq", u, W).reshape(B, N, Q)
+
+        return [
+            Route("grouped_input", B * (M * K * P * Q / g + basis.propagate_sum_flops(Q)),
+                  B * M * K * Q, input_side),
+            Route("grouped_basis", B * (basis.propagate_flops(P) + N * K * P * Q / g),
+                  B * N * K * P, basis_side),
+        ]
+
 
 class DepthwiseSeparable(Parameterization):
     """theta[k, p, q] = depth[k, p] * point[p, q] (Xception): ``K*P + P*Q`` parameters."""

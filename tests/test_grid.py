@@ -1,0 +1,370 @@
+"""Grid and AvgPool bases: exact equality with torch (float64), adjoints, equivariance, errors."""
+
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import structconv as sc
+from structconv.basis import AvgPool, Dense, Grid, Sparse, Stack
+from structconv.params import (
+    ControlledSeparable,
+    DepthwiseSeparable,
+    Full,
+    Grouped,
+    LowRank,
+)
+
+DT = torch.float64
+CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+ROUTES = ["native", "input_param", "basis_input", "basis_param"]
+
+# (in_shape, kernel, stride, padding, dilation): 1/2/3-d, odd sizes, every padding form
+GEOMETRIES = [
+    ((7,), 3, 1, 0, 1),
+    ((11,), 4, 2, ((1, 2),), 1),
+    ((9,), 3, 1, "same", 2),
+    ((10,), 2, 1, "same", 1),  # even kernel: torch's asymmetric "same"
+    ((5, 7), (3, 2), (2, 1), (1, 0), (1, 2)),
+    ((6, 5), 3, 1, "valid", 1),
+    ((5, 6), (2, 3), (1, 2), ((0, 1), (2, 1)), (2, 1)),
+    ((4, 5, 3), (2, 1, 3), 1, 1, 1),
+    ((5, 4, 6), 3, (2, 1, 2), ((1, 0), 2, (0, 1)), (1, 2, 1)),
+]
+
+
+def torch_conv(img, W, grid, groups=1, bias=None):
+    """The reference: zero padding by F.pad, then torch's own convolution."""
+    spec = []
+    for b, a in reversed(grid.padding):
+        spec += [b, a]
+    return CONV[grid.ndim](F.pad(img, spec), W, bias, grid.stride, 0, grid.dilation, groups)
+
+
+def to_img(x, grid):
+    return x.reshape(x.shape[0], *grid.in_shape, x.shape[-1]).movedim(-1, 1)
+
+
+def to_bundle(y):
+    return y.movedim(1, -1).reshape(y.shape[0], -1, y.shape[1])
+
+
+def weight_of(theta, grid):
+    K, P, Q = theta.shape
+    return theta.permute(2, 1, 0).reshape(Q, P, *grid.kernel_size)
+
+
+def brute_dense(grid):
+    """A[k, m, n] from the definition, by loops over every (k, n) and dimension."""
+    A = torch.zeros(grid.K, grid.M, grid.N, dtype=DT)
+    kern = list(itertools.product(*[range(k) for k in grid.kernel_size]))
+    outs = list(itertools.product(*[range(n) for n in grid.out_shape]))
+    for k, off in enumerate(kern):
+        for n, pos in enumerate(outs):
+            m_pos = [p * s - b + o * dl for p, s, (b, _), o, dl in
+                     zip(pos, grid.stride, grid.padding, off, grid.dilation)]
+            if all(0 <= v < size for v, size in zip(m_pos, grid.in_shape)):
+                m = 0
+                for v, size in zip(m_pos, grid.in_shape):
+                    m = m * size + v
+                A[k, m, n] = 1
+    return A
+
+
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("geom", GEOMETRIES)
+def test_dense_matches_definition(geom):
+    g = Grid(*geom)
+    A = g.to(dtype=DT).to_dense()
+    assert A.shape == (g.K, g.M, g.N) and A.dtype == DT
+    assert torch.equal(A, brute_dense(g))
+    assert torch.equal(g.to_sparse().to_dense().to(DT), A)
+    assert g.K == math.prod(g.kernel_size) and g.N == math.prod(g.out_shape)
+
+
+@pytest.mark.parametrize("geom", GEOMETRIES)
+@pytest.mark.parametrize("route", ROUTES)
+def test_convolve_equals_torch_values_and_grads(geom, route):
+    torch.manual_seed(0)
+    g = Grid(*geom)
+    B, P, Q = 2, 3, 4
+    x = torch.randn(B, g.M, P, dtype=DT, requires_grad=True)
+    th = torch.randn(g.K, P, Q, dtype=DT, requires_grad=True)
+    y = sc.convolve(x, g, th, route=route)
+    ref = to_bundle(torch_conv(to_img(x, g), weight_of(th, g), g))
+    assert y.shape == (B, g.N, Q)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    gy = torch.randn_like(y)
+    gx, gt = torch.autograd.grad(y, (x, th), gy)
+    rx, rt = torch.autograd.grad(ref, (x, th), gy)
+    torch.testing.assert_close(gx, rx, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(gt, rt, rtol=1e-12, atol=1e-12)
+
+
+def test_auto_route_and_unbatched():
+    torch.manual_seed(1)
+    g = Grid((6, 7), 3, padding=1)
+    x = torch.randn(g.M, 5, dtype=DT)
+    th = torch.randn(g.K, 5, 2, dtype=DT)
+    assert sc.plan(x, g, th).route == "native"
+    y = sc.convolve(x, g, th)
+    ref = to_bundle(torch_conv(to_img(x[None], g), weight_of(th, g), g))[0]
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    g2 = Grid((6, 7), 3, padding=1, native=False)
+    assert sc.plan(x, g2, th).route != "native"
+    torch.testing.assert_close(sc.convolve(x, g2, th), ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("geom", [GEOMETRIES[1], GEOMETRIES[4], GEOMETRIES[8]])
+def test_param_forms_every_route(geom):
+    """Grouped/Depthwise map to F.convNd; ControlledSeparable/LowRank run their own routes."""
+    torch.manual_seed(2)
+    g = Grid(*geom)
+    B, P, Q = 2, 4, 6
+    forms = [Full(g.K, P, Q), Grouped(g.K, P, Q, 2), DepthwiseSeparable(g.K, P, Q),
+             ControlledSeparable(g.K, P, Q, 2), LowRank(g.K, P, Q, 2)]
+    x = torch.randn(B, g.M, P, dtype=DT)
+    for form in forms:
+        form = form.to(DT)
+        ref = to_bundle(torch_conv(to_img(x, g), weight_of(form(), g), g))
+        names = [r.name for r in sc.engine._candidates(x, g, form)]
+        assert "native" in names
+        for r in names:
+            y = sc.convolve(x, g, form, route=r)
+            torch.testing.assert_close(y, ref, rtol=1e-11, atol=1e-11, msg=f"{form} {r}")
+        # the gradient of every parameter agrees between the fused kernel and a shift route
+        gy = torch.randn_like(ref)
+        ga = torch.autograd.grad(sc.convolve(x, g, form, route="native"), list(form.parameters()),
+                                 gy)
+        gb = torch.autograd.grad(sc.convolve(x, g, form, route="basis_input"),
+                                 list(form.parameters()), gy)
+        for a, b in zip(ga, gb):
+            torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
+
+
+def test_grouped_native_uses_torch_groups():
+    torch.manual_seed(3)
+    g = Grid((5, 6), 3, padding=1)
+    form = Grouped(g.K, 6, 9, 3).to(DT)
+    W, groups = g.conv_weight(form)
+    assert groups == 3 and W.shape == (9, 2, 3, 3)
+    x = torch.randn(2, g.M, 6, dtype=DT)
+    ref = to_bundle(torch_conv(to_img(x, g), W, g, groups=3))
+    torch.testing.assert_close(sc.convolve(x, g, form, route="native"), ref)
+    torch.testing.assert_close(sc.convolve(x, g, form(), route="input_param"), ref)
+
+
+# ------------------------------------------------------------------------------------------------
+geometry = st.integers(1, 3).flatmap(lambda d: st.tuples(
+    st.lists(st.integers(1, 6), min_size=d, max_size=d),   # in_shape
+    st.lists(st.integers(1, 3), min_size=d, max_size=d),   # kernel
+    st.lists(st.integers(1, 3), min_size=d, max_size=d),   # stride
+    st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2)), min_size=d, max_size=d),
+    st.lists(st.integers(1, 2), min_size=d, max_size=d),   # dilation
+))
+
+
+def _make(geom):
+    in_shape, k, s, p, dl = geom
+    # grow the grid until the kernel fits (keeps every drawn geometry valid)
+    in_shape = [max(n, dd * (kk - 1) + 1) for n, kk, dd in zip(in_shape, k, dl)]
+    return Grid(in_shape, k, s, p, dl)
+
+
+@settings(max_examples=40, deadline=None)
+@given(geometry, st.integers(1, 2), st.integers(1, 3), st.integers(0, 2**31 - 1))
+def test_primitives_equal_dense(geom, B, C, seed):
+    g = _make(geom)
+    gen = torch.Generator().manual_seed(seed)
+    D = Dense(g.to(dtype=DT).to_dense())
+    x = torch.randn(B, g.M, C, generator=gen, dtype=DT)
+    z = torch.randn(B, g.M, g.K, C, generator=gen, dtype=DT)
+    torch.testing.assert_close(g.propagate(x), D.propagate(x), rtol=0, atol=1e-13)
+    torch.testing.assert_close(g.propagate_heads(z), D.propagate_heads(z), rtol=0, atol=1e-13)
+    torch.testing.assert_close(g.propagate_sum(z), D.propagate_sum(z), rtol=1e-13, atol=1e-13)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 2), st.integers(1, 3), st.integers(1, 2), st.integers(1, 2),
+       st.integers(-2, 2), st.integers(0, 2**31 - 1))
+def test_translation_equivariance(d, k, s, dl, u, seed):
+    """Shifting the input by t = s*u grid steps shifts the output by u (supports kept inside)."""
+    span = dl * (k - 1) + 1
+    margin = s * abs(u) + span + s
+    size = 2 * margin + 3
+    g = Grid((size,) * d, k, s, span // 2, dl)
+    gen = torch.Generator().manual_seed(seed)
+    core = torch.zeros(1, *(size,) * d, 2, dtype=DT)
+    inner = tuple(slice(margin, size - margin) for _ in range(d))
+    core[(slice(None), *inner)] = torch.randn(1, *(3,) * d, 2, generator=gen, dtype=DT)
+    th = torch.randn(g.K, 2, 3, generator=gen, dtype=DT)
+    dims = tuple(range(1, d + 1))
+    shifted = torch.roll(core, (s * u,) * d, dims)
+    y = sc.convolve(core.reshape(1, g.M, 2), g, th, route="input_param")
+    y2 = sc.convolve(shifted.reshape(1, g.M, 2), g, th, route="basis_input")
+    expect = torch.roll(y.reshape(1, *g.out_shape, 3), (u,) * d, dims)
+    torch.testing.assert_close(y2.reshape(1, *g.out_shape, 3), expect, rtol=1e-12, atol=1e-12)
+
+
+def test_shifts_are_the_papers_shift_matrices():
+    """At stride 1, A_k = the shift matrix of Δ_k: A[m, n] = 1 iff coords(n) - coords(m) = Δ_k."""
+    g = Grid((4, 5), (3, 2), 1, ((1, 1), (2, 0)), (1, 2))
+    assert g.out_shape == g.in_shape
+    A = g.to(dtype=DT).to_dense()
+    coords = torch.stack(torch.meshgrid(torch.arange(4), torch.arange(5), indexing="ij"),
+                         -1).reshape(-1, 2)
+    diff = coords.unsqueeze(0) - coords.unsqueeze(1)  # [m, n] = coords(n) - coords(m)
+    assert g.shifts.shape == (g.K, 2)
+    for k in range(g.K):
+        expect = (diff == g.shifts[k]).all(-1).to(DT)
+        assert torch.equal(A[k], expect)
+    # Δ_k = ε + offset_k δ: offsets ε = padding_before, strides δ = -dilation (eq. cnn-shift)
+    assert g.shifts[0].tolist() == [1, 2] and g.shifts[1].tolist() == [1, 0]
+
+
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("geom", [GEOMETRIES[1], GEOMETRIES[6], GEOMETRIES[7]])
+def test_gradcheck_shift_kernels(geom):
+    g = Grid(*geom)
+    torch.manual_seed(4)
+    x = torch.randn(1, g.M, 2, dtype=DT, requires_grad=True)
+    z = torch.randn(2, g.M, g.K, 1, dtype=DT, requires_grad=True)
+    assert torch.autograd.gradcheck(g.propagate, (x,))
+    assert torch.autograd.gradcheck(g.propagate_heads, (z,))
+    assert torch.autograd.gradcheck(g.propagate_sum, (z,))
+    assert torch.autograd.gradgradcheck(g.propagate_sum, (z,))
+    assert torch.autograd.gradgradcheck(g.propagate, (x,))
+
+
+def test_stack_with_other_bases():
+    """A Grid beside a dense and a sparse basis: each part on its own path, exact overall."""
+    torch.manual_seed(5)
+    g = Grid((5, 4), 3, padding=1)
+    dense = Dense(torch.randn(2, g.M, g.N, dtype=DT))
+    idx = torch.stack([torch.zeros(30, dtype=torch.long), torch.randint(0, g.M, (30,)),
+                       torch.randint(0, g.N, (30,))])
+    sparse = Sparse(idx, torch.randn(30, dtype=DT), (1, g.M, g.N))
+    stack = Stack([g, dense, sparse])
+    x = torch.randn(3, g.M, 4, dtype=DT, requires_grad=True)
+    th = torch.randn(stack.K, 4, 5, dtype=DT, requires_grad=True)
+    ref = torch.einsum("kmn,bmp,kpq->bnq", stack.to_dense().to(DT), x, th)
+    for route in ("auto", "input_param", "basis_input"):
+        y = sc.convolve(x, stack, th, route=route)
+        torch.testing.assert_close(y, ref, rtol=1e-11, atol=1e-11)
+    gy = torch.randn_like(ref)
+    torch.testing.assert_close(torch.autograd.grad(sc.convolve(x, stack, th), (x, th), gy),
+                               torch.autograd.grad(ref, (x, th), gy), rtol=1e-11, atol=1e-11)
+    assert sc.plan(x, stack, th).parts[0].route == "native"
+
+
+def test_float32_and_compose():
+    torch.manual_seed(6)
+    g = Grid((6,), 3, padding=1)
+    x = torch.randn(2, 6, 3)
+    th = torch.randn(3, 3, 2)
+    y = sc.convolve(x, g, th, route="basis_input")
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y, sc.convolve(x, g, th, route="native"))
+    # two stacked grid convolutions compose into a Product basis (Proposition 2)
+    th2 = torch.randn(3, 2, 4)
+    basis, theta = sc.compose((g, th), (g, th2))
+    torch.testing.assert_close(sc.convolve(x, basis, theta),
+                               sc.convolve(sc.convolve(x, g, th), g, th2), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+POOLS = [
+    ((9,), 3, None, 1, False, True, None),
+    ((10,), 4, 3, 2, True, False, None),
+    ((10,), 3, 2, 1, True, True, 2),
+    ((7, 8), 3, 2, 1, True, False, None),
+    ((7, 8), (3, 2), (2, 3), (1, 1), True, True, 5),
+    ((6, 5), 2, None, 0, False, True, None),
+    ((5, 4, 6), (2, 3, 2), (1, 2, 3), (1, 1, 0), True, False, None),
+    ((5, 4, 6), 2, 2, 1, False, True, 3),
+]
+
+
+def torch_pool(img, pool_args):
+    _, k, s, p, ceil, cip, div = pool_args
+    d = img.dim() - 2
+    if d == 1:
+        if div is not None:  # avg_pool1d has no divisor_override: pool a unit 2nd dim
+            return F.avg_pool2d(img[:, :, None], (1, k), (1, s or k), (0, p), ceil, cip,
+                                div)[:, :, 0]
+        return F.avg_pool1d(img, k, s, p, ceil, cip)
+    return (F.avg_pool2d if d == 2 else F.avg_pool3d)(img, k, s, p, ceil, cip, div)
+
+
+@pytest.mark.parametrize("args", POOLS)
+def test_avgpool_equals_torch(args):
+    torch.manual_seed(7)
+    in_shape, k, s, p, ceil, cip, div = args
+    pool = AvgPool(in_shape, k, s, p, ceil_mode=ceil, count_include_pad=cip,
+                   divisor_override=div)
+    B, C = 2, 3
+    x = torch.randn(B, pool.M, C, dtype=DT, requires_grad=True)
+    img = x.reshape(B, *pool.in_shape, C).movedim(-1, 1)
+    ref = torch_pool(img, args)
+    assert tuple(ref.shape[2:]) == pool.out_shape
+    ref = to_bundle(ref)
+    y = pool.propagate(x)[:, :, 0]
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    A = pool.to(dtype=DT).to_dense()
+    torch.testing.assert_close(torch.einsum("mn,bmc->bnc", A[0], x), ref, rtol=1e-12,
+                               atol=1e-12)
+    th = torch.randn(1, C, 2, dtype=DT)
+    full = ref @ th[0]
+    for route in ("native", "input_param", "basis_input"):
+        torch.testing.assert_close(sc.convolve(x, pool, th, route=route), full, rtol=1e-12,
+                                   atol=1e-12)
+    gy = torch.randn_like(ref)
+    torch.testing.assert_close(torch.autograd.grad(y, x, gy)[0],
+                               torch.autograd.grad(ref, x, gy)[0], rtol=1e-12, atol=1e-12)
+
+
+def test_avgpool_defaults_and_asymmetric_padding():
+    pool = AvgPool((8,), 2)
+    assert pool.stride == (2,) and pool.out_shape == (4,) and pool.K == 1
+    # asymmetric padding has no F.avg_pool kernel: the basis path still computes it
+    asym = AvgPool((7,), 3, 2, ((2, 0),))
+    assert asym.native_flops(1, 2, 2) is None
+    x = torch.randn(1, 7, 2, dtype=DT)
+    ref = F.avg_pool1d(F.pad(x.movedim(-1, 1), (2, 0)), 3, 2).movedim(1, -1)
+    torch.testing.assert_close(asym.propagate(x)[:, :, 0], ref)
+
+
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("args, match", [
+    (((8, 8), 10), "kernel spans"),
+    (((8, 8), 3, 1, -1), "padding must be >= 0"),
+    (((8, 8), (3, 3, 3)), "grid has 2 dims"),
+    (((8, 8), 3, 0), "stride entries must be >= 1"),
+    (((8, 8), 3, 2, "same"), "same.*stride 1"),
+    (((8, 8), 3, 1, "full"), "'same' or 'valid'"),
+    (((8, 8), 3, 1, ((1, 2, 3), 1)), r"\(before, after\)"),
+    (((0, 8), 3), "in_shape entries must be >= 1"),
+])
+def test_grid_bad_arguments(args, match):
+    with pytest.raises(ValueError, match=match):
+        Grid(*args)
+
+
+def test_bad_types_and_shapes():
+    with pytest.raises(TypeError, match="bool"):
+        Grid((5,), True)
+    with pytest.raises(TypeError, match="int"):
+        Grid((5,), 2.5)
+    g = Grid((4, 4), 3)
+    with pytest.raises(ValueError, match=r"M=16"):
+        g.propagate(torch.randn(1, 15, 2))
+    with pytest.raises(ValueError, match=r"K=9"):
+        g.propagate_sum(torch.randn(1, 16, 8, 2))
+    with pytest.raises(ValueError, match="K disagrees"):
+        sc.convolve(torch.randn(1, 16, 2), g, torch.randn(4, 2, 2))
+    with pytest.raises(ValueError, match="divisor_override"):
+        AvgPool((4,), 2, divisor_override=0)
