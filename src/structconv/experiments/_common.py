@@ -1,0 +1,91 @@
+"""Helpers shared by the experiment recipes: hardware record, statistics, output files, plots."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+from pathlib import Path
+
+import torch
+
+from ..io import atomic_write_bytes, atomic_write_json
+
+__all__ = ["hardware", "mean_std", "write_result", "save_figure", "set_threads", "fmt_pm",
+           "param_count"]
+
+
+def hardware() -> dict:
+    """The machine a result was measured on: CPU, cores, torch threads, load at the start."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return dict(cpu=cpu, cores=os.cpu_count(), torch_threads=torch.get_num_threads(),
+                torch=torch.__version__, python=platform.python_version(),
+                load_average_1min=load)
+
+
+def set_threads(args) -> None:
+    """Apply ``--threads`` (0 or absent: torch's default)."""
+    n = getattr(args, "threads", 0) or 0
+    if n > 0:
+        torch.set_num_threads(n)
+
+
+def mean_std(values) -> tuple[float, float]:
+    """(mean, sample std) of a list of numbers (std 0 for a single value)."""
+    values = [float(v) for v in values]
+    if not values:
+        raise ValueError("mean_std needs at least one value")
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def fmt_pm(values, digits: int = 2) -> str:
+    """'mean ± std' of ``values``."""
+    m, s = mean_std(values)
+    return f"{m:.{digits}f} ± {s:.{digits}f}"
+
+
+def param_count(module: torch.nn.Module) -> int:
+    """Trainable parameters of a module."""
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+def write_result(args, name: str, result: dict) -> Path:
+    """Write ``<out>/<name>.json`` atomically and return its path."""
+    path = Path(args.out) / f"{name}.json"
+    atomic_write_json(path, result)
+    print(f"wrote {path}")
+    return path
+
+
+def save_figure(fig, args, name: str) -> Path:
+    """Save a matplotlib figure as ``--plot`` (if given) or ``<out>/<name>.png``, atomically."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    path = Path(getattr(args, "plot", None) or Path(args.out) / f"{name}.png")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    print(f"wrote {path}")
+    return path
+
+
+def pyplot():
+    """matplotlib.pyplot on the non-interactive Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
