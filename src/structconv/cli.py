@@ -239,7 +239,8 @@ def _import_suite(package: str, name: str, known) -> object:
         return importlib.import_module(f"structconv.{package}.{mod}")
     except ModuleNotFoundError as e:
         if e.name in (f"structconv.{package}.{mod}", f"structconv.{package}"):
-            raise UsageError(f"unknown {package} {name!r}; known: "
+            what = "benchmark suite" if package == "bench" else "experiment"
+            raise UsageError(f"unknown {what} {name!r}; known: "
                              f"{', '.join(known) or '(none installed)'}") from None
         raise
 

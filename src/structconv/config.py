@@ -45,7 +45,7 @@ DEFAULTS = {
               "dtype": "float32"},
     "train": {"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "momentum": 0.9,
               "epochs": 10, "patience": 0, "monitor": "val_acc", "grad_clip": 0.0,
-              "checkpoint_every": 1, "log_every": 0},
+              "checkpoint_every": 0, "checkpoint_seconds": 10.0},
 }
 
 _TOP = {"seed", "name", "description", "data", "model", "train"}
@@ -183,11 +183,11 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
             _need(k in DEFAULTS[sec], f"{source}: unknown key {sec}.{k} (known: "
                                       f"{', '.join(sorted(DEFAULTS[sec]))})")
     t = cfg["train"]
-    for k in ("epochs", "patience", "checkpoint_every", "log_every"):
+    for k in ("epochs", "patience", "checkpoint_every"):
         _need(isinstance(t[k], int) and not isinstance(t[k], bool) and t[k] >= 0,
               f"{source}: train.{k} must be an int >= 0, got {t[k]!r}")
     _need(t["epochs"] >= 1, f"{source}: train.epochs must be >= 1, got {t['epochs']}")
-    for k in ("lr", "weight_decay", "momentum", "grad_clip"):
+    for k in ("lr", "weight_decay", "momentum", "grad_clip", "checkpoint_seconds"):
         _need(isinstance(t[k], (int, float)) and not isinstance(t[k], bool) and t[k] >= 0
               and math.isfinite(t[k]), f"{source}: train.{k} must be a number >= 0, got {t[k]!r}")
     _need(t["optimizer"] in ("adam", "adamw", "sgd"),

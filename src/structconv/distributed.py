@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -96,17 +97,24 @@ def _worker(rank, nproc, port, errors, fn, args):
         cleanup()
 
 
-def spawn(nproc: int, fn, *args) -> None:
-    """Run ``fn(*args)`` in ``nproc`` processes forming one gloo/nccl group on localhost."""
+def spawn(nproc: int, fn, *args, start_method: str | None = None) -> None:
+    """Run ``fn(*args)`` in ``nproc`` processes forming one gloo/nccl group on localhost.
+
+    ``start_method`` defaults to ``fork`` on Linux when CUDA is not initialised (the workers
+    inherit the imported modules instead of importing torch again) and ``spawn`` elsewhere.
+    """
     import torch.multiprocessing as mp
 
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
-    ctx = mp.get_context("spawn")
+    if start_method is None:
+        fork_ok = sys.platform.startswith("linux") and not torch.cuda.is_initialized()
+        start_method = "fork" if fork_ok else "spawn"
+    ctx = mp.get_context(start_method)
     errors = ctx.SimpleQueue()
     try:
         mp.start_processes(_worker, args=(nproc, free_port(), errors, fn, args), nprocs=nproc,
-                           start_method="spawn")
+                           start_method=start_method)
     except mp.ProcessExitedException as e:
         msgs = []
         while not errors.empty():

@@ -15,6 +15,7 @@ import csv
 import io
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from .checkpoint import (
 )
 from .config import ConfigError, build_model, validate
 from .data.registry import load_dataset
-from .io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from .io import atomic_write_bytes, atomic_write_json
 
 __all__ = ["TrainingError", "train", "evaluate", "load_data", "resolve_device", "load_run",
            "make_optimizer", "count_parameters"]
@@ -172,14 +173,21 @@ def evaluate(model: nn.Module, data, cfg: dict, split: str, device=None) -> dict
 
 
 # -- logging -------------------------------------------------------------------------------------
+def _replace_text(path: Path, text: str) -> None:
+    # metrics are rebuilt from the checkpoint on resume, so they need atomicity, not fsync
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def _write_metrics(run: Path, history: list[dict]) -> None:
-    atomic_write_text(run / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
+    _replace_text(run / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
     buf = io.StringIO()
     if history:
         w = csv.DictWriter(buf, fieldnames=list(history[0]), lineterminator="\n")
         w.writeheader()
         w.writerows(history)
-    atomic_write_text(run / "metrics.csv", buf.getvalue())
+    _replace_text(run / "metrics.csv", buf.getvalue())
 
 
 def plot_curves(run: Path, history: list[dict]) -> None:
@@ -283,6 +291,7 @@ def train(cfg: dict | None, out: str | Path, device: str = "cpu", resume: bool =
     tb = _tensorboard(run) if w.main else None
     n_params = count_parameters(model)
     epochs_run = 0
+    last_ckpt = time.monotonic()
     for epoch in range(start + 1, t_cfg["epochs"] + 1):
         if state["stopped"]:
             break
@@ -351,9 +360,15 @@ def train(cfg: dict | None, out: str | Path, device: str = "cpu", resume: bool =
                 for k, v in row.items():
                     if k != "epoch":
                         tb.add_scalar(k, v, epoch)
-            if last or (t_cfg["checkpoint_every"] and epoch % t_cfg["checkpoint_every"] == 0):
+            every = t_cfg["checkpoint_every"]
+            # every N epochs, or (0) whenever checkpoint_seconds have passed: a checkpoint
+            # costs a few fsyncs, far more than an epoch of a small graph model
+            due = epoch % every == 0 if every else \
+                time.monotonic() - last_ckpt >= t_cfg["checkpoint_seconds"]
+            if last or due:
                 save_checkpoint(run, epoch, model.state_dict(), opt.state_dict(), state,
                                 best_state)
+                last_ckpt = time.monotonic()
             if progress:
                 print(f"epoch {epoch:3d}  train_loss {row['train_loss']:.4f}  "
                       f"val_loss {row['val_loss']:.4f}  val_acc {row['val_acc']:.4f}  "
