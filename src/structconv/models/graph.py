@@ -315,8 +315,9 @@ class _GATLayer(nn.Module):
         a_d = (h * self.att_dst).sum(-1)
         e = F.leaky_relu(a_s[self.src] + a_d[self.dst], self.negative_slope)  # (E, H)
         # softmax over the incoming edges of each target node
-        e = e - torch.zeros(self.N, self.H, dtype=e.dtype).index_reduce_(
-            0, self.dst, e.detach(), "amax", include_self=False)[self.dst]
+        idx = self.dst[:, None].expand(-1, self.H)
+        e = e - torch.zeros(self.N, self.H, dtype=e.dtype).scatter_reduce(
+            0, idx, e.detach(), "amax", include_self=False)[self.dst]
         w = e.exp()
         den = torch.zeros(self.N, self.H, dtype=w.dtype).index_add_(0, self.dst, w)
         alpha = F.dropout(w / den[self.dst], self.dropout, self.training)
