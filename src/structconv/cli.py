@@ -161,6 +161,9 @@ def _cmd_train(args) -> int:
             cfg["seed"] = args.seed
         name = cfg.get("name") or Path(args.config).stem
         cfg["name"] = name
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not args.out:
+            # torchrun's processes would each pick their own timestamped directory
+            raise UsageError("under torchrun, give the run directory with --out DIR")
         stamp = time.strftime("%Y%m%d-%H%M%S")
         out = Path(args.out) if args.out else Path("runs") / f"{name}-{stamp}"
     if args.nproc < 1:
@@ -184,8 +187,10 @@ def _cmd_train(args) -> int:
 
             _setup_run(out, cfg, False)
         result_path = out / "result.json"
+        # CUDA cannot be used in forked children once the driver is initialised: spawn there
         spawn(args.nproc, _train_worker, cfg, str(out), args.device, bool(args.resume),
-              progress, args.stop_after, None)
+              progress, args.stop_after, None,
+              start_method="spawn" if args.device.startswith("cuda") else None)
         res = json.loads(result_path.read_text()) if result_path.is_file() else \
             {"interrupted": True, "epoch": "?"}
     else:
@@ -193,6 +198,12 @@ def _cmd_train(args) -> int:
 
         res = train(cfg, out, device=args.device, resume=bool(args.resume), progress=progress,
                     stop_after=args.stop_after)
+        from .distributed import cleanup, world
+
+        if not world().main:  # torchrun: one table, from rank 0
+            cleanup()
+            return 0
+        cleanup()
     _print_result(res, out)
     return 0
 
