@@ -238,11 +238,13 @@ class GridConv(_GridLayer):
 class IdentityParam(Parameterization):
     """theta = the (1, C, C) identity: pooling as a convolution with no channel map (no weights)."""
 
-    def __init__(self, channels: int):
+    def __init__(self, channels: int, dtype=None, device=None):
         super().__init__(1, channels, channels)
+        self.register_buffer("eye", torch.eye(channels, dtype=dtype, device=device)[None],
+                             persistent=False)
 
     def forward(self) -> Tensor:
-        return torch.eye(self.P).unsqueeze(0)
+        return self.eye
 
 
 class GridAvgPool(_GridLayer):
@@ -283,15 +285,16 @@ class GridAvgPool(_GridLayer):
                        ceil_mode=self.ceil_mode, count_include_pad=self.count_include_pad,
                        divisor_override=self.divisor_override)
 
-    def _set_param(self, C: int):
-        if self.param is None or self.param.P != C:
-            self.param = IdentityParam(C)
+    def _set_param(self, x: Tensor, C: int):
+        p = self.param
+        if p is None or p.P != C or p.eye.dtype != x.dtype or p.eye.device != x.device:
+            self.param = IdentityParam(C, x.dtype, x.device)
 
     def forward(self, x: Tensor) -> Tensor:
         layout = self._which(x, None)
         if layout == "bundle":
             pool = self._last = self.basis_for(self.in_shape)
-            self._set_param(x.shape[-1])
+            self._set_param(x, x.shape[-1])
             xb = x if x.dim() == 3 else x.unsqueeze(0)
             y = pool.propagate(xb)[:, :, 0]
             return y if x.dim() == 3 else y.squeeze(0)
@@ -300,7 +303,7 @@ class GridAvgPool(_GridLayer):
             x = x.unsqueeze(0)
         pool = self._last = self.basis_for(x.shape[2:])
         B, C = x.shape[:2]
-        self._set_param(C)
+        self._set_param(x, C)
         if self.route != "basis" and pool._native_ok():
             y = pool.pool_image(x)
         elif self.route == "native":
