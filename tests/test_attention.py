@@ -385,3 +385,17 @@ def test_block_attention_output_and_weights_together(monkeypatch):
         return out, w
 
     assert torch.autograd.gradcheck(f, args)
+
+
+def test_block_attention_function_gradcheck_with_values(monkeypatch):
+    # the fused block path (used without autograd) still has an exact backward pass
+    monkeypatch.setattr(at.basis, "BLOCK_ELEMENTS", 6)
+    q, k, z = _dot_case(B=1, K=2, M=4, N=3, D=2, C=2, seed=11)
+    mask = torch.zeros(1, 1, 3, 4, dtype=DT)
+    mask[..., 1, :] = float("-inf")  # a dead query (SDPA orientation: row n = 1)
+    dead = at.dead_columns(mask, -1)
+    args = [q.requires_grad_(), k.requires_grad_(), z.transpose(1, 2).contiguous()
+            .requires_grad_()]
+    fn = at.basis._BlockAttention.apply
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: fn(q, k, v, mask.masked_fill(dead, 0.0), dead, True, 0.7, True), args)

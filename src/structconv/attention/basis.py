@@ -238,7 +238,11 @@ class DotProductAttention(_Batched):
         the B x K x N x M scores are never built (only the returned weights are).
         """
         _check_z(self, z, self.batch)
-        if self.dropout_p > 0:  # the kernel's dropout on the output; weights before dropout
+        training = torch.is_grad_enabled() and any(
+            t.requires_grad for t in (z, self.query, self.key))
+        if self.dropout_p > 0 or training:
+            # SDPA's fused backward beats recomputing blocks; the weights' backward runs only
+            # if they are used. Dropout applies to the output; weights are before dropout.
             return self.propagate_heads(z), self.weights(average)
         B = max(z.shape[0], self.batch)
         if z.shape[0] != B:
@@ -314,6 +318,7 @@ class _BlockAttention(torch.autograd.Function):
                 torch.matmul(a, v[b], out=out[b, :, sl])
         ctx.save_for_backward(q, k, v)
         ctx.rest = (mask, dead, causal, scale, average)
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None
         return (w, out) if v is not None else (w, w.new_empty(0))
 
     @staticmethod
@@ -334,10 +339,11 @@ class _BlockAttention(torch.autograd.Function):
                 ga = gav if ga is None else ga + gav
             if ga is None:
                 continue
-            ds = a * (ga - (ga * a).sum(-1, keepdim=True))  # softmax backward, (K, rows, M)
+            # softmax backward a * (ga - Σ ga a), fused; (K, rows, M)
+            ds = torch._softmax_backward_data(ga.expand_as(a).contiguous(), a, -1, a.dtype)
             bq, bk = (b if q.shape[0] > 1 else 0), (b if k.shape[0] > 1 else 0)
-            gq[bq, :, sl] += (ds @ k[bk]) * scale
-            gk[bk] += (ds.transpose(-1, -2) @ q[bq, :, sl]) * scale
+            gq[bq, :, sl] += (ds @ k[bk]).mul_(scale)
+            gk[bk] += (ds.transpose(-1, -2) @ q[bq, :, sl]).mul_(scale)
         return gq, gk, gv, None, None, None, None, None
 
 
