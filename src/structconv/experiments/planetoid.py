@@ -88,7 +88,7 @@ def _optimizer(net, s):
 def train_seed(model: str, data, s: dict, seed: int) -> dict:
     """Train one seed; returns test/val accuracy at the selected epoch and the loss curve."""
     torch.manual_seed(seed)
-    net = build_model(model, data, s)
+    net = build_model(model, data, s).to(data.x.device)
     opt = _optimizer(net, s)
     x, y = data.x, data.y
     best = (-1.0, math.inf)
@@ -121,6 +121,13 @@ def train_seed(model: str, data, s: dict, seed: int) -> dict:
     return out
 
 
+def _device(args) -> torch.device:
+    d = getattr(args, "device", None) or "cpu"
+    if d == "auto":
+        d = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(d)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=sorted(RECIPES), default="gcn")
     parser.add_argument("--dataset", choices=PLANETOID_NAMES, default="cora")
@@ -145,7 +152,7 @@ def run(args) -> int:
     root = args.data or shared_dir("planetoid")
     if root is None:
         raise FileNotFoundError("no Planetoid folder: pass --data DIR or set STRUCTCONV_DATA")
-    data = load_planetoid(root, args.dataset, normalize_features=True)
+    data = load_planetoid(root, args.dataset, normalize_features=True).to(_device(args))
     quick = getattr(args, "quick", False)
     s = settings(args.model, args.dataset,
                  epochs=args.epochs if args.epochs else (20 if quick else None))
@@ -168,7 +175,7 @@ def run(args) -> int:
         test_acc_mean=mean, test_acc_std=std, published=pub,
         within_one_std=abs(mean - pub) <= std, wall_seconds=wall,
         hardware=dict(machine=platform.machine(), processor=platform.processor(),
-                      threads=torch.get_num_threads()),
+                      threads=torch.get_num_threads(), device=str(data.x.device)),
         torch=torch.__version__, runs=runs,
     )
     print(f"{'model':<6} {'dataset':<9} {'test acc (%)':>16} {'published':>9} {'wall':>8}")

@@ -47,7 +47,7 @@ def train_seed(data, s: dict, seed: int) -> dict:
 
     torch.manual_seed(seed)
     net = RGCN(data.edge_index, data.edge_type, data.num_nodes, data.num_relations,
-               s["hidden"], data.num_classes, num_bases=s["num_bases"])
+               s["hidden"], data.num_classes, num_bases=s["num_bases"]).to(data.edge_index.device)
     first = {id(p) for p in net.first_layer_parameters()}
     opt = torch.optim.Adam([
         dict(params=[p for p in net.parameters() if id(p) in first],
@@ -70,6 +70,13 @@ def train_seed(data, s: dict, seed: int) -> dict:
     test_acc = float((pred[data.test_idx] == data.test_y).float().mean())
     return dict(seed=seed, train_acc=100 * train_acc, test_acc=100 * test_acc,
                 seconds=time.perf_counter() - t0, train_loss=losses)
+
+
+def _device(args) -> torch.device:
+    d = getattr(args, "device", None) or "cpu"
+    if d == "auto":
+        d = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(d)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -99,6 +106,7 @@ def run(args) -> int:
     if root is None:
         raise FileNotFoundError("no R-GCN data folder: pass --data DIR or set STRUCTCONV_DATA")
     data = load_entities(root, args.dataset, cache_dir=getattr(args, "cache", None))
+    data = data.to(_device(args))
     quick = getattr(args, "quick", False)
     s = settings(args.dataset, epochs=args.epochs or (5 if quick else None),
                  num_bases=getattr(args, "bases", None))
@@ -123,7 +131,7 @@ def run(args) -> int:
         graph=dict(nodes=data.num_nodes, edges=data.num_edges, relations=data.num_relations,
                    train=len(data.train_idx), test=len(data.test_idx)),
         hardware=dict(machine=platform.machine(), processor=platform.processor(),
-                      threads=torch.get_num_threads()),
+                      threads=torch.get_num_threads(), device=str(data.edge_index.device)),
         torch=torch.__version__, runs=runs,
     )
     print(f"{'dataset':<7} {'bases':>5} {'test acc (%)':>16} {'published':>9} {'wall':>8}")
