@@ -304,6 +304,9 @@ class _BlockAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, mask, dead, causal, scale, average):
+        # per-head slices of a packed projection are strided: BLAS batched GEMMs want them dense
+        q, k = q.contiguous(), k.contiguous()
+        v = None if v is None else v.contiguous()
         B = max(q.shape[0], k.shape[0])
         K, N, M = q.shape[1], q.shape[2], k.shape[2]
         w = torch.empty((B, N, M) if average else (B, K, N, M), dtype=q.dtype, device=q.device)
