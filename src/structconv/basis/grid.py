@@ -638,7 +638,10 @@ class _GridOp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, grid, op, t):
         ctx.grid, ctx.op = grid, op
-        return grid._apply_op(op, t)
+        out = grid._apply_op(op, t)
+        # a 1-tap unpadded grid can return a view of t: hand autograd a tensor of its own
+        return out.clone() if out.untyped_storage().data_ptr() == \
+            t.untyped_storage().data_ptr() else out
 
     @staticmethod
     def backward(ctx, g):
