@@ -375,3 +375,21 @@ def test_bad_types_and_shapes():
         sc.convolve(torch.randn(1, 16, 2), g, torch.randn(4, 2, 2))
     with pytest.raises(ValueError, match="divisor_override"):
         AvgPool((4,), 2, divisor_override=0)
+
+
+def test_channelwise_sum_depthwise_kernel():
+    """The fused depthwise tap loop: equal to the dense basis, gradcheck in x and w."""
+    g = Grid((4, 5), (2, 3), (1, 2), ((0, 1), (2, 1)), (2, 1))
+    torch.manual_seed(8)
+    x = torch.randn(2, g.M, 3, dtype=DT, requires_grad=True)
+    w = torch.randn(g.K, 3, dtype=DT, requires_grad=True)
+    ref = Dense(g.to(dtype=DT).to_dense()).propagate_sum(x[:, :, None, :] * w)
+    torch.testing.assert_close(g.channelwise_sum(x, w), ref, rtol=1e-13, atol=1e-13)
+    assert torch.autograd.gradcheck(g.channelwise_sum, (x, w))
+    with pytest.raises(ValueError, match=r"w \(K, C\)"):
+        g.channelwise_sum(x, torch.randn(g.K, 2, dtype=DT))
+    # the planner takes it for depthwise forms when F.convNd is off
+    off = Grid((4, 5), 3, padding=1, native=False)
+    assert sc.plan(x.detach()[:, :20], off, Grouped(9, 3, 6, 3)).route == "grouped_taps"
+    assert sc.plan(x.detach()[:, :20], off, DepthwiseSeparable(9, 3, 2)).route == \
+        "depthwise_taps"

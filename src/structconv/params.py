@@ -122,12 +122,22 @@ class Grouped(Parameterization):
             u = basis.propagate(x).reshape(B, N, K, g, P // g)
             return torch.einsum("bnkgp,kgpq->bngq", u, W).reshape(B, N, Q)
 
-        return [
+        routes = [
             Route("grouped_input", B * (M * K * P * Q / g + basis.propagate_sum_flops(Q)),
                   B * M * K * Q, input_side),
             Route("grouped_basis", B * (basis.propagate_flops(P) + N * K * P * Q / g),
                   B * N * K * P, basis_side),
         ]
+        if P == g and hasattr(basis, "channelwise_sum"):
+            # a basis with a fused tap-by-tap kernel (a Grid): no (B, M, K, Q) temporary
+            def taps():
+                r = Q // g  # channel p feeds outputs p*r .. p*r + r-1
+                xr = x if r == 1 else x.repeat_interleave(r, dim=2)
+                return basis.channelwise_sum(xr, W[:, :, 0].reshape(K, Q))
+
+            routes.append(Route("grouped_taps", B * basis.propagate_sum_flops(Q), B * N * Q,
+                                taps))
+        return routes
 
 
 class DepthwiseSeparable(Parameterization):
@@ -153,12 +163,20 @@ class DepthwiseSeparable(Parameterization):
             u = basis.propagate(x)  # (B, N, K, P)
             return (u * self.depth.to(x.dtype)).sum(2) @ self.point.to(x.dtype)
 
-        return [
+        routes = [
             Route("depthwise_input", B * (M * K * P + basis.propagate_sum_flops(P) + N * P * Q),
                   B * M * K * P, input_side),
             Route("depthwise_basis", B * (basis.propagate_flops(P) + N * K * P + N * P * Q),
                   B * N * K * P, basis_side),
         ]
+        if hasattr(basis, "channelwise_sum"):
+            # a basis with a fused tap-by-tap kernel (a Grid): no (B, M, K, P) temporary
+            def taps():
+                return basis.channelwise_sum(x, self.depth) @ self.point.to(x.dtype)
+
+            routes.append(Route("depthwise_taps", B * (basis.propagate_sum_flops(P) + N * P * Q),
+                                B * N * P, taps))
+        return routes
 
 
 class ControlledSeparable(Parameterization):

@@ -312,6 +312,18 @@ class Grid(_GridGeometry, Basis):
         self._check(z, 4, "propagate_sum")
         return _GridOp.apply(self, "psum", z)
 
+    def channelwise_sum(self, x: Tensor, w: Tensor) -> Tensor:
+        """(B, M, C), w (K, C) -> (B, N, C): Σ_k A_kᵀ (x ⊙ w_k), a depthwise convolution.
+
+        Shift-and-accumulate tap by tap (one multiply-add pass per tap), with no (B, M, K, C)
+        temporary; an optional basis hook that depthwise parameter forms use when present.
+        """
+        self._check(x, 3, "channelwise_sum")
+        if w.dim() != 2 or w.shape[0] != self.K or w.shape[1] != x.shape[2]:
+            raise ValueError(f"Grid.channelwise_sum needs w (K, C)=({self.K}, {x.shape[2]}), "
+                             f"got shape {tuple(w.shape)}")
+        return _GridChannelwise.apply(self, x, w.to(x.dtype))
+
     def _apply_op(self, op: str, t: Tensor) -> Tensor:
         """The shift-and-accumulate kernels (no autograd): see ``_GridOp``."""
         B, C = t.shape[0], t.shape[-1]
@@ -646,6 +658,44 @@ class _GridOp(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return None, None, _GridOp.apply(ctx.grid, _GridOp.ADJOINT[ctx.op], g)
+
+
+class _GridChannelwise(torch.autograd.Function):
+    """y = Σ_k A_kᵀ (x ⊙ w_k) tap by tap; backward: gx = Σ_k A_k (g ⊙ w_k), gw_k = <A_kᵀ x, g>."""
+
+    @staticmethod
+    def forward(ctx, grid, x, w):
+        ctx.grid = grid
+        ctx.save_for_backward(x, w)
+        B, _, C = x.shape
+        src = x.reshape(B, *grid.in_shape, C)
+        out = x.new_zeros(B, *grid.out_shape, C)
+        full = (slice(None),)
+        for k, n_sl, m_sl in grid.taps:
+            out[full + n_sl].addcmul_(src[full + m_sl], w[k])
+        return out.reshape(B, grid.N, C)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        grid = ctx.grid
+        x, w = ctx.saved_tensors
+        B, _, C = x.shape
+        src = x.reshape(B, *grid.in_shape, C)
+        gs = g.reshape(B, *grid.out_shape, C)
+        full = (slice(None),)
+        gx = gw = None
+        if ctx.needs_input_grad[1]:
+            gx = x.new_zeros(B, *grid.in_shape, C)
+            for k, n_sl, m_sl in grid.taps:
+                gx[full + m_sl].addcmul_(gs[full + n_sl], w[k])
+            gx = gx.reshape(B, grid.M, C)
+        if ctx.needs_input_grad[2]:
+            gw = torch.zeros_like(w)
+            dims = tuple(range(grid.ndim + 1))
+            for k, n_sl, m_sl in grid.taps:
+                gw[k] = (gs[full + n_sl] * src[full + m_sl]).sum(dims)
+        return None, gx, gw
 
 
 def _indices(in_shape, out_shape, kernel_size, stride, padding, dilation) -> Tensor:
