@@ -50,14 +50,13 @@ def tiny(tmp_path):
     return p
 
 
-# -- end to end, through a subprocess ------------------------------------------------------------
-def test_help_lists_every_command():
-    r = run("--help")
-    assert r.returncode == 0
+def test_help_lists_every_command(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
     for cmd in ("demo", "train", "eval", "bench", "reproduce", "plot-basis", "verify"):
-        assert cmd in r.stdout
+        assert cmd in out
     for opt in ("--seed", "--device", "--out"):
-        assert opt in r.stdout
+        assert opt in out
 
 
 def test_every_command_has_help(capsys):
@@ -69,6 +68,7 @@ def test_every_command_has_help(capsys):
         assert "--seed" in out and "--device" in out and "--out" in out
 
 
+# -- end to end, through a subprocess ------------------------------------------------------------
 def test_demo_quick_prints_one_table(tmp_path):
     r = run("demo", "--quick", "--only", "graph", "--out", str(tmp_path / "demo"))
     assert r.returncode == 0, r.stderr
@@ -120,6 +120,7 @@ def test_bad_input_in_a_subprocess_exits_2_with_one_line(tmp_path):
     r = run("train", "--config", "no_such_model")
     assert r.returncode == 2
     assert "unknown config 'no_such_model'" in _one_error_line(r.stderr)
+    assert r.stdout == ""
 
 
 # -- bad input, in process (same main(), no interpreter start-up) --------------------------------

@@ -112,17 +112,11 @@ def _cmd_demo(args) -> int:
     return run_demo(args)
 
 
-def _train_worker(cfg, out, device, resume, progress, stop_after, result_path):
-    from .io import atomic_write_json
+def _train_worker(cfg, out, device, resume, progress, stop_after):
+    # rank 0 writes result.json into the run directory, which the parent then reads
     from .train import train
 
-    res = train(cfg, out, device=device, resume=resume, progress=progress,
-                stop_after=stop_after)
-    if result_path is not None:
-        from . import distributed as D
-
-        if D.world().main:
-            atomic_write_json(result_path, res)
+    train(cfg, out, device=device, resume=resume, progress=progress, stop_after=stop_after)
 
 
 def _print_result(res: dict, out) -> None:
@@ -189,7 +183,7 @@ def _cmd_train(args) -> int:
         result_path = out / "result.json"
         # CUDA cannot be used in forked children once the driver is initialised: spawn there
         spawn(args.nproc, _train_worker, cfg, str(out), args.device, bool(args.resume),
-              progress, args.stop_after, None,
+              progress, args.stop_after,
               start_method="spawn" if args.device.startswith("cuda") else None)
         res = json.loads(result_path.read_text()) if result_path.is_file() else \
             {"interrupted": True, "epoch": "?"}
