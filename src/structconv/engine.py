@@ -151,6 +151,12 @@ def plan(x: Tensor, basis, theta) -> Plan:
     if isinstance(basis, Stack):
         parts = [plan(xb, b, _slice_theta(theta, s)) for b, s in zip(basis.parts, basis._slices())]
         total = Route("stack", sum(min(r.cost for r in p.routes) for p in parts), 0.0)
+        # slicing theta per part loses a form's factored routes (e.g. LowRank heads, which
+        # never build theta): take the whole basis's factored route where it is cheaper
+        whole = theta.factored_routes(xb, basis) if isinstance(theta, Parameterization) else []
+        best = min(whole, key=lambda r: r.cost, default=None)
+        if best is not None and best.cost < total.cost:
+            return Plan(best.name, [total] + whole, parts)
         return Plan("stack", [total], parts)
     routes = _candidates(xb, basis, theta)
     return Plan(_choose(routes, xb, basis, theta), routes)
@@ -180,6 +186,10 @@ def convolve(x: Tensor, basis, theta, *, route: str = "auto") -> Tensor:
     if not xb.is_floating_point():
         raise TypeError(f"x must be a floating tensor, got dtype {xb.dtype}")
     basis = basis._matching(xb)
+    if isinstance(basis, Stack) and route == "auto" and isinstance(theta, Parameterization):
+        chosen = plan(xb, basis, theta).route
+        if chosen != "stack":
+            route = chosen  # a factored route of the whole theta beats the parts' paths
     if isinstance(basis, Stack) and route in ("auto", "native"):
         # each part takes its own best path on its slice of theta
         th = _theta_tensor(theta)

@@ -120,7 +120,8 @@ def _route_names(x, basis, theta) -> tuple[str, list[str], list[str]]:
     if isinstance(basis, Stack):
         names = list(engine.ROUTES) + [r.name for r in theta.factored_routes(
             x if x.dim() == 3 else x.unsqueeze(0), basis)]
-        chosen = "auto (" + ", ".join(q.route for q in p.parts) + ")"
+        chosen = p.route if p.route != "stack" else \
+            "parts (" + ", ".join(q.route for q in p.parts) + ")"
     else:
         names = [r.name for r in p.routes]
         chosen = p.route
