@@ -1,6 +1,6 @@
 """Shift-matrix heads instead of positional encoding: a character LM on Tiny Shakespeare.
 
-``structconv reproduce shift-heads --steps 400 --seeds 3 --out runs``. Five variants of one
+``structconv reproduce shift-heads --steps 300 --seeds 3 --out runs``. Five variants of one
 small causal Transformer (same depth, width, heads, steps, batches; parameter counts equalised
 through the feed-forward width): no position information, sinusoidal encoding, learned encoding,
 rotary embedding, and the paper's proposal (end of section "Attention in Transformer"):
@@ -231,7 +231,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None, help="folder with input.txt")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {VARIANTS}")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--context", type=int, default=64)
     parser.add_argument("--width", type=int, default=64)
