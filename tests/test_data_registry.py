@@ -38,7 +38,7 @@ def _write_idx(path: Path, arr: np.ndarray, magic_type: int = 0x08, gz: bool = T
 def test_registry_lists_every_family():
     names = set(dataset_names())
     assert {"digits", "karate", "python-text", "mnist", "fashion-mnist", "tinyshakespeare",
-            "cora", "citeseer", "pubmed", "aifb", "mutag"} <= names
+            "cora", "citeseer", "pubmed", "aifb", "mutag", "fb15k-237", "wn18rr"} <= names
 
 
 def test_unknown_dataset_names_the_known_ones():

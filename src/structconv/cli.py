@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="data-parallel processes on this machine (DDP; gloo on CPU)")
     s.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bars and per-epoch lines (default: when stderr is a tty)")
-    s.add_argument("--stop-after", type=int, default=0, help=argparse.SUPPRESS)
+    s.add_argument("--stop-after", type=int, default=0, metavar="N",
+                   help="end this process after N epochs (continue later with --resume)")
 
     s = cmd("eval", "evaluate a trained run directory on a split")
     s.add_argument("run", help="run directory written by structconv train")
@@ -351,7 +352,7 @@ def _user_errors() -> tuple:
     from .distributed import SpawnError
 
     # ValueError covers ConfigError, DatasetError, TrainingError, CheckpointError, UsageError
-    return (ValueError, TypeError, OSError, KeyError, IndexError, CheckpointError, SpawnError)
+    return (ValueError, TypeError, OSError, CheckpointError, SpawnError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -378,8 +379,6 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(e, (OSError,)) and getattr(e, "filename", None) and \
                 str(e.filename) not in msg:
             msg = f"{msg}: {e.filename}"
-        if isinstance(e, KeyError):
-            msg = f"missing key {msg}"
         if user:
             print(f"{PROG}: error: {msg}", file=sys.stderr)
             return 2

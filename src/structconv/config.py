@@ -133,14 +133,9 @@ def apply_overrides(cfg: dict, overrides) -> dict:
                                       f"an index below {len(node)}")
                 node = node[int(p)]
             else:
-                if p not in node or not isinstance(node[p], (dict, list)):
-                    if parts[0] in ("data", "model", "train") and i >= 1 and p == "options":
-                        node[p] = {}
-                    elif p in ("options",):
-                        node.setdefault(p, {})
-                    else:
-                        raise ConfigError(f"bad override {item!r}: no table "
-                                          f"{'.'.join(parts[:i + 1])}")
+                if not isinstance(node.get(p), (dict, list)):
+                    raise ConfigError(f"bad override {item!r}: no table "
+                                      f"{'.'.join(parts[:i + 1])}")
                 node = node[p]
         last = parts[-1]
         value = _parse_value(text.strip())
@@ -204,6 +199,11 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
           f"{source}: data.batches_per_epoch must be an int >= 0")
     _need(isinstance(cfg["seed"], int), f"{source}: seed must be an int, got {cfg['seed']!r}")
     m = cfg["model"]
+    _need(isinstance(m["embedding"], int) and not isinstance(m["embedding"], bool)
+          and m["embedding"] >= 0, f"{source}: model.embedding must be an int >= 0, "
+          f"got {m['embedding']!r}")
+    _need(m["classifier"] in ("auto", True, False),
+          f"{source}: model.classifier must be auto, true or false, got {m['classifier']!r}")
     _need(m["dtype"] in ("float32", "float64"),
           f"{source}: model.dtype must be float32 or float64, got {m['dtype']!r}")
     _need(isinstance(m["layers"], list) and m["layers"],
@@ -218,7 +218,7 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
 
 
 _LAYER_KEYS = {"type", "basis", "channels", "param", "groups", "H", "rank", "activation",
-               "dropout", "bias", "pool", "residual", "norm", "route"}
+               "dropout", "bias", "pool", "residual", "norm", "route", "hidden"}
 
 
 def _check_layer(layer: dict, where: str):
@@ -226,7 +226,12 @@ def _check_layer(layer: dict, where: str):
         _need(k in _LAYER_KEYS, f"{where}: unknown key {k!r} (known: "
                                 f"{', '.join(sorted(_LAYER_KEYS))})")
     kind = layer.get("type", "conv")
-    _need(kind in ("conv", "linear"), f"{where}: type must be conv or linear, got {kind!r}")
+    _need(kind in ("conv", "linear", "mlp"),
+          f"{where}: type must be conv, linear or mlp, got {kind!r}")
+    if kind == "mlp":
+        hid = layer.get("hidden", 0)
+        _need(isinstance(hid, int) and not isinstance(hid, bool) and hid >= 0,
+              f"{where}: hidden must be an int >= 1 (0: four times the channels), got {hid!r}")
     ch = layer.get("channels", "same")
     _need(ch in ("classes", "same") or (isinstance(ch, int) and not isinstance(ch, bool)
                                         and ch >= 1),
@@ -467,15 +472,35 @@ def _dropout(x: Tensor, p: float, training: bool) -> Tensor:
     return torch.zeros_like(flat).index_put((idx,), vals).reshape(x.shape)
 
 
+class _MLP(nn.Module):
+    """The Transformer's feed-forward part: two pointwise convolutions (identity basis, K = 1,
+    i.e. linear maps of the channels) with an activation between; (B, M, C) -> (B, M, C)."""
+
+    def __init__(self, channels: int, hidden: int, activation: str, bias: bool = True):
+        super().__init__()
+        self.inner = nn.Linear(channels, hidden, bias=bias)
+        self.outer = nn.Linear(hidden, channels, bias=bias)
+        self.act = _ACT[activation]
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.inner(x)
+        return self.outer(self.act(h) if self.act is not None else h)
+
+
 class Block(nn.Module):
-    """One declared layer: dropout on the input, the convolution, activation, pool, residual."""
+    """One declared layer: dropout on the input, the convolution, activation, pool, residual.
+
+    ``type = "mlp"`` layers take their activation inside (between the two maps) and are
+    residual unless ``residual = false``.
+    """
 
     def __init__(self, conv: nn.Module, layer: dict, Pin: int, pool=None, pool_shape=None):
         super().__init__()
         self.conv = conv
-        self.act = _ACT[layer.get("activation", "none")]
+        mlp = layer.get("type") == "mlp"
+        self.act = None if mlp else _ACT[layer.get("activation", "none")]
         self.dropout = float(layer.get("dropout", 0.0))
-        self.residual = bool(layer.get("residual", False))
+        self.residual = bool(layer.get("residual", mlp))
         self.norm = nn.LayerNorm(Pin) if layer.get("norm", "none") == "layer" else None
         self.pool, self.pool_shape = pool, pool_shape
 
@@ -550,6 +575,10 @@ class StructNet(nn.Module):
             pool = None
             if layer.get("type", "conv") == "linear":
                 conv = nn.Linear(channels, Q, bias=layer.get("bias", True))
+            elif layer.get("type") == "mlp":
+                Q = channels
+                conv = _MLP(channels, int(layer.get("hidden", 0)) or 4 * channels,
+                            layer.get("activation", "gelu"), layer.get("bias", True))
             else:
                 spec = _basis_spec(layer["basis"])
                 kinds = {_basis_spec(p)["kind"] for p in spec.get("parts", [spec])}

@@ -67,9 +67,16 @@ def count_parameters(model: nn.Module) -> int:
 
 
 def load_data(cfg: dict):
-    """The dataset named by ``cfg['data']``."""
+    """The dataset named by ``cfg['data']`` (image, node or text task)."""
     d = cfg["data"]
-    return load_dataset(d["name"], d.get("root"), **d.get("options", {}))
+    try:
+        data = load_dataset(d["name"], d.get("root"), **d.get("options", {}))
+    except TypeError as e:  # an option the loader does not take
+        raise ConfigError(f"data.options for {d['name']!r}: {e}") from None
+    if getattr(data, "task", None) not in ("image", "node", "text"):
+        raise ConfigError(f"dataset {d['name']!r} is a {getattr(data, 'task', '?')} task; "
+                          "train handles image, node and text tasks")
+    return data
 
 
 def make_optimizer(cfg: dict, model: nn.Module) -> torch.optim.Optimizer:

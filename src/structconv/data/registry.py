@@ -186,7 +186,19 @@ def _entities(name):
     return load
 
 
+def _kg(name):
+    def load(root):
+        from .kg import load_kg
+
+        d = load_kg(root, name)
+        d.task = "link"  # link prediction: loaded here, trained by recipes, not by ``train``
+        return d
+    return load
+
+
 for _n in ("cora", "citeseer", "pubmed"):
     DATASETS[_n] = (_planetoid(_n), "planetoid", f"Planetoid {_n} (ind.{_n}.* pickles)")
 for _n in ("aifb", "mutag"):
     DATASETS[_n] = (_entities(_n), f"rgcn/{_n}", f"R-GCN entity classification {_n} (N-Triples)")
+for _n in ("FB15k-237", "WN18RR"):
+    DATASETS[_n.lower()] = (_kg(_n), f"kg/{_n}", f"{_n} knowledge-graph triples (link prediction)")
