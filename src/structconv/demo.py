@@ -99,11 +99,10 @@ def run_demo(args) -> int:
             for m, f, b, d, p, a, loss, t in rows]
     widths = [max(len(str(r[i])) for r in [head] + body) for i in range(len(head))]
     line = "  ".join("-" * w for w in widths)
-    print()
-    print("  ".join(h.ljust(w) for h, w in zip(head, widths)))
+    print("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
     print(line)
     for r in body:
-        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
     if args.out:
         print(f"\nrun directories (metrics, curves.png, checkpoints) in {root}")
     return 0
