@@ -108,7 +108,8 @@ def test_verify_passes(tmp_path):
 
 
 def test_bench_and_plot_basis(tmp_path):
-    r = run("bench", "routes", "--quick", "--repeats", "1", "--out", str(tmp_path / "b"))
+    r = run("bench", "routes", "--quick", "--repeats", "1", "--big-n", "200", "--out",
+            str(tmp_path / "b"))
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "b" / "routes.json").is_file()
     assert main(["plot-basis", "grid", "--in-shape", "3", "4", "--kernel", "2", "--out",
