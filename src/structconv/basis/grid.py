@@ -424,9 +424,10 @@ class Grid(_GridGeometry, Basis):
         bias = None if bias is None else bias.to(x.dtype)
         if isinstance(theta, DepthwiseSeparable):
             P = theta.P
-            w = theta.depth.to(x.dtype).t().reshape(P, 1, *self.kernel_size)
+            w = theta.depth.to(x.dtype).t().contiguous().reshape(P, 1, *self.kernel_size)
             h = conv(xp, w, None, self.stride, pad, self.dilation, P)  # (B, P, *out)
-            W = theta.point.to(x.dtype).t().reshape(theta.Q, P, *(1,) * self.ndim)
+            W = theta.point.to(x.dtype).t().contiguous().reshape(theta.Q, P,
+                                                                  *(1,) * self.ndim)
             return conv(h, W, bias)
         W, g = self.conv_weight(theta)
         return conv(xp, W.to(x.dtype), bias, self.stride, pad, self.dilation, g)
@@ -631,13 +632,14 @@ def conv_weight(theta, kernel_size: Sequence[int]) -> tuple[Tensor, int]:
     if isinstance(theta, Grouped):
         _, g, Pg, Qg = theta.weight.shape
         W = theta.weight.permute(1, 3, 2, 0).reshape(g * Qg, Pg, *kernel_size)
-        return W, g
+        # contiguous: torch's conv kernels take slower paths on a strided weight
+        return W.contiguous(), g
     th = theta if isinstance(theta, Tensor) else theta()
     if th.dim() != 3 or th.shape[0] != K:
         raise ValueError(f"theta must be (K, P, Q) with K={K} (kernel_size {tuple(kernel_size)})"
                          f", got shape {tuple(th.shape)}")
     _, P, Q = th.shape
-    return th.permute(2, 1, 0).reshape(Q, P, *kernel_size), 1
+    return th.permute(2, 1, 0).reshape(Q, P, *kernel_size).contiguous(), 1
 
 
 class _GridOp(torch.autograd.Function):
