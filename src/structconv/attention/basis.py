@@ -238,18 +238,27 @@ class DotProductAttention(_Batched):
         the B x K x N x M scores are never built (only the returned weights are).
         """
         _check_z(self, z, self.batch)
-        training = torch.is_grad_enabled() and any(
-            t.requires_grad for t in (z, self.query, self.key))
-        if self.dropout_p > 0 or training:
-            # SDPA's fused backward beats recomputing blocks; the weights' backward runs only
-            # if they are used. Dropout applies to the output; weights are before dropout.
+        if self.dropout_p > 0:  # the kernel's dropout on the output; weights before dropout
             return self.propagate_heads(z), self.weights(average)
         B = max(z.shape[0], self.batch)
         if z.shape[0] != B:
             z = z.expand(B, *z.shape[1:])
         q, k = self._qk(B)
-        w, out = _BlockAttention.apply(q, k, z.transpose(1, 2).to(q.dtype), self.sdpa_mask,
-                                       self.dead, self.causal, self.scale, bool(average))
+        v = z.transpose(1, 2).to(q.dtype)
+        m = self.sdpa_mask
+        op = _flash_cpu()
+        if op is not None and q.device.type == "cpu" and v.shape[-1] == q.shape[-1] and \
+                (m is None or m.dtype == q.dtype):
+            # the fused kernel gives the output and each row's log-sum-exp; the weights are
+            # then one GEMM and one exp per block
+            out, lse = op(q, k, v, 0.0, self.causal, attn_mask=m, scale=self.scale)
+            if self.dead is not None:
+                out = out.masked_fill(self.dead, 0.0)
+            w = _BlockAttention.apply(q, k, None, m, self.dead, self.causal, self.scale,
+                                      bool(average), lse.detach())[0]
+            return out.transpose(1, 2), w
+        w, out = _BlockAttention.apply(q, k, v, m, self.dead, self.causal, self.scale,
+                                       bool(average))
         return out.transpose(1, 2), w
 
     def to_dense(self):
@@ -257,15 +266,24 @@ class DotProductAttention(_Batched):
 
 
 #: elements of one block of scores (K x rows x M) in ``weights``: small enough to stay in cache
-BLOCK_ELEMENTS = 2**20
+BLOCK_ELEMENTS = 2**22
 
 
-def _blocks(q: Tensor, k: Tensor, mask, dead, causal: bool, scale: float):
-    """Yield (b, row slice, probabilities (K, rows, M)) for every row block of every item."""
+def _blocks(q: Tensor, k: Tensor, mask, dead, causal: bool, scale: float, lse=None):
+    """Yield (b, row slice, probabilities (K, rows, M)) for every row block of every item.
+
+    With ``lse`` (B, K, N), each row's log-sum-exp from the attention kernel, a block's
+    probabilities are exp(score - lse) instead of a softmax.
+    """
     B = max(q.shape[0], k.shape[0])
     K, N, M = q.shape[1], q.shape[2], k.shape[2]
     rows = max(1, min(N, BLOCK_ELEMENTS // max(1, K * M)))
     qs = q * scale
+    if lse is not None:
+        # fold "- lse" into the GEMM: [q·scale, -lse] · [k, 1]ᵀ = q kᵀ·scale - lse, so a block
+        # needs a single exp pass after its GEMM
+        qs = torch.cat([qs, -lse.unsqueeze(-1).to(qs.dtype)], -1)
+        k = torch.cat([k, k.new_ones(*k.shape[:-1], 1)], -1)
     for b in range(B):
         qb = qs[b if q.shape[0] > 1 else 0]
         kt = k[b if k.shape[0] > 1 else 0].transpose(-1, -2)
@@ -282,17 +300,23 @@ def _blocks(q: Tensor, k: Tensor, mask, dead, causal: bool, scale: float):
             if causal:
                 n = torch.arange(sl.start, sl.stop, device=a.device).unsqueeze(1)
                 a.masked_fill_(torch.arange(M, device=a.device) > n, float("-inf"))
-            a = torch.softmax(a, -1)
+            a = torch.softmax(a, -1) if lse is None else a.exp_()
             if db is not None:
                 a.masked_fill_(db[:, sl], 0.0)
             yield b, sl, a
 
 
 def _head_mean(a: Tensor, out: Tensor) -> None:
-    # (K, rows, M) -> (rows, M): a GEMV with 1/K weights is one pass (mean is three on CPU)
+    # (K, rows, M) -> (rows, M) into a contiguous ``out``: a GEMV with 1/K weights is one pass
+    # (mean is three on CPU)
     K = a.shape[0]
     w = torch.full((1, K), 1.0 / K, dtype=a.dtype, device=a.device)
-    out.copy_((w @ a.reshape(K, -1)).view(out.shape))
+    torch.mm(w, a.reshape(K, -1), out=out.view(1, -1))
+
+
+def _flash_cpu():
+    # torch's CPU flash kernel (behind SDPA) also returns each row's log-sum-exp
+    return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 class _BlockAttention(torch.autograd.Function):
@@ -303,7 +327,7 @@ class _BlockAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, dead, causal, scale, average):
+    def forward(ctx, q, k, v, mask, dead, causal, scale, average, lse=None):
         # per-head slices of a packed projection are strided: BLAS batched GEMMs want them dense
         q, k = q.contiguous(), k.contiguous()
         v = None if v is None else v.contiguous()
@@ -312,26 +336,27 @@ class _BlockAttention(torch.autograd.Function):
         w = torch.empty((B, N, M) if average else (B, K, N, M), dtype=q.dtype, device=q.device)
         out = None if v is None else torch.empty(B, K, N, v.shape[-1], dtype=q.dtype,
                                                  device=q.device)
-        for b, sl, a in _blocks(q, k, mask, dead, causal, scale):
+        for b, sl, a in _blocks(q, k, mask, dead, causal, scale, lse):
             if average:
                 _head_mean(a, w[b, sl])
             else:
                 w[b, :, sl] = a
             if v is not None:
-                torch.matmul(a, v[b], out=out[b, :, sl])
+                out[b, :, sl] = a @ v[b]  # (matmul into a strided out= slice is very slow)
         ctx.save_for_backward(q, k, v)
-        ctx.rest = (mask, dead, causal, scale, average)
+        ctx.rest = (mask, dead, causal, scale, average, lse)
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None
         return (w, out) if v is not None else (w, w.new_empty(0))
 
     @staticmethod
     def backward(ctx, gw, gout):
         q, k, v = ctx.saved_tensors
-        mask, dead, causal, scale, average = ctx.rest
+        mask, dead, causal, scale, average, lse = ctx.rest
         K = q.shape[1]
+        gout = None if gout is None else gout.contiguous()
         gq, gk = torch.zeros_like(q), torch.zeros_like(k)
         gv = None if v is None else torch.zeros_like(v)
-        for b, sl, a in _blocks(q, k, mask, dead, causal, scale):
+        for b, sl, a in _blocks(q, k, mask, dead, causal, scale, lse):
             ga = None
             if gw is not None:
                 ga = gw[b, sl].unsqueeze(0) / K if average else gw[b, :, sl]
@@ -347,7 +372,7 @@ class _BlockAttention(torch.autograd.Function):
             bq, bk = (b if q.shape[0] > 1 else 0), (b if k.shape[0] > 1 else 0)
             gq[bq, :, sl] += (ds @ k[bk]).mul_(scale)
             gk[bk] += (ds.transpose(-1, -2) @ q[bq, :, sl]).mul_(scale)
-        return gq, gk, gv, None, None, None, None, None
+        return gq, gk, gv, None, None, None, None, None, None
 
 
 # ------------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import sys
 import warnings
 
 import torch
@@ -45,19 +46,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parts", default="mha,gat,mixed",
                    help="comma-separated parts to run: mha, gat, mixed (default all)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
+    p.add_argument("--mha", default="16x512,2x4096",
+                   help="multi-head attention cases as BxL (d=256, 8 heads; default "
+                        "16x512,2x4096)")
+    p.add_argument("--graphs", default="cora-sized,pubmed-sized,random-200k-2M",
+                   help="GAT graphs to run (default all three)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch intra-op threads (default: torch's choice)")
 
 
-def _mha_cases(quick: bool):
-    return [(2, 64, 32, 4)] if quick else [(16, 512, 256, 8), (2, 4096, 256, 8)]
+GRAPHS = {"cora-sized": (2708, 10556, 1433), "pubmed-sized": (19717, 88648, 500),
+          "random-200k-2M": (200_000, 2_000_000, 64)}
 
 
-def _gat_cases(quick: bool):
-    if quick:
+def _mha_cases(args):
+    if args.quick:
+        return [(2, 64, 32, 4)]
+    out = []
+    for c in getattr(args, "mha", "16x512,2x4096").split(","):
+        try:
+            B, L = (int(t) for t in c.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"--mha case {c!r} is not BxL (e.g. 16x512)") from None
+        out.append((B, L, 256, 8))
+    return out
+
+
+def _gat_cases(args):
+    if args.quick:
         return [("tiny", 300, 1500, 16)]
-    return [("cora-sized", 2708, 10556, 1433), ("pubmed-sized", 19717, 88648, 500),
-            ("random-200k-2M", 200_000, 2_000_000, 64)]
+    names = [g.strip() for g in getattr(args, "graphs", ",".join(GRAPHS)).split(",") if g]
+    bad = [g for g in names if g not in GRAPHS]
+    if bad:
+        raise ValueError(f"unknown --graphs {bad}; choose from {sorted(GRAPHS)}")
+    return [(g, *GRAPHS[g]) for g in names]
 
 
 def _check(name: str, value: float) -> bool:
@@ -163,7 +185,7 @@ def _mha_one(B, L, E, H, args) -> dict:
 
 
 def bench_mha(args) -> list[dict]:
-    return [_mha_one(B, L, E, H, args) for B, L, E, H in _mha_cases(args.quick)]
+    return [_mha_one(B, L, E, H, args) for B, L, E, H in _mha_cases(args)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -218,7 +240,7 @@ def bench_gat(args) -> list[dict]:
     except ImportError:
         print("attention bench: torch_geometric is not installed, skipping GAT")
         return []
-    return [_gat_one(name, n, e, f, args) for name, n, e, f in _gat_cases(args.quick)]
+    return [_gat_one(name, n, e, f, args) for name, n, e, f in _gat_cases(args)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -298,7 +320,12 @@ def run(args) -> int:
     bad = parts - {"mha", "gat", "mixed"}
     if bad:
         print(f"attention bench: unknown parts {sorted(bad)}; choose from mha, gat, mixed",
-              file=__import__("sys").stderr)
+              file=sys.stderr)
+        return 2
+    try:
+        _mha_cases(args), _gat_cases(args)
+    except ValueError as e:
+        print(f"attention bench: {e}", file=sys.stderr)
         return 2
     result = dict(suite=NAME, quick=bool(args.quick), repeats=args.repeats, seed=args.seed,
                   torch=torch.__version__, threads=torch.get_num_threads(),
