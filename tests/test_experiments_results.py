@@ -155,3 +155,22 @@ def test_routes_time_case_covers_all_routes():
             "separable_basis", "auto"} <= set(r["times"])
     assert r["best"] in r["times"] and r["best"] != "auto"
     assert math.isfinite(r["auto_over_best"]) and r["auto_over_best"] > 0
+
+
+def test_sparse_input_path_equals_dense(f64):
+    torch.manual_seed(5)
+    N, F, C = 10, 7, 3
+    ei = torch.randint(0, N, (2, 30))
+    x = torch.randn(N, F) * (torch.rand(N, F) < 0.3)
+    torch.manual_seed(6)
+    dense = mixed_heads.HeadsNet(ei, N, F, C, att=2, hops=2, r=4)
+    torch.manual_seed(6)
+    sparse = mixed_heads.HeadsNet(ei, N, F, C, att=2, hops=2, r=4, sparse=True)
+    torch.testing.assert_close(sparse.eval()(x), dense.eval()(x))
+    dense.train()
+    sparse.train()
+    torch.manual_seed(7)
+    y1 = dense.conv1(dense.input_dropout(x))
+    torch.manual_seed(7)
+    y2 = sparse.conv1(sparse.sparse_input(x))  # the same dropout draws, in the same order
+    torch.testing.assert_close(y2, y1)

@@ -89,9 +89,11 @@ class HeadsLayer(nn.Module):
         self._structure = None
 
     def attention(self, x: Tensor) -> GraphAttention:
-        """The GAT basis (att, N, N): softmax over each node's in-edges (self loop included)."""
-        V = self.theta.value[: self.A]  # (att, F, r): the heads' own value maps
-        h = torch.einsum("nf,kfr->nkr", x, V)
+        """The GAT basis (att, N, N) on x (N, F): softmax over each node's in-edges (+ self)."""
+        return self.attention_from(torch.einsum("nf,kfr->nkr", x, self.theta.value[: self.A]))
+
+    def attention_from(self, h: Tensor) -> GraphAttention:
+        """The GAT basis from the attention heads' projected inputs h (N, att, r)."""
         a_s, a_d = (h * self.att_src).sum(-1), (h * self.att_dst).sum(-1)  # (N, att)
         e = F.leaky_relu(a_s[self.src] + a_d[self.dst], self.negative_slope)  # (E, att)
         mx = torch.zeros(self.N, self.A, dtype=e.dtype).scatter_reduce(
@@ -113,17 +115,33 @@ class HeadsLayer(nn.Module):
         return parts[0] if len(parts) == 1 else Stack(parts)
 
     def forward(self, x: Tensor) -> Tensor:
-        return convolve(x, self.basis(x), self.theta, route="lowrank_heads") + self.bias
+        """(N, F) dense or sparse COO -> (N, Q)."""
+        if not x.is_sparse:
+            return convolve(x, self.basis(x), self.theta, route="lowrank_heads") + self.bias
+        # bag-of-words input (~1% dense): LowRank's heads route, y = sum_k A_k^T (x V_k) O_k,
+        # with the projection x V as one sparse product shared by the attention scores
+        N, K, r = self.N, self.K, self.r
+        V = self.theta.value.permute(1, 0, 2).reshape(-1, K * r)
+        z = torch.sparse.mm(x, V).reshape(1, N, K, r)
+        parts = ([self.attention_from(z[0, :, : self.A])] if self.A else []) + \
+            ([self.index] if self.index is not None else [])
+        basis = parts[0] if len(parts) == 1 else Stack(parts)
+        h = basis.propagate_heads(z).reshape(N, K * r)
+        return h @ self.theta.out.reshape(K * r, -1) + self.bias
 
 
 class HeadsNet(nn.Module):
-    """Two HeadsLayers (concat, ELU, then mean over one head of each kind): (N, F) -> (N, C)."""
+    """Two HeadsLayers (concat, ELU, then mean over one head of each kind): (N, F) -> (N, C).
+
+    ``sparse=True`` feeds layer 1 the features as a sparse matrix (same dropout distribution).
+    """
 
     def __init__(self, edge_index: Tensor, num_nodes: int, in_channels: int, classes: int,
-                 att: int, hops: int, r: int, dropout: float = 0.6):
+                 att: int, hops: int, r: int, dropout: float = 0.6, sparse: bool = False):
         super().__init__()
         from ..models.graph import InputDropout
 
+        self.sparse, self._key, self._xs = sparse, None, None
         src, dst = edge_index.long()
         keep = src != dst
         i = torch.arange(num_nodes)
@@ -138,8 +156,21 @@ class HeadsNet(nn.Module):
         self.dropout = dropout
         self.input_dropout = InputDropout(dropout)
 
+    def sparse_input(self, x: Tensor) -> Tensor:
+        """x (N, F) as a coalesced COO tensor (cached), with dropout on its non-zeros."""
+        key = (x.data_ptr(), x._version, tuple(x.shape))
+        if key != self._key:
+            self._xs, self._key = x.to_sparse_coo().coalesce(), key
+        xs = self._xs
+        if self.training and self.dropout > 0:
+            v = xs.values()
+            keep = torch.rand(v.shape, dtype=v.dtype) >= self.dropout
+            xs = torch.sparse_coo_tensor(xs.indices(), v * keep / (1.0 - self.dropout),
+                                         xs.shape, is_coalesced=True)
+        return xs
+
     def forward(self, x: Tensor) -> Tensor:
-        x = self.input_dropout(x)
+        x = self.sparse_input(x) if self.sparse else self.input_dropout(x)
         x = F.elu(self.conv1(x))
         x = F.dropout(x, self.dropout, self.training)
         return self.conv2(x)
@@ -150,7 +181,7 @@ def train_seed(data, variant: str, seed: int, args) -> dict:
     torch.manual_seed(seed)
     att, hops, r = VARIANTS[variant]
     net = HeadsNet(data.edge_index, data.num_nodes, data.num_features, data.num_classes, att,
-                   hops, r, args.dropout)
+                   hops, r, args.dropout, sparse=not args.dense_input)
     params = [p for p in net.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=args.lr, weight_decay=args.weight_decay)
     x, y = data.x, data.y
@@ -191,6 +222,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=0.005)
     parser.add_argument("--weight-decay", type=float, default=5e-4)
     parser.add_argument("--dropout", type=float, default=0.6)
+    parser.add_argument("--dense-input", action="store_true",
+                        help="feed the features dense (default: sparse COO, same results)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--plot", default=None, help="PNG path (default <out>/mixed_heads.png)")
 
