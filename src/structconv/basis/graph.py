@@ -168,9 +168,9 @@ def _rw_values(src, dst, w, n, *, dtype):
 
 # ------------------------------------------------------------------------------------------------
 def _cols(x: Tensor) -> Tensor:
-    """(B, M, C) -> (M, B*C), a free view when B == 1."""
+    """(B, M, C) -> (M, B*C), a free view when B == 1 (squeeze, whose backward is free too)."""
     B, M, C = x.shape
-    return x[0] if B == 1 else x.permute(1, 0, 2).reshape(M, B * C)
+    return x.squeeze(0) if B == 1 else x.permute(1, 0, 2).reshape(M, B * C)
 
 
 def _uncols(Y: Tensor, B: int) -> Tensor:
@@ -188,9 +188,15 @@ def _uncols_heads(Ys: list[Tensor], B: int) -> Tensor:
     return out.reshape(N, K, B, BC // B).permute(2, 0, 1, 3)
 
 
-def _head(z: Tensor, k: int) -> Tensor:
-    """Slice k of (B, M, K, C) as an (M, B*C) block."""
-    return _cols(z[:, :, k])
+def _heads(z: Tensor) -> list[Tensor]:
+    """(B, M, K, C) -> K blocks (M, B*C).
+
+    ``unbind`` (a view per head, one stack in backward) rather than K ``select``s, whose
+    backward would zero-fill and add K copies of the whole of z.
+    """
+    if z.shape[2] == 1:
+        return [_cols(z.squeeze(2))]
+    return [_cols(h) for h in z.unbind(2)]
 
 
 class SparseOperator:
@@ -318,21 +324,22 @@ class PowerBasis(_GraphBasis):
     def propagate_sum(self, z):
         # Horner: Σ_k (Sᵀ)^{p_k} z_k = Sᵀ(...Sᵀ(Sᵀ z_top + z_next)...) + z_0
         B = z.shape[0]
+        zs = _heads(z)
         acc = None
         for p in range(self.powers[-1], 0, -1):
             if p in self._pos:
-                zp = _head(z, self._pos[p])
+                zp = zs[self._pos[p]]
                 acc = zp if acc is None else acc + zp
             if acc is not None:
                 acc = self.op.apply_t(acc)
         if 0 in self._pos:
-            acc = acc + _head(z, 0) if acc is not None else _head(z, 0).clone()
+            acc = acc + zs[0] if acc is not None else zs[0].clone()
         return _uncols(acc, B)
 
     def propagate_heads(self, z):
         # all heads step together: one SpMM per power on the heads that still need it
         B, _, K, C = z.shape
-        cur = [_head(z, k) for k in range(K)]
+        cur = _heads(z)
         for step in range(1, self.powers[-1] + 1):
             active = [k for k in range(K) if self.powers[k] >= step]
             if len(active) == 1:
@@ -381,22 +388,24 @@ class ChebyshevBasis(_GraphBasis):
     def propagate_sum(self, z):
         # Clenshaw: b_k = z_k + 2 L̂ᵀ b_{k+1} - b_{k+2};  y = z_0 + L̂ᵀ b_1 - b_2  (K-1 SpMMs)
         B, K = z.shape[0], self.K
+        zs = _heads(z)
         if K == 1:
-            return _uncols(_head(z, 0).clone(), B)
-        b1, b2 = _head(z, K - 1), None
+            return _uncols(zs[0].clone(), B)
+        b1, b2 = zs[K - 1], None
         for k in range(K - 2, 0, -1):
-            t = 2.0 * self.op.apply_t(b1) + _head(z, k)
+            t = 2.0 * self.op.apply_t(b1) + zs[k]
             if b2 is not None:
                 t = t - b2
             b1, b2 = t, b1
-        y = self.op.apply_t(b1) + _head(z, 0)
+        y = self.op.apply_t(b1) + zs[0]
         if b2 is not None:
             y = y - b2
         return _uncols(y, B)
 
     def propagate_heads(self, z):
         B = z.shape[0]
-        return _uncols_heads([self._recurrence(_head(z, k), k + 1)[k] for k in range(self.K)], B)
+        zs = _heads(z)
+        return _uncols_heads([self._recurrence(zs[k], k + 1)[k] for k in range(self.K)], B)
 
 
 class RelationalBasis(Basis):
@@ -518,8 +527,9 @@ class RelationalBasis(Basis):
         y = None
         if self._flat is not None:
             y = self._flat.propagate_sum(z[:, :, self._flat_k])
+        zs = _heads(z)
         for k, s in self._walks:
-            w = _uncols(self._walk(_head(z, k), s), B)
+            w = _uncols(self._walk(zs[k], s), B)
             y = w if y is None else y + w
         return y
 
@@ -532,8 +542,9 @@ class RelationalBasis(Basis):
             flat = self._flat.propagate_heads(z[:, :, self._flat_k])
             for j, k in enumerate(self._flat_k):
                 parts[k] = flat[:, :, j:j + 1]
+        zs = _heads(z)
         for k, s in self._walks:
-            parts[k] = _uncols(self._walk(_head(z, k), s), B).unsqueeze(2)
+            parts[k] = _uncols(self._walk(zs[k], s), B).unsqueeze(2)
         return self._assemble(parts)
 
 
