@@ -390,6 +390,6 @@ def test_channelwise_sum_depthwise_kernel():
         g.channelwise_sum(x, torch.randn(g.K, 2, dtype=DT))
     # the planner takes it for depthwise forms when F.convNd is off
     off = Grid((4, 5), 3, padding=1, native=False)
-    assert sc.plan(x.detach()[:, :20], off, Grouped(9, 3, 6, 3)).route == "grouped_taps"
+    assert sc.plan(x.detach()[:, :20], off, Grouped(9, 3, 3, 3)).route == "grouped_taps"
     assert sc.plan(x.detach()[:, :20], off, DepthwiseSeparable(9, 3, 2)).route == \
         "depthwise_taps"
