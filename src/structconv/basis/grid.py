@@ -347,18 +347,25 @@ class Grid(_GridGeometry, Basis):
             for k, n_sl, m_sl in self.taps:
                 out[full + n_sl + (k,)] = src[full + m_sl + (k,)]
             return out.reshape(B, self.N, K, C)
+        # the accumulating loops run per batch chunk so that the output stays in cache
+        # across the K taps (read-modify-write from memory once, not K times)
+        per_item = (self.M + self.N) * K * C * t.element_size()
         if op == "psum":  # (B, M, K, C) -> (B, *out, C)
             src = t.reshape(B, *self.in_shape, K, C)
             out = t.new_zeros(B, *self.out_shape, C)
-            for k, n_sl, m_sl in self.taps:
-                out[full + n_sl].add_(src[full + m_sl + (k,)])
+            for bs in _batch_chunks(B, per_item):
+                s, o = src[bs], out[bs]
+                for k, n_sl, m_sl in self.taps:
+                    o[full + n_sl].add_(s[full + m_sl + (k,)])
             return out.reshape(B, self.N, C)
         # adjoints, from the output grid back to the input grid
         if op == "col2im":  # (B, N, K, C) -> (B, M, C)
             src = t.reshape(B, *self.out_shape, K, C)
             out = t.new_zeros(B, *self.in_shape, C)
-            for k, n_sl, m_sl in self.taps:
-                out[full + m_sl].add_(src[full + n_sl + (k,)])
+            for bs in _batch_chunks(B, per_item):
+                s, o = src[bs], out[bs]
+                for k, n_sl, m_sl in self.taps:
+                    o[full + m_sl].add_(s[full + n_sl + (k,)])
             return out.reshape(B, self.M, C)
         if op in ("heads_T", "psum_T"):  # (B, N, K, C) or (B, N, C) -> (B, M, K, C)
             src = t.reshape(B, *self.out_shape, *((K,) if op == "heads_T" else ()), C)
