@@ -266,7 +266,7 @@ class DotProductAttention(_Batched):
 
 
 #: elements of one block of scores (K x rows x M) in ``weights``: small enough to stay in cache
-BLOCK_ELEMENTS = 2**22
+BLOCK_ELEMENTS = 2**21
 
 
 def _blocks(q: Tensor, k: Tensor, mask, dead, causal: bool, scale: float, lse=None):
