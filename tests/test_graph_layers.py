@@ -217,6 +217,10 @@ def test_layer_errors():
         sc.nn.RGCNConv(P, Q, 4)(x.float(), ei)
     with pytest.raises(ValueError, match="num_bases and num_blocks"):
         sc.nn.RGCNConv(P, Q, 4, num_bases=2, num_blocks=2)
+    with pytest.raises(ValueError, match=r"x \(source\) features \(N, 6\)"):
+        sc.nn.RGCNConv(P, Q, 4)(x[:, :5].float(), ei, et)
+    with pytest.raises(ValueError, match="featureless x"):
+        sc.nn.RGCNConv(N, Q, 4)(torch.arange(N + 1), ei, et)
     with pytest.raises(ValueError, match="num_relations=3"):
         sc.nn.RGCNConv(P, Q, 3)(x.float(), ei, et)
     with pytest.raises(TypeError, match="from_pyg does not know"):

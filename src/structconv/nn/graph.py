@@ -349,7 +349,7 @@ class RGCNConv(nn.Module):
                                 f"{type(t).__name__}")
         if x_l.is_floating_point():
             if x_l.dim() != 2 or x_l.shape[1] != P:
-                raise ValueError(f"RGCNConv expects {what} features (N, {P}), got "
+                raise ValueError(f"RGCNConv expects x (source) features (N, {P}), got "
                                  f"{tuple(x_l.shape)}")
         elif x_l.dim() != 1 or (x_l.numel() and (x_l.min() < 0 or x_l.max() >= P)):
             raise ValueError(f"RGCNConv featureless x must be a 1-d index tensor with values in "
