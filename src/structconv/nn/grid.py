@@ -226,11 +226,15 @@ class GridConv(_GridLayer):
         if route == "native":
             y = grid.conv_image(x, self.param, self.bias)  # bias fused into F.convNd
         else:
-            xb = x.movedim(1, -1).reshape(B, grid.M, self.in_channels)
+            # one copy to channels-last: the shift kernels read channel runs contiguously
+            xb = x.movedim(1, -1).reshape(B, grid.M, self.in_channels).contiguous()
             y = convolve(xb, grid, self.param, route=route)
+            # back to channels-first in one copy, then the bias in place on that fresh tensor
+            img = y.new_empty(B, self.out_channels, *grid.out_shape)
+            img.copy_(y.reshape(B, *grid.out_shape, self.out_channels).movedim(-1, 1))
             if self.bias is not None:
-                y = y + self.bias.to(y.dtype)
-            y = y.reshape(B, *grid.out_shape, self.out_channels).movedim(-1, 1).contiguous()
+                img.add_(self.bias.to(y.dtype).reshape(-1, *(1,) * self.ndim))
+            y = img
         return y.squeeze(0) if unbatched else y
 
 
@@ -309,7 +313,7 @@ class GridAvgPool(_GridLayer):
         elif self.route == "native":
             raise ValueError(f"route='native' but F.avg_poolNd cannot compute {pool!r}")
         else:
-            xb = x.movedim(1, -1).reshape(B, pool.M, C)
+            xb = x.movedim(1, -1).reshape(B, pool.M, C).contiguous()
             y = pool.propagate(xb)[:, :, 0]
             y = y.reshape(B, *pool.out_shape, C).movedim(-1, 1).contiguous()
         return y.squeeze(0) if unbatched else y
