@@ -370,8 +370,11 @@ def test_block_attention_output_and_weights_together(monkeypatch):
     q, k, z = _dot_case(B=2, K=2, M=5, N=4, D=3, C=2, seed=10)
     mask = torch.zeros(2, 1, 5, 4, dtype=DT)
     mask[0, 0, :, 3] = float("-inf")  # a dead query
-    for causal, average in itertools.product((False, True), (False, True)):
-        basis = at.DotProductAttention(q, k, mask, causal=causal)
+    # a float mask takes the fused kernel + log-sum-exp path, a bool one the block path
+    for causal, average, as_bool in itertools.product((False, True), (False, True),
+                                                      (False, True)):
+        m = torch.isfinite(mask) if as_bool else mask
+        basis = at.DotProductAttention(q, k, m, causal=causal)
         out, w = basis.propagate_heads_and_weights(z, average)
         ref = _dense_dot(q, k, mask, causal)
         torch.testing.assert_close(out, torch.einsum("bkmn,bmkc->bnkc", ref, z))

@@ -232,10 +232,12 @@ class DotProductAttention(_Batched):
                                      self.causal, self.scale, bool(average))[0]
 
     def propagate_heads_and_weights(self, z: Tensor, average: bool = False):
-        """(``propagate_heads(z)``, ``weights(average)``) computed together, block by block.
+        """(``propagate_heads(z)``, ``weights(average)``) computed together.
 
-        Each block of probabilities is used for the output and the weights while in cache, so
-        the B x K x N x M scores are never built (only the returned weights are).
+        On CPU the fused attention kernel gives the output and each row's log-sum-exp, and the
+        weights are then built block by block with one GEMM and one exp each; elsewhere each
+        block of probabilities serves both outputs while in cache. The B x K x N x M scores are
+        never built (only the returned weights are).
         """
         _check_z(self, z, self.batch)
         if self.dropout_p > 0:  # the kernel's dropout on the output; weights before dropout
