@@ -402,3 +402,19 @@ def test_block_attention_function_gradcheck_with_values(monkeypatch):
     fn = at.basis._BlockAttention.apply
     assert torch.autograd.gradcheck(
         lambda q, k, v: fn(q, k, v, mask.masked_fill(dead, 0.0), dead, True, 0.7, True), args)
+
+
+def test_attention_heads_stacked_with_a_causal_grid_basis():
+    # the paper's proposal: index-based heads (a 1-d causal grid: A_k[m, n] = 1 iff
+    # m = n - 2 + k) beside content-based heads, each part on its own kernel
+    torch.manual_seed(12)
+    x = _rand(2, 6, 4)
+    mech = at.Softmax(at.Masked(at.DotProduct(2, 4, 4, 2).to(DT), causal=True))
+    grid = sc.basis.Grid((6,), 3, padding=((2, 0),))
+    stack = sc.basis.Stack([at.attention_basis(mech, x, x), grid])
+    th = sc.params.LowRank(5, 4, 3, 2).to(DT)
+    dense = torch.cat([mech(x, x), grid.to_dense().to(DT).expand(2, 3, 6, 6)], 1)
+    assert (grid.to_dense()[0] == torch.diag(torch.ones(4), 2)).all()
+    ref = torch.einsum("bkmn,bmp,kpq->bnq", dense, x, th())
+    torch.testing.assert_close(sc.convolve(x, stack, th, route="lowrank_heads"), ref)
+    torch.testing.assert_close(sc.convolve(x, stack, th()), ref)
