@@ -676,10 +676,13 @@ class _GridOp(torch.autograd.Function):
 #: bytes of input plus output per batch chunk of the tap loops: small enough to stay in cache
 #: across the K taps, so memory is read once per chunk instead of once per tap
 _CHUNK_BYTES = 4 << 20
+#: at most this many chunks: every tap of every chunk is one (multi-threaded) kernel launch,
+#: and many small parallel regions stall badly when other processes share the cores
+_MAX_CHUNKS = 8
 
 
 def _batch_chunks(B: int, per_item: int):
-    step = max(1, _CHUNK_BYTES // max(1, per_item))
+    step = max(1, _CHUNK_BYTES // max(1, per_item), -(-B // _MAX_CHUNKS))
     return [slice(b, min(B, b + step)) for b in range(0, B, step)]
 
 
