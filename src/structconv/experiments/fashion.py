@@ -4,8 +4,9 @@
 Conv(1→16, 3×3) ReLU AvgPool(2) Conv(16→32, 3×3) ReLU AvgPool(2) Linear(1568→10); its structconv
 twin is built by ``sc.nn.from_torch`` (weights copied, so the same initialisation), and a second
 twin keeps the grid layers off ``F.conv2d`` (``native=False``: the planner's shift-and-accumulate
-contraction orders). All three train on the same mini-batches in the same order (Adam); the
-table gives test accuracy and seconds per epoch. Writes ``<out>/fashion.json`` and a PNG.
+contraction orders). All three train on the same mini-batches in the same order (Adam), one
+step of each in turn, so that they share the machine's load; the table gives test accuracy and
+seconds of training per epoch. Writes ``<out>/fashion.json`` and a PNG.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ..data.images import load_idx_images
 from ..data.registry import DatasetError, data_root
 from ._common import hardware, param_count, pyplot, save_figure, set_threads, write_result
 
-__all__ = ["torch_cnn", "structconv_cnn", "add_arguments", "run"]
+__all__ = ["torch_cnn", "structconv_cnn", "train_lockstep", "add_arguments", "run"]
 
 VARIANTS = ("torch", "structconv", "structconv-shift")
 
@@ -82,29 +83,39 @@ def _accuracy(net, x, y, batch=1000) -> float:
     return 100.0 * correct / x.shape[0]
 
 
-def train_variant(net, xtr, ytr, xte, yte, epochs: int, batch: int, lr: float, seed: int):
-    """Adam on batches drawn from a seeded permutation per epoch; returns the history."""
-    opt = torch.optim.Adam(net.parameters(), lr=lr)
-    hist = []
+def train_lockstep(nets: dict, xtr, ytr, xte, yte, epochs: int, batch: int, lr: float,
+                   seed: int) -> dict:
+    """Adam on the same seeded batches for every network, one step of each in turn.
+
+    Interleaving the networks batch by batch exposes them to the same load on a shared machine,
+    so their step times compare fairly. Returns each network's per-epoch history.
+    """
+    opts = {k: torch.optim.Adam(n.parameters(), lr=lr) for k, n in nets.items()}
+    hist: dict = {k: [] for k in nets}
     for epoch in range(epochs):
         perm = torch.randperm(xtr.shape[0], generator=torch.Generator().manual_seed(
             seed * 1000 + epoch))
-        net.train()
-        t0 = time.perf_counter()
-        total = 0.0
+        secs = dict.fromkeys(nets, 0.0)
+        total = dict.fromkeys(nets, 0.0)
+        for n in nets.values():
+            n.train()
         for i in range(0, xtr.shape[0], batch):
             b = perm[i:i + batch]
-            opt.zero_grad()
-            loss = F.cross_entropy(net(xtr[b]), ytr[b])
-            loss.backward()
-            opt.step()
-            total += float(loss.detach()) * b.numel()
-        secs = time.perf_counter() - t0
-        acc = _accuracy(net, xte, yte)
-        hist.append(dict(epoch=epoch + 1, train_loss=total / xtr.shape[0], test_acc=acc,
-                         seconds=secs))
-        print(f"    epoch {epoch + 1}: loss {total / xtr.shape[0]:.4f}  test {acc:.2f}%  "
-              f"{secs:.1f}s", flush=True)
+            xb, yb = xtr[b], ytr[b]
+            for k, net in nets.items():
+                t0 = time.perf_counter()
+                opts[k].zero_grad()
+                loss = F.cross_entropy(net(xb), yb)
+                loss.backward()
+                opts[k].step()
+                secs[k] += time.perf_counter() - t0
+                total[k] += float(loss.detach()) * b.numel()
+        for k, net in nets.items():
+            acc = _accuracy(net, xte, yte)
+            hist[k].append(dict(epoch=epoch + 1, train_loss=total[k] / xtr.shape[0],
+                                test_acc=acc, seconds=secs[k]))
+            print(f"    epoch {epoch + 1} {k:<17}: loss {total[k] / xtr.shape[0]:.4f}  "
+                  f"test {acc:.2f}%  {secs[k]:.1f}s", flush=True)
     return hist
 
 
@@ -142,11 +153,10 @@ def run(args) -> int:
     with torch.no_grad():
         probe = xte[:8]
         gap = max(float((init[k](probe) - init["torch"](probe)).abs().max()) for k in variants)
+    hists = train_lockstep({k: init[k] for k in variants}, xtr, ytr, xte, yte, args.epochs,
+                           args.batch, args.lr, args.seed)
     rows = {}
-    for name in variants:
-        print(f"  {name}:", flush=True)
-        hist = train_variant(init[name], xtr, ytr, xte, yte, args.epochs, args.batch, args.lr,
-                             args.seed)
+    for name, hist in hists.items():
         rows[name] = dict(params=param_count(init[name]), history=hist,
                           test_acc=hist[-1]["test_acc"],
                           seconds_per_epoch=sum(h["seconds"] for h in hist) / len(hist))
