@@ -19,6 +19,7 @@ every option. Keying on identity costs O(1) per call, where a content hash would
 from __future__ import annotations
 
 import threading
+import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -27,7 +28,7 @@ import torch
 from torch import Tensor
 
 from .._checks import check_index_tensor
-from .base import Basis, Sparse, csr_matmul, to_csr
+from .base import Basis, Sparse, csr_matmul
 
 __all__ = [
     "gcn", "chebyshev", "diffusion", "sgc", "relational",
@@ -199,6 +200,25 @@ def _heads(z: Tensor) -> list[Tensor]:
     return [_cols(h) for h in z.unbind(2)]
 
 
+def _build_csr(rows: Tensor, cols: Tensor, vals: Tensor, shape: tuple[int, int]) -> Tensor:
+    """A coalesced CSR matrix from COO triplets (duplicates summed), with one sort.
+
+    Same result as ``base.to_csr``; a single sort of the linear index plus a segment sum is about
+    twice as fast on 10M-edge graphs as COO ``coalesce`` followed by ``to_sparse_csr``.
+    """
+    R, C = shape
+    key, perm = torch.sort(rows * C + cols)
+    uniq, inv = torch.unique_consecutive(key, return_inverse=True)
+    v = torch.zeros(uniq.shape[0], dtype=vals.dtype, device=vals.device).index_add_(
+        0, inv, vals[perm])
+    counts = torch.bincount(uniq // C, minlength=R)
+    crow = torch.zeros(R + 1, dtype=torch.long, device=rows.device)
+    torch.cumsum(counts, 0, out=crow[1:])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch flags CSR as beta
+        return torch.sparse_csr_tensor(crow, uniq % C, v, (R, C), check_invariants=False)
+
+
 class SparseOperator:
     """A fixed sparse (M, N) matrix S from COO (src, dst, value); applies Sᵀ by CSR SpMM.
 
@@ -234,7 +254,8 @@ class SparseOperator:
         if key not in self._csr:
             v = self.value.detach().to(device=device, dtype=dtype)
             s, d = self.src.to(device), self.dst.to(device)
-            self._csr[key] = (to_csr(d, s, v, (self.N, self.M)), to_csr(s, d, v, (self.M, self.N)))
+            self._csr[key] = (_build_csr(d, s, v, (self.N, self.M)),
+                              _build_csr(s, d, v, (self.M, self.N)))
         return self._csr[key]
 
     def apply_t(self, X: Tensor) -> Tensor:
