@@ -166,7 +166,7 @@ class HeadsNet(nn.Module):
             v = xs.values()
             keep = torch.rand(v.shape, dtype=v.dtype) >= self.dropout
             xs = torch.sparse_coo_tensor(xs.indices(), v * keep / (1.0 - self.dropout),
-                                         xs.shape, is_coalesced=True)
+                                         xs.shape, is_coalesced=True, check_invariants=False)
         return xs
 
     def forward(self, x: Tensor) -> Tensor:
