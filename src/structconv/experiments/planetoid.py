@@ -91,7 +91,7 @@ def train_seed(model: str, data, s: dict, seed: int) -> dict:
     net = build_model(model, data, s).to(data.x.device)
     opt = _optimizer(net, s)
     x, y = data.x, data.y
-    best = (-1.0, math.inf)
+    best = seen = (-1.0, math.inf)
     out = dict(seed=seed)
     losses, since = [], 0
     t0 = time.perf_counter()
@@ -109,14 +109,25 @@ def train_seed(model: str, data, s: dict, seed: int) -> dict:
             val_loss = float(F.cross_entropy(logits[data.val_mask], y[data.val_mask]))
             val_acc = float((pred[data.val_mask] == y[data.val_mask]).float().mean())
             test_acc = float((pred[data.test_mask] == y[data.test_mask]).float().mean())
-        if (val_acc, -val_loss) > (best[0], -best[1]):
+        if s.get("stopping", "val_acc") == "gat":
+            # Veličković et al.'s rule: keep the model when accuracy and loss both match or
+            # beat their best; stop after `patience` epochs in which neither improved
+            better_acc, better_loss = val_acc >= seen[0], val_loss <= seen[1]
+            if better_acc and better_loss:
+                out.update(epoch=epoch, val_acc=100 * val_acc, test_acc=100 * test_acc)
+            if better_acc or better_loss:
+                seen = (max(val_acc, seen[0]), min(val_loss, seen[1]))
+                since = 0
+            else:
+                since += 1
+        elif (val_acc, -val_loss) > (best[0], -best[1]):
             best = (val_acc, val_loss)
             out.update(epoch=epoch, val_acc=100 * val_acc, test_acc=100 * test_acc)
             since = 0
         else:
             since += 1
-            if s.get("patience") and since >= s["patience"]:
-                break
+        if s.get("patience") and since >= s["patience"]:
+            break
     # the last epoch's accuracies too, to show what the validation selection adds
     out.update(epochs_run=epoch, last_val_acc=100 * val_acc, last_test_acc=100 * test_acc,
                seconds=time.perf_counter() - t0, train_loss=losses)
@@ -140,6 +151,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "$STRUCTCONV_DATA/planetoid)")
     parser.add_argument("--out", default="bench-results", help="output folder")
     parser.add_argument("--epochs", type=int, default=None, help="override the recipe's epochs")
+    parser.add_argument("--stopping", choices=("val_acc", "gat"), default=None,
+                        help="model selection: best validation accuracy (default), or the GAT "
+                             "paper's rule (best accuracy and loss; patience counts epochs in "
+                             "which neither improves)")
     parser.add_argument("--quick", action="store_true", help="2 seeds, 20 epochs (smoke test)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (default 1: full-batch ops on these small "
@@ -157,7 +172,8 @@ def run(args) -> int:
     data = load_planetoid(root, args.dataset, normalize_features=True).to(_device(args))
     quick = getattr(args, "quick", False)
     s = settings(args.model, args.dataset,
-                 epochs=args.epochs if args.epochs else (20 if quick else None))
+                 epochs=args.epochs if args.epochs else (20 if quick else None),
+                 stopping=getattr(args, "stopping", None))
     n_seeds = min(args.seeds, 2) if quick else args.seeds
     seed0 = getattr(args, "seed", 0) or 0
     t0 = time.perf_counter()
