@@ -158,7 +158,11 @@ class Dense(Basis):
 
 # ------------------------------------------------------------------------------------------------
 class _CSRMatmul(torch.autograd.Function):
-    """y = S @ X for a constant CSR matrix S, with the cached CSR of Sᵀ for the backward pass."""
+    """y = S @ X for a constant CSR matrix S, with the CSR of Sᵀ for the backward pass.
+
+    ``St`` may be a callable that builds (and caches) the transpose: it then costs memory only
+    once a gradient is actually needed.
+    """
 
     @staticmethod
     def forward(ctx, S, St, X):
@@ -167,7 +171,8 @@ class _CSRMatmul(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, gy):
-        return None, None, ctx.St @ gy.contiguous()
+        St = ctx.St() if callable(ctx.St) else ctx.St
+        return None, None, St @ gy.contiguous()
 
 
 def to_csr(rows: Tensor, cols: Tensor, values: Tensor, shape) -> Tensor:
@@ -180,8 +185,8 @@ def to_csr(rows: Tensor, cols: Tensor, values: Tensor, shape) -> Tensor:
         return coo.coalesce().to_sparse_csr()
 
 
-def csr_matmul(S: Tensor, St: Tensor, X: Tensor) -> Tensor:
-    """S @ X with S a constant sparse CSR matrix (St its transpose, for the gradient)."""
+def csr_matmul(S: Tensor, St, X: Tensor) -> Tensor:
+    """S @ X with S a constant sparse CSR matrix (St its transpose, or a callable giving it)."""
     if X.requires_grad:
         return _CSRMatmul.apply(S, St, X)
     return S @ X
@@ -260,20 +265,22 @@ class Sparse(Basis):
         k, m, n = self.indices
         return out.index_add(0, (k * M + m) * N + n, self.values).reshape(K, M, N)
 
-    def _csr(self, layout: str) -> tuple[Tensor, Tensor]:
-        """CSR of a 2-d arrangement of Aᵀ, and of its transpose.
+    def _csr(self, layout: str, transpose: bool = False) -> Tensor:
+        """CSR of a 2-d arrangement of Aᵀ (or of its transpose), built once and cached.
 
         ``tall``:  rows (n, k), cols m       -> propagate
         ``wide``:  rows n,      cols (m, k)  -> propagate_sum
         ``diag``:  rows (n, k), cols (m, k)  -> propagate_heads
+
+        The transpose serves only backward passes, so it is built on a gradient's first need.
         """
-        if layout in self._cache:
-            return self._cache[layout]
-        r, c, shp = self._layout(layout)
-        v = self.values.detach()
-        S, St = to_csr(r, c, v, shp), to_csr(c, r, v, shp[::-1])
-        self._cache[layout] = (S, St)
-        return S, St
+        key = (layout, transpose)
+        if key not in self._cache:
+            r, c, shp = self._layout(layout)
+            if transpose:
+                r, c, shp = c, r, shp[::-1]
+            self._cache[key] = to_csr(r, c, self.values.detach(), shp)
+        return self._cache[key]
 
     def _layout(self, layout: str) -> tuple[Tensor, Tensor, tuple[int, int]]:
         """Row and column indices and the 2-d shape of one arrangement (see ``_csr``)."""
@@ -292,8 +299,7 @@ class Sparse(Basis):
             S = torch.sparse_coo_tensor(torch.stack([r, c]), self.values, shp,
                                         check_invariants=False)
             return torch.sparse.mm(S, X)
-        S, St = self._csr(layout)
-        return csr_matmul(S, St, X)
+        return csr_matmul(self._csr(layout), lambda: self._csr(layout, transpose=True), X)
 
     @staticmethod
     def _to_cols(t: Tensor, lead: int) -> tuple[Tensor, int]:
