@@ -38,7 +38,8 @@ def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int = 7, wa
     """Median seconds per call of each function, sampled in interleaved rounds.
 
     Alternating the candidates within each round keeps slow drifts of a shared, noisy machine
-    from favouring whichever ran first.
+    from favouring whichever ran first; one untimed call before each sample keeps the previous
+    candidate's large temporaries (freed to the OS, re-faulted) out of the next one's time.
     """
     for fn in fns.values():
         for _ in range(warmup):
@@ -46,7 +47,7 @@ def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int = 7, wa
     samples: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for k, fn in fns.items():
-            samples[k].append(median_time(fn, repeats=1, warmup=0, min_time=min_time))
+            samples[k].append(median_time(fn, repeats=1, warmup=1, min_time=min_time))
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
