@@ -272,6 +272,12 @@ def _run_suites(package: str, names, rest, args, out_default) -> int:
     return status
 
 
+def suite_main(command: str, name: str, argv: list[str] | None = None) -> int:
+    """Standalone entry point of a bench or experiment module (``python benchmarks/bench_X.py``):
+    the same parser, defaults and error handling as ``structconv COMMAND NAME``."""
+    return main([command, name, *(sys.argv[1:] if argv is None else argv)])
+
+
 def _known(package: str) -> list[str]:
     mod = importlib.import_module(f"structconv.{package}")
     for attr in ("SUITES", "EXPERIMENTS"):

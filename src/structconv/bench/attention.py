@@ -352,11 +352,7 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    """Standalone entry point (``python benchmarks/bench_attention.py --quick``)."""
-    p = argparse.ArgumentParser(prog="bench_attention", description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="bench-results")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--seed", type=int, default=0)
-    add_arguments(p)
-    return run(p.parse_args(argv))
+    """Standalone entry point, parsed and checked as ``structconv bench attention``."""
+    from ..cli import suite_main
+
+    return suite_main("bench", "attention", argv)

@@ -233,12 +233,7 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    """Standalone entry point (``python benchmarks/bench_grid.py --quick``)."""
-    p = argparse.ArgumentParser(prog="bench_grid", description=__doc__)
-    p.add_argument("--out", default="bench-results")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu")
-    add_arguments(p)
-    return run(p.parse_args(argv))
+    """Standalone entry point, parsed and checked as ``structconv bench grid``."""
+    from ..cli import suite_main
+
+    return suite_main("bench", "grid", argv)

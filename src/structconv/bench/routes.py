@@ -162,13 +162,10 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="bench_routes", description=__doc__)
-    p.add_argument("--out", default="bench-results")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--seed", type=int, default=0)
-    add_arguments(p)
-    return run(p.parse_args(argv))
+    """Standalone entry point, parsed and checked as ``structconv bench routes``."""
+    from ..cli import suite_main
+
+    return suite_main("bench", "routes", argv)
 
 
 

@@ -189,12 +189,10 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="runs")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
-    add_arguments(p)
-    return run(p.parse_args(argv))
+    """Standalone entry point, parsed and checked as ``structconv reproduce fashion``."""
+    from ..cli import suite_main
+
+    return suite_main("reproduce", "fashion", argv)
 
 
 if __name__ == "__main__":

@@ -207,9 +207,10 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(p)
-    return run(p.parse_args(argv))
+    """Standalone entry point, parsed and checked as ``structconv reproduce planetoid``."""
+    from ..cli import suite_main
+
+    return suite_main("reproduce", "planetoid", argv)
 
 
 if __name__ == "__main__":
