@@ -33,13 +33,14 @@ def median_time(fn: Callable[[], object], repeats: int = 7, warmup: int = 2,
     return statistics.median(samples)
 
 
-def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 1,
-                      min_time: float = 0.0) -> dict[str, float]:
-    """Median seconds per call of each function, sampled in interleaved rounds.
+def interleaved_samples(fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 1,
+                        min_time: float = 0.0, warm_each: bool = True) -> dict[str, list[float]]:
+    """Seconds per call of each function, ``repeats`` samples each, taken in interleaved rounds.
 
     Alternating the candidates within each round keeps slow drifts of a shared, noisy machine
-    from favouring whichever ran first; one untimed call before each sample keeps the previous
-    candidate's large temporaries (freed to the OS, re-faulted) out of the next one's time.
+    from favouring whichever ran first; with ``warm_each`` one untimed call before each sample
+    keeps the previous candidate's large temporaries (freed to the OS, re-faulted) out of the
+    next one's time.
     """
     for fn in fns.values():
         for _ in range(warmup):
@@ -47,7 +48,15 @@ def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int = 7, wa
     samples: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for k, fn in fns.items():
-            samples[k].append(median_time(fn, repeats=1, warmup=1, min_time=min_time))
+            samples[k].append(median_time(fn, repeats=1, warmup=int(warm_each),
+                                          min_time=min_time))
+    return samples
+
+
+def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 1,
+                      min_time: float = 0.0) -> dict[str, float]:
+    """Median seconds per call of each function over interleaved samples (see above)."""
+    samples = interleaved_samples(fns, repeats, warmup, min_time)
     return {k: statistics.median(v) for k, v in samples.items()}
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from torch import nn
 from ..io import atomic_write_json
 from ..nn.grid import GridConv
 from ..params import ControlledSeparable
+from ._util import interleaved_samples
 
 NAME = "grid"
 DISPATCH_TARGET = 1.10
@@ -125,20 +125,7 @@ def _fwd_bwd(layer, x):
 
 def interleaved(fns: dict, repeats: int, warmup: int = 1, min_time: float = 0.02) -> dict:
     """Per closure: (median, min) seconds per call, sampled in turn so drifts hit all alike."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    samples = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            n, t0 = 0, time.perf_counter()
-            while True:
-                fn()
-                n += 1
-                dt = time.perf_counter() - t0
-                if dt >= min_time:
-                    break
-            samples[k].append(dt / n)
+    samples = interleaved_samples(fns, repeats, warmup, min_time, warm_each=False)
     return {k: (statistics.median(v), min(v)) for k, v in samples.items()}
 
 
