@@ -395,6 +395,13 @@ def _activation(act):
 
 
 class _FeedForward(nn.Module):
+    """The blocks torch's Transformer layers share: self-attention and feed-forward."""
+
+    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal):
+        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                           need_weights=False, is_causal=is_causal)[0]
+        return self.dropout1(x)
+
     def _ff_block(self, x):
         return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
 
@@ -428,11 +435,6 @@ class TransformerEncoderLayer(_FeedForward):
         self.dropout2 = nn.Dropout(dropout)
         self.activation = _activation(activation)
         self.batch_first = batch_first
-
-    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal):
-        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                           need_weights=False, is_causal=is_causal)[0]
-        return self.dropout1(x)
 
     def forward(self, src: Tensor, src_mask: Tensor | None = None,
                 src_key_padding_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
@@ -469,11 +471,6 @@ class TransformerDecoderLayer(_FeedForward):
         self.dropout3 = nn.Dropout(dropout)
         self.activation = _activation(activation)
         self.batch_first = batch_first
-
-    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal):
-        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                           need_weights=False, is_causal=is_causal)[0]
-        return self.dropout1(x)
 
     def _mha_block(self, x, mem, attn_mask, key_padding_mask, is_causal):
         x = self.multihead_attn(x, mem, mem, attn_mask=attn_mask,
