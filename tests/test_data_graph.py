@@ -13,17 +13,10 @@ import pytest
 import torch
 
 from structconv.data.kg import load_kg
-from structconv.data.planetoid import PLANETOID_FILES, load_planetoid
+from structconv.data.planetoid import PLANETOID_FILES, load_planetoid, shared_dir
 from structconv.data.rgcn import load_entities
 
-
-def _data_root() -> Path | None:
-    env = os.environ.get("STRUCTCONV_DATA")
-    root = Path(env) if env else Path("/work/shared/datasets")
-    return root if root.is_dir() else None
-
-
-ROOT = _data_root()
+ROOT = shared_dir()
 needs_data = pytest.mark.skipif(
     ROOT is None, reason="dataset folder absent: set STRUCTCONV_DATA to the shared datasets folder"
 )

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import types
 from argparse import Namespace
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import structconv.models.graph as mg
-from structconv.data.planetoid import PlanetoidData
+from structconv.data.planetoid import PlanetoidData, shared_dir
 from structconv.experiments import planetoid as rp
 from structconv.experiments import rgcn as rr
 
@@ -238,13 +236,7 @@ def test_recipe_settings():
     assert rr.settings("mutag")["num_bases"] == 30 and rr.settings("aifb")["num_bases"] is None
 
 
-def _data_root() -> Path | None:
-    env = os.environ.get("STRUCTCONV_DATA")
-    root = Path(env) if env else Path("/work/shared/datasets")
-    return root if root.is_dir() else None
-
-
-ROOT = _data_root()
+ROOT = shared_dir()
 needs_data = pytest.mark.skipif(
     ROOT is None, reason="dataset folder absent: set STRUCTCONV_DATA to the shared datasets folder"
 )

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .registry import data_root
+
 __all__ = ["PlanetoidData", "load_planetoid", "PLANETOID_NAMES", "PLANETOID_FILES",
            "normalize_rows"]
 
@@ -41,8 +43,9 @@ def shared_dir(sub: str | None = None) -> Path | None:
 
     With ``sub``, the subfolder ``<root>/<sub>``. ``None`` when no folder exists.
     """
-    env = os.environ.get("STRUCTCONV_DATA")
-    root = Path(env) if env else Path("/work/shared/datasets")
+    root = data_root()
+    if root is None:
+        return None
     path = root / sub if sub else root
     return path if path.is_dir() else None
 
