@@ -505,21 +505,13 @@ def _act_name(fn):
     return fn
 
 
-@register_torch(nn.TransformerEncoderLayer)
-def _from_encoder(m: nn.TransformerEncoderLayer) -> TransformerEncoderLayer:
+@register_torch(nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
+def _from_transformer_layer(m: nn.Module) -> nn.Module:
+    # both layers share torch's constructor arguments and state_dict names
+    cls = TransformerEncoderLayer if isinstance(m, nn.TransformerEncoderLayer) else \
+        TransformerDecoderLayer
     w = m.linear1.weight
-    out = TransformerEncoderLayer(
-        m.self_attn.embed_dim, m.self_attn.num_heads, m.linear1.out_features,
-        m.dropout.p, _act_name(m.activation), m.norm1.eps, m.self_attn.batch_first,
-        m.norm_first, m.linear1.bias is not None, device=w.device, dtype=w.dtype)
-    out.load_state_dict(m.state_dict())
-    return out.train(m.training)
-
-
-@register_torch(nn.TransformerDecoderLayer)
-def _from_decoder(m: nn.TransformerDecoderLayer) -> TransformerDecoderLayer:
-    w = m.linear1.weight
-    out = TransformerDecoderLayer(
+    out = cls(
         m.self_attn.embed_dim, m.self_attn.num_heads, m.linear1.out_features,
         m.dropout.p, _act_name(m.activation), m.norm1.eps, m.self_attn.batch_first,
         m.norm_first, m.linear1.bias is not None, device=w.device, dtype=w.dtype)
