@@ -21,7 +21,8 @@ from structconv.params import (
 
 DT = torch.float64
 CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
-ROUTES = ["native", "input_param", "basis_input", "basis_param"]
+ROUTES = ["native", "input_param", "basis_input", "basis_param", "tap_gemm", "tap_im2col"]
+TAP_ROUTES = ["tap_gemm", "tap_im2col"]
 
 # (in_shape, kernel, stride, padding, dilation): 1/2/3-d, odd sizes, every padding form
 GEOMETRIES = [
@@ -103,6 +104,84 @@ def test_convolve_equals_torch_values_and_grads(geom, route):
     rx, rt = torch.autograd.grad(ref, (x, th), gy)
     torch.testing.assert_close(gx, rx, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(gt, rt, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("geom", GEOMETRIES)
+@pytest.mark.parametrize("route", TAP_ROUTES)
+def test_tap_routes_on_channels_first_views(geom, route):
+    """An image's channels-first view goes through the tap routes without a layout copy and
+    comes back as a (B, N, Q) view of a channels-first tensor; values and gradients exact."""
+    torch.manual_seed(1)
+    g = Grid(*geom)
+    B, P, Q = 2, 3, 5
+    img = torch.randn(B, P, *g.in_shape, dtype=DT, requires_grad=True)
+    th = torch.randn(g.K, P, Q, dtype=DT, requires_grad=True)
+    x = img.flatten(2).transpose(1, 2)  # (B, M, P), stride 1 along M
+    y = sc.convolve(x, g, th, route=route)
+    ref_img = torch_conv(img, weight_of(th, g), g)
+    assert y.shape == (B, g.N, Q) and y.transpose(1, 2).is_contiguous()
+    torch.testing.assert_close(y, to_bundle(ref_img), rtol=1e-12, atol=1e-12)
+    gy = torch.randn_like(y)
+    gi, gt = torch.autograd.grad(y, (img, th), gy)
+    ri, rt = torch.autograd.grad(to_bundle(ref_img), (img, th), gy)
+    torch.testing.assert_close(gi, ri, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(gt, rt, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("channels_first", [False, True])
+@pytest.mark.parametrize("route", TAP_ROUTES)
+def test_tap_routes_gradcheck(route, channels_first):
+    """The tap kernels' custom autograd (both memory orders) against finite differences."""
+    g = Grid((5, 6), (2, 3), (2, 1), ((1, 0), (2, 1)), (1, 2))
+    torch.manual_seed(2)
+    img = torch.randn(2, 3, *g.in_shape, dtype=DT, requires_grad=True)
+    th = torch.randn(g.K, 3, 2, dtype=DT, requires_grad=True)
+
+    def f(img, th):
+        x = img.flatten(2).transpose(1, 2)
+        return sc.convolve(x if channels_first else x.contiguous(), g, th, route=route)
+
+    assert torch.autograd.gradcheck(f, (img, th))
+
+
+def test_tap_layout_reads_only_phases_in_use():
+    """A 1x1 kernel at stride 2 reads one stride phase: the others are never copied."""
+    g = Grid((8, 6), 1, 2)
+    assert len(g.tap_layout.phases) == 1 and g.tap_layout.phase_shape == (4, 3)
+    g3 = Grid((9, 9), 3, 2, 1)
+    assert len(g3.tap_layout.phases) == 4
+    # taps that read only padding are left out altogether
+    gp = Grid((2, 2), 5, 1, 4)
+    assert len(g.tap_layout.taps) == 1 and len(gp.tap_layout.taps) == len(gp.taps)
+    x = torch.randn(1, gp.M, 2, dtype=DT)
+    th = torch.randn(gp.K, 2, 3, dtype=DT)
+    torch.testing.assert_close(sc.convolve(x, gp, th, route="tap_gemm"),
+                               sc.convolve(x, gp, th, route="input_param"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3), st.data())
+def test_tap_routes_property(d, data):
+    """Random geometries and layouts: both tap routes equal the dense contraction."""
+    ints = st.integers
+    shape = tuple(data.draw(ints(1, 6)) for _ in range(d))
+    kernel = tuple(data.draw(ints(1, 3)) for _ in range(d))
+    stride = tuple(data.draw(ints(1, 3)) for _ in range(d))
+    dil = tuple(data.draw(ints(1, 2)) for _ in range(d))
+    pad = tuple((data.draw(ints(0, 2)), data.draw(ints(0, 2))) for _ in range(d))
+    try:
+        g = Grid(shape, kernel, stride, pad, dil)
+    except ValueError:
+        return  # the kernel does not fit
+    B, P, Q = data.draw(ints(1, 3)), data.draw(ints(1, 4)), data.draw(ints(1, 4))
+    x = torch.randn(B, P, g.M, dtype=DT).transpose(1, 2)
+    if data.draw(st.booleans()):
+        x = x.contiguous()
+    th = torch.randn(g.K, P, Q, dtype=DT)
+    ref = torch.einsum("kmn,bmp,kpq->bnq", g.to(dtype=DT).to_dense(), x, th)
+    for route in TAP_ROUTES:
+        torch.testing.assert_close(sc.convolve(x, g, th, route=route), ref, rtol=1e-12,
+                                   atol=1e-12)
 
 
 def test_auto_route_and_unbatched():
@@ -388,8 +467,18 @@ def test_channelwise_sum_depthwise_kernel():
     assert torch.autograd.gradcheck(g.channelwise_sum, (x, w))
     with pytest.raises(ValueError, match=r"w \(K, C\)"):
         g.channelwise_sum(x, torch.randn(g.K, 2, dtype=DT))
-    # the planner takes it for depthwise forms when F.convNd is off
-    off = Grid((4, 5), 3, padding=1, native=False)
-    assert sc.plan(x.detach()[:, :20], off, Grouped(9, 3, 3, 3)).route == "grouped_taps"
-    assert sc.plan(x.detach()[:, :20], off, DepthwiseSeparable(9, 3, 2)).route == \
-        "depthwise_taps"
+    # the channels-first view of an image takes the tap layout: same values and gradients
+    img = x.detach().transpose(1, 2).contiguous().requires_grad_(True)
+    torch.testing.assert_close(g.channelwise_sum(img.transpose(1, 2), w), ref, rtol=1e-13,
+                               atol=1e-13)
+    assert torch.autograd.gradcheck(lambda i, w: g.channelwise_sum(i.transpose(1, 2), w),
+                                    (img, w))
+    # the planner takes it for depthwise forms of realistic width when F.convNd is off (with
+    # a handful of channels a dense per-tap GEMM is as cheap)
+    off = Grid((12, 10), 3, padding=1, native=False)
+    xw = torch.randn(2, off.M, 32)
+    assert sc.plan(xw, off, Grouped(9, 32, 32, 32)).route == "grouped_taps"
+    assert sc.plan(xw, off, DepthwiseSeparable(9, 32, 64)).route == "depthwise_taps"
+    # the same on an image's channels-first view, which the kernel reads without a copy
+    xcf = xw.transpose(1, 2).contiguous().transpose(1, 2)
+    assert sc.plan(xcf, off, Grouped(9, 32, 32, 32)).route == "grouped_taps"

@@ -48,7 +48,8 @@ def grads(module, x, gy):
 # torch's own warning for its even-kernel "same" padding (the reference side)
 @pytest.mark.filterwarnings("ignore:Using padding='same'")
 @pytest.mark.parametrize("case", CONV_CASES)
-@pytest.mark.parametrize("path", ["auto", "native", "input_param", "basis_input", "shift"])
+@pytest.mark.parametrize("path", ["auto", "native", "input_param", "basis_input", "shift",
+                                  "tap_gemm", "tap_im2col"])
 def test_from_torch_conv_same_outputs_and_grads(case, path):
     m, x = make_conv(case)
     layer = from_torch(m)

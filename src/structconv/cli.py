@@ -267,6 +267,12 @@ def _run_suites(package: str, names, rest, args, out_default) -> int:
             from .train import resolve_device
 
             resolve_device(ns.device)
+        if package == "bench":
+            from .bench._util import steady_allocator
+
+            if steady_allocator():
+                print("allocator: glibc mmap threshold 32 MiB, trim threshold 1 GiB "
+                      "(steady timings; see structconv.bench._util.steady_allocator)")
         rc = module.run(ns)
         status = status or int(rc or 0)
     return status

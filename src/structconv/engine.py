@@ -118,7 +118,7 @@ def _full_routes(x: Tensor, basis: Basis, theta) -> list[Route]:
     if nf is not None:
         routes.append(Route("native", nf, 0.0,
                             lambda: basis.native_convolve(x, theta)))
-    return routes
+    return routes + basis.routes(x, theta)
 
 
 def _candidates(x: Tensor, basis: Basis, theta) -> list[Route]:

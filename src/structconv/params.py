@@ -37,6 +37,9 @@ class Route:
 
 #: weight of one element of intermediate memory traffic against one GEMM multiply-add
 ELEMENT_WEIGHT = 4.0
+#: weight of one element of a permuted (strided) copy of a large temporary, in GEMM
+#: multiply-adds (measured on a 2-core Xeon: ~1 ns per element, ~0.02 ns per multiply-add)
+COPY_WEIGHT = 50.0
 
 
 def _check_sizes(**kw):
@@ -128,14 +131,14 @@ class Grouped(Parameterization):
             Route("grouped_basis", B * (basis.propagate_flops(P) + N * K * P * Q / g),
                   B * N * K * P, basis_side),
         ]
-        if P == g and hasattr(basis, "channelwise_sum"):
+        if P == g and hasattr(basis, "channelwise_sum") and hasattr(basis, "channelwise_flops"):
             # a basis with a fused tap-by-tap kernel (a Grid): no (B, M, K, Q) temporary
             def taps():
                 r = Q // g  # channel p feeds outputs p*r .. p*r + r-1
                 xr = x if r == 1 else x.repeat_interleave(r, dim=2)
                 return basis.channelwise_sum(xr, W[:, :, 0].reshape(K, Q))
 
-            routes.append(Route("grouped_taps", B * basis.propagate_sum_flops(Q), B * N * Q,
+            routes.append(Route("grouped_taps", basis.channelwise_flops(Q, B), B * N * Q,
                                 taps))
         return routes
 
@@ -169,12 +172,12 @@ class DepthwiseSeparable(Parameterization):
             Route("depthwise_basis", B * (basis.propagate_flops(P) + N * K * P + N * P * Q),
                   B * N * K * P, basis_side),
         ]
-        if hasattr(basis, "channelwise_sum"):
+        if hasattr(basis, "channelwise_sum") and hasattr(basis, "channelwise_flops"):
             # a basis with a fused tap-by-tap kernel (a Grid): no (B, M, K, P) temporary
             def taps():
                 return basis.channelwise_sum(x, self.depth) @ self.point.to(x.dtype)
 
-            routes.append(Route("depthwise_taps", B * (basis.propagate_sum_flops(P) + N * P * Q),
+            routes.append(Route("depthwise_taps", basis.channelwise_flops(P, B) + B * N * P * Q,
                                 B * N * P, taps))
         return routes
 
@@ -215,12 +218,16 @@ class ControlledSeparable(Parameterization):
             u = torch.einsum("bnkp,hk->bnhp", basis.propagate(x), coef)
             return u.reshape(B, N, H * P) @ chan.reshape(H * P, Q)
 
+        # each einsum mixes over a dimension that is not innermost: torch permutes the larger
+        # operand into a copy first, charged per element at COPY_WEIGHT
         return [
             Route("separable_input",
-                  B * (M * P * H * Q + M * H * K * Q + basis.propagate_sum_flops(Q)),
+                  B * (M * P * H * Q + M * K * Q * (H + COPY_WEIGHT)
+                       + basis.propagate_sum_flops(Q)),
                   B * M * (H + K) * Q, input_side),
             Route("separable_basis",
-                  B * (basis.propagate_flops(P) + N * K * H * P + N * H * P * Q),
+                  B * (basis.propagate_flops(P) + N * K * P * (H + COPY_WEIGHT)
+                       + N * H * P * Q),
                   B * N * (K + H) * P, basis_side),
         ]
 

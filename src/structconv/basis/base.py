@@ -93,6 +93,14 @@ class Basis:
         """Weighted cost of ``native_convolve``, or None when no fused kernel applies."""
         return None
 
+    def routes(self, x: Tensor, theta) -> list:
+        """The basis's own whole-convolution routes (``sc.params.Route`` list) for x (B, M, P).
+
+        Like ``native_convolve`` but any number of them, each costed for the planner; a Grid
+        offers its tap routes here. None by default.
+        """
+        return []
+
     # -- dtype / device -----------------------------------------------------------------------
     @property
     def dtype(self) -> torch.dtype:

@@ -170,8 +170,10 @@ class Grid(_GridGeometry, Basis):
     shift-and-accumulate routes are used.
     """
 
-    #: strided copies and sums run at memory speed, far below the GEMM rate
-    flop_weight = 4.0
+    #: cost of one element of ``propagate`` (im2col) or ``propagate_sum`` in GEMM multiply-adds:
+    #: a strided copy into a (B, N, K, C) temporary, usually larger than any cache (measured on
+    #: a 2-core Xeon: ~1.2 ns per element against ~0.02 ns per GEMM multiply-add)
+    flop_weight = 64.0
     #: F.convNd runs at about the GEMM rate with no temporaries, while the routes it competes
     #: with move (B, M, K, C)-sized intermediates that the planner's element cost undercounts
     #: (measured: a 5x5 64->64 ControlledSeparable layer, 0.13 s by F.conv2d on the
@@ -189,6 +191,7 @@ class Grid(_GridGeometry, Basis):
         self._dtype = dtype
         self._device = torch.device(device) if device is not None else None
         self._taps = None
+        self._tap_layout = None
 
     # -- description --------------------------------------------------------------------------
     def _key(self):
@@ -376,7 +379,52 @@ class Grid(_GridGeometry, Basis):
             return out.reshape(B, self.M, K, C)
         raise ValueError(f"unknown grid op {op!r}")
 
+    # -- the Grid's own routes: taps as row offsets (see _TapLayout) ----------------------------
+    @property
+    def tap_layout(self) -> _TapLayout:
+        """Where every tap reads in the phase-split padded copy of an input (built once)."""
+        if self._tap_layout is None:
+            self._tap_layout = _TapLayout(self)
+        return self._tap_layout
+
+    def routes(self, x: Tensor, theta) -> list:
+        """``tap_gemm`` and ``tap_im2col``: y = Σ_k A_kᵀ x Θ_k with each A_kᵀ a row offset.
+
+        Both read one zero-padded, stride-phase-split copy of x and never build a (B, N, K, C)
+        temporary; ``tap_gemm`` runs one GEMM per tap, ``tap_im2col`` one GEMM per row chunk on
+        the chunk's taps side by side (inner size K*P: better for few input channels).
+        """
+        from ..params import Parameterization, Route
+
+        B, _, P = x.shape
+        Q = theta.Q if isinstance(theta, Parameterization) else theta.shape[2]
+        lay = self.tap_layout
+        R, T = lay.rows(B), len(lay.taps)
+        temp = (len(lay.phases) * B * lay.V + lay.tail) * P + B * lay.V * Q
+
+        def run(mode):
+            th = theta() if isinstance(theta, Parameterization) else theta
+            return _TapConv.apply(self, mode, x, th.to(x.dtype))
+
+        # measured weights (GEMM multiply-adds): each tap's GEMM rewrites its (rows, Q) output
+        # chunk in cache, which dominates when P is small; the im2col copy costs per element,
+        # more when channels-last rows are short runs of P channels (an RGB stem)
+        copy = self.tap_copy_weight * (1.0 if _is_cf(x) else 1.0 + 16.0 / P)
+        return [Route("tap_gemm", R * T * (P * Q + 6 * Q + 2 * P), temp, lambda: run("gemm")),
+                Route("tap_im2col", R * (T * P * Q + copy * T * P + 2 * Q), temp,
+                      lambda: run("im2col"))]
+
+    def channelwise_flops(self, C: int, B: int = 1) -> float:
+        """Weighted cost of ``channelwise_sum`` on B items of C channels: one fused
+        multiply-add pass per tap over the virtual rows."""
+        lay = self.tap_layout
+        return float(self.tap_copy_weight * 0.4 * len(lay.taps) * lay.rows(B) * C)
+
     # -- costs ----------------------------------------------------------------------------------
+    #: cost of one element copied or multiply-added by an elementwise pass over a cache-sized
+    #: chunk of the tap layout (measured, in GEMM multiply-adds)
+    tap_copy_weight = 50.0
+
     def apply_flops(self) -> float:
         return float(self.K * self.N)
 
@@ -686,50 +734,424 @@ def _batch_chunks(B: int, per_item: int):
     return [slice(b, min(B, b + step)) for b in range(0, B, step)]
 
 
-class _GridChannelwise(torch.autograd.Function):
-    """y = Σ_k A_kᵀ (x ⊙ w_k) tap by tap; backward: gx = Σ_k A_k (g ⊙ w_k), gw_k = <A_kᵀ x, g>."""
+# ------------------------------------------------------------------------------------------------
+# Tap routes: every shift becomes a row offset into one phase-split, zero-padded copy of the input
+class _TapLayout:
+    """Where each tap of a Grid reads, as row offsets into one flat (rows, C) buffer.
+
+    The input is zero-padded and split into stride phases (``u = s*j + r`` per dim), each phase an
+    image of ``phase_shape = ceil(padded / stride)``; only phases some tap reads are stored, one
+    after the other, each holding the B images back to back. Output n (coordinates ``n_d``) then
+    reads tap k at row ``v + off_k`` with ``v = b*V + Σ n_d S_d`` (S the phase image's row-major
+    strides, V its size): every tap is a contiguous (rows, C) slice, so Σ_k A_kᵀ x Θ_k becomes K
+    GEMMs on shifted views and nothing (B, N, K, C)-sized is built. Rows ``v`` that are no output
+    (the phase image's margins) are computed and dropped; their gradient is zero.
+    """
+
+    def __init__(self, grid: Grid):
+        d = grid.ndim
+        padded = [n + b + a for n, (b, a) in zip(grid.in_shape, grid.padding)]
+        self.phase_shape = tuple(-(-p // s) for p, s in zip(padded, grid.stride))
+        strides = [math.prod(self.phase_shape[i + 1:]) for i in range(d)]
+        self.V = math.prod(self.phase_shape)
+        phases: list[tuple[int, ...]] = []
+        taps = []  # (k, phase, flat row offset in the phase image)
+        self.shifts = []  # per tap, its offset per dim in the phase image
+        for k, _, _ in grid.taps:
+            off = [o * dl for o, dl in zip(grid.offsets[k].tolist(), grid.dilation)]
+            r = tuple(o % s for o, s in zip(off, grid.stride))
+            if r not in phases:
+                phases.append(r)
+            qv = tuple(o // s for o, s in zip(off, grid.stride))
+            taps.append((k, phases.index(r), sum(q * st for q, st in zip(qv, strides))))
+            self.shifts.append(qv)
+        self.phases, self.taps = phases, taps
+        self.tail = max((q for _, _, q in taps), default=0)
+        # the last row any output reads from, per image: the rest of the phase image is margin
+        self.last = sum((o - 1) * st for o, st in zip(grid.out_shape, strides))
+        self.crop = tuple(slice(0, o) for o in grid.out_shape)
+        # per phase with any input in it: (phase, input slices, where they land in its image)
+        self.copies = []
+        for ph, r in enumerate(phases):
+            src, dst = [], []
+            for n, (b, _), s, rr, P_d in zip(grid.in_shape, grid.padding, grid.stride, r,
+                                              self.phase_shape):
+                j_lo = max(0, -((rr - b) // s))  # ceil((b - r) / s)
+                j_hi = min(P_d - 1, (n - 1 + b - rr) // s)
+                i_lo = s * j_lo + rr - b
+                src.append(slice(i_lo, i_lo + s * (j_hi - j_lo) + 1, s))
+                dst.append(slice(j_lo, j_hi + 1))
+                if j_hi < j_lo:  # a phase of padding only: it stays zero
+                    break
+            else:
+                self.copies.append((ph, tuple(src), tuple(dst)))
+
+    def rows(self, B: int) -> int:
+        """Rows of the virtual output: every image's phase grid up to the last output of B."""
+        return (B - 1) * self.V + self.last + 1
+
+    def offsets(self, B: int) -> list[tuple[int, int]]:
+        """(k, row offset) per tap for a batch of B."""
+        return [(k, ph * B * self.V + q) for k, ph, q in self.taps]
+
+
+#: bytes per chunk of the tap loops: a chunk's input and output stay in cache across the K
+#: taps while each GEMM is still large enough to run at full rate
+_TAP_CHUNK_BYTES = 4 << 20
+_TAP_MIN_ROWS = 4096
+#: chunk bytes of the depthwise multiply-add passes: they are cheap per element, so the fixed
+#: ~20 us of every Python-issued op dominates small chunks (measured best at 16 MiB)
+_CHANNELWISE_CHUNK_BYTES = 16 << 20
+
+
+class _Taps:
+    """One batch's tap layout in one memory order: buffers, outputs, chunks and tap views.
+
+    Channels-last (``cf`` False): buffer (rows, C), virtual output (B*V, C), a chunk is a range
+    of rows and a tap's view a (rows, C) slice. Channels-first (``cf`` True, for a view of an
+    NCHW image): buffer (phases, B, C, V + tail), virtual output (B, C, V), a chunk is a range of
+    images and a tap's view (images, C, V): every image-channel plane is one padded row.
+    """
+
+    def __init__(self, grid: Grid, B: int, cf: bool):
+        self.grid, self.lay, self.B, self.cf = grid, grid.tap_layout, B, cf
+
+    def _at(self, spatial: tuple) -> tuple:
+        """An index for the grid dims of a (B, C, *grid) / (B, *grid, C) tensor."""
+        return (slice(None), slice(None)) + spatial if self.cf else (slice(None),) + spatial
+
+    def _grid(self, x: Tensor, shape) -> Tensor:
+        """(B, M, C) -> the (B, C, *shape) / (B, *shape, C) view of the same entries."""
+        if self.cf:
+            return x.transpose(1, 2).unflatten(2, shape)
+        return x.unflatten(1, shape)
+
+    def images(self, buf: Tensor) -> Tensor:
+        """The buffer's phase images: (phases, B, C, *phase_shape) / (phases, B, *phase, C)."""
+        lay = self.lay
+        if self.cf:
+            return buf[..., :lay.V].unflatten(-1, lay.phase_shape)
+        return buf[:len(lay.phases) * self.B * lay.V].view(len(lay.phases), self.B,
+                                                           *lay.phase_shape, buf.shape[-1])
+
+    def new_buffer(self, ref: Tensor, C: int, zero: bool = True) -> Tensor:
+        """A phase buffer for C channels: zeros, or with only what ``fill`` leaves unset zeroed."""
+        lay = self.lay
+        if self.cf:
+            shape = (len(lay.phases), self.B, C, lay.V + lay.tail)
+        else:
+            shape = (len(lay.phases) * self.B * lay.V + lay.tail, C)
+        if zero:
+            return ref.new_zeros(shape)
+        # zero only the padding: the margins of every phase image and the tail
+        buf = ref.new_empty(shape)
+        (buf[..., lay.V:] if self.cf else buf[len(lay.phases) * self.B * lay.V:]).zero_()
+        imgs = self.images(buf)
+        filled = {ph: dst for ph, _, dst in lay.copies}
+        for ph in range(len(lay.phases)):
+            if ph not in filled:
+                imgs[ph].zero_()
+                continue
+            for d, (sl, n) in enumerate(zip(filled[ph], lay.phase_shape)):
+                pre = (slice(None),) * d
+                if sl.start > 0:
+                    imgs[ph][self._at(pre + (slice(0, sl.start),))] = 0
+                if sl.stop < n:
+                    imgs[ph][self._at(pre + (slice(sl.stop, n),))] = 0
+        return buf
+
+    def fill(self, x: Tensor) -> Tensor:
+        """x (B, M, C), any strides (a channels-first view when ``cf``) -> the phase buffer:
+        one copy of x, zero padding, split into stride phases."""
+        buf = self.new_buffer(x, x.shape[2], zero=False)
+        imgs, xg = self.images(buf), self._grid(x, self.grid.in_shape)
+        for ph, src, dst in self.lay.copies:
+            imgs[ph][self._at(dst)] = xg[self._at(src)]
+        return buf
+
+    def gather(self, buf: Tensor) -> Tensor:
+        """The adjoint of ``fill``: buffer -> (B, M, C) (a channels-first view when ``cf``)."""
+        g, B = self.grid, self.B
+        C = buf.shape[2] if self.cf else buf.shape[1]
+        imgs = self.images(buf)
+        out = buf.new_zeros((B, C, *g.in_shape) if self.cf else (B, *g.in_shape, C))
+        for ph, src, dst in self.lay.copies:
+            out[self._at(src)] = imgs[ph][self._at(dst)]
+        return out.flatten(2).transpose(1, 2) if self.cf else out.view(B, g.M, C)
+
+    def new_out(self, ref: Tensor, C: int) -> Tensor:
+        """The virtual output for C channels (uninitialised: its margins are never read)."""
+        lay = self.lay
+        return ref.new_empty(self.B, C, lay.V) if self.cf else ref.new_empty(self.B * lay.V, C)
+
+    def take(self, out: Tensor) -> Tensor:
+        """Virtual output -> (B, N, C), margins dropped (a view of (B, C, N) when ``cf``)."""
+        lay, B = self.lay, self.B
+        if self.cf:
+            y = out.unflatten(-1, lay.phase_shape)[(slice(None), slice(None)) + lay.crop]
+            return y.contiguous().flatten(2).transpose(1, 2)
+        C = out.shape[-1]
+        y = out.view(B, *lay.phase_shape, C)[(slice(None),) + lay.crop]
+        return y.contiguous().view(B, self.grid.N, C)
+
+    def spread(self, g: Tensor) -> Tensor:
+        """(B, N, C) -> the virtual output with zero margins (the adjoint of ``take``)."""
+        lay, B, C = self.lay, self.B, g.shape[2]
+        if self.cf:
+            full = g.new_zeros(B, C, lay.V)
+            full.unflatten(-1, lay.phase_shape)[(slice(None), slice(None)) + lay.crop] = \
+                g.transpose(1, 2).unflatten(2, self.grid.out_shape)
+            return full
+        full = g.new_zeros(B * lay.V, C)
+        full.view(B, *lay.phase_shape, C)[(slice(None),) + lay.crop] = \
+            g.reshape(B, *self.grid.out_shape, C)
+        return full
+
+    def image_chunks(self, width: int, size: int = 0) -> list[tuple[int, int]]:
+        """(start, stop) ranges of images of about ``size`` bytes (default: cache-sized);
+        ``width`` is the bytes a chunk touches per position of the phase image."""
+        step = max(1, (size or _TAP_CHUNK_BYTES) // max(1, width * self.lay.V))
+        return [(a, min(self.B, a + step)) for a in range(0, self.B, step)]
+
+    def chunks(self, width: int, size: int = 0) -> list[tuple[int, int]]:
+        """(start, stop) ranges of images (``cf``) or of virtual rows, of about ``size`` bytes
+        (default: cache-sized); ``width`` is the bytes a chunk touches per output position."""
+        if self.cf:
+            return self.image_chunks(width, size)
+        step = max(_TAP_MIN_ROWS, (size or _TAP_CHUNK_BYTES) // max(1, width))
+        n = self.lay.rows(self.B)
+        return [(a, min(n, a + step)) for a in range(0, n, step)]
+
+    def views(self, buf: Tensor, c: tuple[int, int]) -> list[tuple[int, Tensor]]:
+        """(k, tap k's view of ``buf``) for chunk c: what its output positions read at tap k."""
+        a, b = c
+        if self.cf:
+            return [(k, buf[ph, a:b, :, q:q + self.lay.V]) for k, ph, q in self.lay.taps]
+        return [(k, buf[a + off:b + off]) for k, off in self.lay.offsets(self.B)]
+
+    # -- the products, on either layout ---------------------------------------------------------
+    def mm(self, a: Tensor, w: Tensor, out: Tensor, accumulate: bool) -> None:
+        """out (+)= a·w: channels-last a (R, P) @ w (P, Q); channels-first wᵀ @ a (n, P, V)."""
+        if not self.cf:
+            if accumulate:
+                out.addmm_(a, w)
+            else:
+                torch.mm(a, w, out=out)
+            return
+        wt = w.t().expand(a.shape[0], -1, -1)
+        if accumulate:
+            out.baddbmm_(wt, a)
+        else:
+            torch.bmm(wt, a, out=out)
+
+    def outer(self, a: Tensor, g: Tensor) -> Tensor:
+        """The gradient of w in ``mm`` for output gradient g: aᵀ g over rows (and images)."""
+        if not self.cf:
+            return a.t() @ g
+        return torch.bmm(a, g.transpose(1, 2)).sum(0)
+
+    def scale(self, w: Tensor) -> Tensor:
+        """A per-channel vector (C,) shaped to broadcast over a tap view."""
+        return w[:, None] if self.cf else w
+
+    def channel_sum(self, t: Tensor) -> Tensor:
+        """A tap view's values summed per channel -> (C,)."""
+        return t.sum((0, 2)) if self.cf else t.sum(0)
+
+    def cols(self, views: list, col: Tensor | None) -> tuple[Tensor, Tensor]:
+        """The taps' views side by side (im2col of one chunk) -> (GEMM operand, reused buffer).
+
+        The operand is (rows, T*P) channels-last, (n, T*P, V) channels-first; the buffer is
+        allocated for the first (largest) chunk and reused.
+        """
+        v = views[0][1]
+        if col is None:
+            col = v.new_empty(v.shape[0], len(views), *v.shape[1:])
+        c = col[:v.shape[0]]
+        for i, (_, t) in enumerate(views):
+            c[:, i] = t
+        return c.flatten(1, 2), col
+
+
+def _is_cf(x: Tensor) -> bool:
+    """Whether a (B, M, C) tensor is a channels-first view (of an NCHW image)."""
+    return x.shape[2] > 1 and x.shape[1] > 1 and x.stride(1) == 1
+
+
+def _taps_matrix(th: Tensor, ks: list[int]) -> Tensor:
+    """theta (K, P, Q) -> the (T*P, Q) stack of the used taps' matrices."""
+    return th[ks].reshape(len(ks) * th.shape[1], th.shape[2])
+
+
+class _TapConv(torch.autograd.Function):
+    """y = Σ_k A_kᵀ x Θ_k on the tap layout, (B, M, P) x (K, P, Q) -> (B, N, Q).
+
+    ``mode`` "gemm": per chunk, one GEMM per tap on its shifted view, accumulated in place;
+    "im2col": per chunk, the taps' views copied side by side into a small reused buffer and one
+    GEMM with inner size K*P (better when P is small, e.g. an RGB stem). A channels-first x (a
+    view of an NCHW image, ``x.stride(1) == 1``) is read as planes and y returned as a (B, N, Q)
+    view of a channels-first tensor, so image layers make no layout copies. Backward is the
+    adjoint on the same layout (once differentiable).
+    """
 
     @staticmethod
-    def forward(ctx, grid, x, w):
-        ctx.grid = grid
-        ctx.save_for_backward(x, w)
-        B, _, C = x.shape
-        src = x.reshape(B, *grid.in_shape, C)
-        out = x.new_zeros(B, *grid.out_shape, C)
-        full = (slice(None),)
-        for bs in _batch_chunks(B, (grid.M + grid.N) * C * x.element_size()):
-            s, o = src[bs], out[bs]
-            for k, n_sl, m_sl in grid.taps:
-                o[full + n_sl].addcmul_(s[full + m_sl], w[k])
-        return out.reshape(B, grid.N, C)
+    def forward(ctx, grid, mode, x, th):
+        B, _, P = x.shape
+        Q = th.shape[2]
+        t = _Taps(grid, B, _is_cf(x))
+        buf, out = t.fill(x), t.new_out(x, Q)
+        taps = [k for k, *_ in t.lay.taps]
+        if not taps:
+            out.zero_()
+        elif mode == "gemm":
+            for c in t.chunks((P + Q) * x.element_size()):
+                o = out[c[0]:c[1]]
+                for i, (k, a) in enumerate(t.views(buf, c)):
+                    t.mm(a, th[k], o, accumulate=i > 0)
+        else:
+            w, col = _taps_matrix(th, taps), None
+            for c in t.chunks((len(taps) * P + Q) * x.element_size()):
+                a, col = t.cols(t.views(buf, c), col)
+                t.mm(a, w, out[c[0]:c[1]], accumulate=False)
+        ctx.grid, ctx.mode, ctx.cf = grid, mode, t.cf
+        # the padded copy of x, not x itself: what the theta gradient reads
+        ctx.save_for_backward(buf if ctx.needs_input_grad[3] else None, th)
+        return t.take(out)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
-        grid = ctx.grid
-        x, w = ctx.saved_tensors
-        B, _, C = x.shape
-        src = x.reshape(B, *grid.in_shape, C)
-        gs = g.reshape(B, *grid.out_shape, C)
-        full = (slice(None),)
-        gx = gw = None
-        chunks = _batch_chunks(B, (grid.M + grid.N) * C * x.element_size())
-        if ctx.needs_input_grad[1]:
-            gx = x.new_zeros(B, *grid.in_shape, C)
-            for bs in chunks:
-                gxc, gc = gx[bs], gs[bs]
-                for k, n_sl, m_sl in grid.taps:
-                    gxc[full + m_sl].addcmul_(gc[full + n_sl], w[k])
-            gx = gx.reshape(B, grid.M, C)
-        if ctx.needs_input_grad[2]:
-            gw = torch.zeros_like(w)
-            dims = tuple(range(grid.ndim + 1))
-            for bs in chunks:
-                sc_, gc = src[bs], gs[bs]
-                for k, n_sl, m_sl in grid.taps:
-                    gw[k] += (gc[full + n_sl] * sc_[full + m_sl]).sum(dims)
-        return None, gx, gw
+        buf, th = ctx.saved_tensors
+        B, _, Q = g.shape
+        P = th.shape[1]
+        t = _Taps(ctx.grid, B, ctx.cf)
+        want_x, want_th = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+        gv = t.spread(g)
+        gbuf = t.new_buffer(g, P) if want_x else None
+        gth = torch.zeros_like(th) if want_th else None
+        taps = [k for k, *_ in t.lay.taps]
+        if ctx.mode == "gemm":
+            for c in t.chunks((P + Q) * g.element_size()):
+                gc = gv[c[0]:c[1]]
+                if want_x:
+                    for k, a in t.views(gbuf, c):
+                        t.mm(gc, th[k].t(), a, accumulate=True)
+                if want_th:
+                    for k, a in t.views(buf, c):
+                        gth[k] += t.outer(a, gc)
+        elif taps:
+            w, col = _taps_matrix(th, taps), None
+            gw = torch.zeros_like(w) if want_th else None
+            for c in t.chunks((len(taps) * P + Q) * g.element_size()):
+                gc = gv[c[0]:c[1]]
+                if want_x:
+                    # the chunk's im2col gradient, then each tap's slice back onto its view
+                    gcol = gc @ w.t() if not t.cf else torch.bmm(w.expand(gc.shape[0], -1, -1),
+                                                                  gc)
+                    gcol = gcol.unflatten(1, (len(taps), P))
+                    for i, (_, a) in enumerate(t.views(gbuf, c)):
+                        a += gcol[:, i]
+                if want_th:
+                    a, col = t.cols(t.views(buf, c), col)
+                    gw += t.outer(a, gc)
+            if want_th:
+                gth[taps] = gw.view(len(taps), P, Q)
+        return None, None, t.gather(gbuf) if want_x else None, gth
 
+
+class _GridChannelwise(torch.autograd.Function):
+    """y = Σ_k A_kᵀ (x ⊙ w_k), (B, M, C) x (K, C) -> (B, N, C): a depthwise convolution as one
+    fused multiply-add per tap and cache-sized chunk; backward gx = Σ_k A_k (g ⊙ w_k),
+    gw_k = <A_kᵀ x, g>.
+
+    Channels-last x: straight on the grid, each tap a slice whose rows are long runs of
+    channels (no padded copy). Channels-first x (a view of an NCHW image): on the tap layout,
+    where every image-channel plane is one contiguous row (grid slices of planes would be
+    runs of one image row only, several times slower).
+    """
+
+    @staticmethod
+    def forward(ctx, grid, x, w):
+        B, _, C = x.shape
+        cf = _is_cf(x)
+        ctx.grid, ctx.mode = grid, "taps" if cf else "grid"
+        if ctx.mode == "grid":
+            ctx.save_for_backward(x, w)
+            return _channelwise_grid(grid, x, w)
+        t = _Taps(grid, B, True)
+        buf, out = t.fill(x), t.new_out(x, C)
+        if not t.lay.taps:
+            out.zero_()
+        for c in t.chunks(2 * C * x.element_size(), _CHANNELWISE_CHUNK_BYTES):
+            o = out[c[0]:c[1]]
+            for i, (k, a) in enumerate(t.views(buf, c)):
+                if i == 0:
+                    torch.mul(a, t.scale(w[k]), out=o)
+                else:
+                    o.addcmul_(a, t.scale(w[k]))
+        ctx.save_for_backward(buf if ctx.needs_input_grad[2] else None, w)
+        return t.take(out)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        want_x, want_w = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        if ctx.mode == "grid":
+            x, w = ctx.saved_tensors
+            return (None,) + _channelwise_grid_backward(ctx.grid, x, w, g, want_x, want_w)
+        buf, w = ctx.saved_tensors
+        B, _, C = g.shape
+        t = _Taps(ctx.grid, B, True)
+        gv = t.spread(g)
+        gbuf = t.new_buffer(g, C) if want_x else None
+        gw = torch.zeros_like(w) if want_w else None
+        for c in t.chunks(2 * C * g.element_size(), _CHANNELWISE_CHUNK_BYTES):
+            gc = gv[c[0]:c[1]]
+            if want_x:
+                for k, a in t.views(gbuf, c):
+                    a.addcmul_(gc, t.scale(w[k]))
+            if want_w:
+                for k, a in t.views(buf, c):
+                    gw[k] += t.channel_sum(a * gc)
+        return None, t.gather(gbuf) if want_x else None, gw
+
+
+def _channelwise_grid(grid: Grid, x: Tensor, w: Tensor) -> Tensor:
+    """Channels-last depthwise taps on the grid itself: (B, M, C) -> (B, N, C)."""
+    B, _, C = x.shape
+    src = x.reshape(B, *grid.in_shape, C)
+    out = x.new_zeros(B, *grid.out_shape, C)
+    full = (slice(None),)
+    for bs in _batch_chunks(B, (grid.M + grid.N) * C * x.element_size()):
+        s, o = src[bs], out[bs]
+        for k, n_sl, m_sl in grid.taps:
+            o[full + n_sl].addcmul_(s[full + m_sl], w[k])
+    return out.reshape(B, grid.N, C)
+
+
+def _channelwise_grid_backward(grid: Grid, x, w, g, want_x: bool, want_w: bool):
+    """Adjoint of ``_channelwise_grid``: (gx or None, gw or None)."""
+    B, _, C = x.shape
+    src = x.reshape(B, *grid.in_shape, C)
+    gs = g.reshape(B, *grid.out_shape, C)
+    full = (slice(None),)
+    gx = gw = None
+    chunks = _batch_chunks(B, (grid.M + grid.N) * C * x.element_size())
+    if want_x:
+        gx = x.new_zeros(B, *grid.in_shape, C)
+        for bs in chunks:
+            gxc, gc = gx[bs], gs[bs]
+            for k, n_sl, m_sl in grid.taps:
+                gxc[full + m_sl].addcmul_(gc[full + n_sl], w[k])
+        gx = gx.reshape(B, grid.M, C)
+    if want_w:
+        gw = torch.zeros_like(w)
+        dims = tuple(range(grid.ndim + 1))
+        for bs in chunks:
+            sc_, gc = src[bs], gs[bs]
+            for k, n_sl, m_sl in grid.taps:
+                gw[k] += (gc[full + n_sl] * sc_[full + m_sl]).sum(dims)
+    return gx, gw
 
 def _indices(in_shape, out_shape, kernel_size, stride, padding, dilation) -> Tensor:
     """(3, nnz) ``[k; m; n]``: output n reads input m at kernel tap k (row-major everywhere)."""

@@ -19,7 +19,7 @@ import torch
 from .. import engine
 from ..basis.base import Dense, Sparse
 from ..io import atomic_write_json
-from ._util import interleaved_times, median_time, peak_memory
+from ._util import ALLOCATOR, interleaved_times, median_time, peak_memory
 
 NAME = "routes"
 
@@ -151,7 +151,8 @@ def run(args) -> int:
           f"{(big['sparse_peak_bytes'] or 0) / 2**20:.0f} MiB vs "
           f"{(big['dense_peak_bytes'] or 0) / 2**20:.0f} MiB ({big['memory_ratio']:.1f}x smaller; "
           "target >= 10x)")
-    result = dict(suite=NAME, machine=platform.machine(), threads=torch.get_num_threads(),
+    result = dict(suite=NAME, allocator=dict(ALLOCATOR),
+                  machine=platform.machine(), threads=torch.get_num_threads(),
                   torch=torch.__version__, seconds=time.time() - t0, cases=rows,
                   auto_within_1_10=within / len(rows),
                   chosen_within_1_10=chosen_ok / len(rows), sparse_vs_dense=big)

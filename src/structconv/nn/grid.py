@@ -207,7 +207,11 @@ class GridConv(_GridLayer):
         if key not in self._routes:
             if len(self._routes) > 4 * _CACHE_SIZE:
                 self._routes.clear()
-            self._routes[key] = plan((B, grid.M, self.in_channels), grid, self.param).route
+            shape = (B, grid.M, self.in_channels)
+            # an image is planned as what forward hands the engine: its channels-first view
+            meta = (torch.empty(shape, device="meta") if x.dim() != self.ndim + 2 else
+                    torch.empty((B, self.in_channels, grid.M), device="meta").transpose(1, 2))
+            self._routes[key] = plan(meta, grid, self.param).route
         return self._routes[key]
 
     def forward(self, x: Tensor) -> Tensor:
@@ -225,6 +229,13 @@ class GridConv(_GridLayer):
         route = self._route_for(grid, B, x)
         if route == "native":
             y = grid.conv_image(x, self.param, self.bias)  # bias fused into F.convNd
+        elif route in _CHANNELS_FIRST_ROUTES:
+            # these routes read channels-first planes and write channels-first outputs
+            xb = x.flatten(2).transpose(1, 2)  # (B, M, P) view of the image
+            y = convolve(xb, grid, self.param, route=route).transpose(1, 2)
+            y = y.reshape(B, self.out_channels, *grid.out_shape)
+            if self.bias is not None:
+                y = y + self.bias.to(y.dtype).reshape(-1, *(1,) * self.ndim)
         else:
             # one copy to channels-last: the shift kernels read channel runs contiguously
             xb = x.movedim(1, -1).reshape(B, grid.M, self.in_channels).contiguous()
@@ -236,6 +247,11 @@ class GridConv(_GridLayer):
                 img.add_(self.bias.to(y.dtype).reshape(-1, *(1,) * self.ndim))
             y = img
         return y.squeeze(0) if unbatched else y
+
+
+#: routes that take an image's channels-first view as it is (no copy to channels-last): the
+#: Grid's tap routes and the depthwise/grouped tap kernels
+_CHANNELS_FIRST_ROUTES = ("tap_gemm", "tap_im2col", "grouped_taps", "depthwise_taps")
 
 
 # ------------------------------------------------------------------------------------------------
