@@ -24,20 +24,26 @@ def steady_allocator() -> dict:
     the thresholds up front gives every contender the same, steady allocator (blocks over
     32 MiB are still mapped per call, for all alike). A no-op off glibc.
     """
+    if not ALLOCATOR and _mallopt(32 << 20, 1 << 30):
+        ALLOCATOR.update(mmap_threshold=32 << 20, trim_threshold=1 << 30)
+    return ALLOCATOR
+
+
+def _mallopt(mmap_threshold: int, trim_threshold: int) -> bool:
+    """Set glibc's mmap and trim thresholds (fixed, no dynamic adjustment); False elsewhere."""
     import ctypes
     import ctypes.util
     import platform
 
-    if ALLOCATOR or platform.system() != "Linux":
-        return ALLOCATOR
+    if platform.system() != "Linux":
+        return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         m_trim, m_mmap = -1, -3  # M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
-        if libc.mallopt(m_mmap, 32 << 20) == 1 and libc.mallopt(m_trim, 1 << 30) == 1:
-            ALLOCATOR.update(mmap_threshold=32 << 20, trim_threshold=1 << 30)
+        return libc.mallopt(m_mmap, mmap_threshold) == 1 and \
+            libc.mallopt(m_trim, trim_threshold) == 1
     except (OSError, AttributeError):
-        pass
-    return ALLOCATOR
+        return False
 
 
 def median_time(fn: Callable[[], object], repeats: int = 7, warmup: int = 2,
@@ -98,17 +104,43 @@ def fwd_bwd(fn: Callable[[], torch.Tensor]) -> Callable[[], None]:
     return run
 
 
+def _reset_peak() -> bool:
+    """Reset this process's resident high-water mark to its current size (Linux >= 4.0)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return _status_kb("VmHWM") is not None
+    except OSError:
+        return False
+
+
+def _status_kb(field: str) -> int | None:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return None
+
+
 def _child(conn, make: Callable[[], Callable[[], object]]):
     # the closure is built in the child so that its inputs count in its own baseline.
     # One thread: GNU OpenMP's pool does not survive fork (the child would hang on its first
     # parallel region), and peak memory does not depend on the thread count.
     try:
         torch.set_num_threads(1)
+        # every block over 16 KiB mapped on its own and returned on free: the resident
+        # high-water mark is then the computation's live peak, not heap left by earlier frees
+        _mallopt(16 << 10, 0)
         fn = make()
         gc.collect()
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        fn()
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        if _reset_peak():
+            base = _status_kb("VmRSS")
+            fn()
+            peak = _status_kb("VmHWM")
+        else:  # no resettable high-water mark: the peak beyond everything before
+            base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            fn()
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         conn.send(max(0, peak - base) * 1024)
     except BaseException as e:  # report, never hang the parent
         conn.send(repr(e))
