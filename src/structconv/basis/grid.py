@@ -167,7 +167,10 @@ class Grid(_GridGeometry, Basis):
     weight ``W[q, p, *kernel]`` is ``theta[k, p, q]``. ``padding``: an int, one int per dim, one
     ``(before, after)`` pair per dim, ``"valid"`` or ``"same"`` (torch's rule, stride 1). Zero
     padding. ``native=False`` hides the fused ``F.convNd`` kernel from the planner, so that the
-    shift-and-accumulate routes are used.
+    shift-and-accumulate routes are used: the paper's three orders on the grid's own shift
+    primitives, and the Grid's tap routes (``routes``), which apply every shift as a row offset
+    into one padded copy of x (their autograd is once differentiable: a double backward needs
+    the native kernel or one of the three orders).
     """
 
     #: cost of one element of ``propagate`` (im2col) or ``propagate_sum`` in GEMM multiply-adds:
@@ -406,11 +409,14 @@ class Grid(_GridGeometry, Basis):
             th = theta() if isinstance(theta, Parameterization) else theta
             return _TapConv.apply(self, mode, x, th.to(x.dtype))
 
-        # measured weights (GEMM multiply-adds): each tap's GEMM rewrites its (rows, Q) output
-        # chunk in cache, which dominates when P is small; the im2col copy costs per element,
-        # more when channels-last rows are short runs of P channels (an RGB stem)
+        # measured weights (GEMM multiply-adds): a GEMM with inner size P < 64 runs below the
+        # full rate (each tap's rewrites its (rows, Q) output chunk for only P multiply-adds per
+        # element); the im2col copy costs per element, more when channels-last rows are short
+        # runs of P channels (an RGB stem)
+        slow = max(1.0, 64.0 / P)
         copy = self.tap_copy_weight * (1.0 if _is_cf(x) else 1.0 + 16.0 / P)
-        return [Route("tap_gemm", R * T * (P * Q + 6 * Q + 2 * P), temp, lambda: run("gemm")),
+        return [Route("tap_gemm", R * T * (slow * P * Q + 6 * Q + 2 * P), temp,
+                      lambda: run("gemm")),
                 Route("tap_im2col", R * (T * P * Q + copy * T * P + 2 * Q), temp,
                       lambda: run("im2col"))]
 
@@ -737,7 +743,7 @@ def _batch_chunks(B: int, per_item: int):
 # ------------------------------------------------------------------------------------------------
 # Tap routes: every shift becomes a row offset into one phase-split, zero-padded copy of the input
 class _TapLayout:
-    """Where each tap of a Grid reads, as row offsets into one flat (rows, C) buffer.
+    """Where each tap of a Grid reads, as row offsets into one phase-split padded buffer.
 
     The input is zero-padded and split into stride phases (``u = s*j + r`` per dim), each phase an
     image of ``phase_shape = ceil(padded / stride)``; only phases some tap reads are stored, one
@@ -745,7 +751,8 @@ class _TapLayout:
     reads tap k at row ``v + off_k`` with ``v = b*V + Σ n_d S_d`` (S the phase image's row-major
     strides, V its size): every tap is a contiguous (rows, C) slice, so Σ_k A_kᵀ x Θ_k becomes K
     GEMMs on shifted views and nothing (B, N, K, C)-sized is built. Rows ``v`` that are no output
-    (the phase image's margins) are computed and dropped; their gradient is zero.
+    (the phase image's margins) are computed and dropped; their gradient is zero. ``_Taps`` lays
+    the buffer out channels-last or channels-first.
     """
 
     def __init__(self, grid: Grid):
@@ -756,7 +763,6 @@ class _TapLayout:
         self.V = math.prod(self.phase_shape)
         phases: list[tuple[int, ...]] = []
         taps = []  # (k, phase, flat row offset in the phase image)
-        self.shifts = []  # per tap, its offset per dim in the phase image
         for k, _, _ in grid.taps:
             off = [o * dl for o, dl in zip(grid.offsets[k].tolist(), grid.dilation)]
             r = tuple(o % s for o, s in zip(off, grid.stride))
@@ -764,7 +770,6 @@ class _TapLayout:
                 phases.append(r)
             qv = tuple(o // s for o, s in zip(off, grid.stride))
             taps.append((k, phases.index(r), sum(q * st for q, st in zip(qv, strides))))
-            self.shifts.append(qv)
         self.phases, self.taps = phases, taps
         self.tail = max((q for _, _, q in taps), default=0)
         # the last row any output reads from, per image: the rest of the phase image is margin
@@ -974,8 +979,9 @@ class _Taps:
 
 
 def _is_cf(x: Tensor) -> bool:
-    """Whether a (B, M, C) tensor is a channels-first view (of an NCHW image)."""
-    return x.shape[2] > 1 and x.shape[1] > 1 and x.stride(1) == 1
+    """Whether a (B, M, C) tensor is (a view of) channels-first planes, an NCHW image's: with
+    one channel both layouts are the same memory, and planes are the faster one to copy."""
+    return x.shape[1] > 1 and x.stride(1) == 1
 
 
 def _taps_matrix(th: Tensor, ks: list[int]) -> Tensor:

@@ -122,7 +122,7 @@ def _status_kb(field: str) -> int | None:
     return None
 
 
-def _child(conn, make: Callable[[], Callable[[], object]]):
+def _child(conn, make: Callable[[], Callable[[], object]], warmup: int = 0):
     # the closure is built in the child so that its inputs count in its own baseline.
     # One thread: GNU OpenMP's pool does not survive fork (the child would hang on its first
     # parallel region), and peak memory does not depend on the thread count.
@@ -132,6 +132,8 @@ def _child(conn, make: Callable[[], Callable[[], object]]):
         # high-water mark is then the computation's live peak, not heap left by earlier frees
         _mallopt(16 << 10, 0)
         fn = make()
+        for _ in range(warmup):
+            fn()
         gc.collect()
         if _reset_peak():
             base = _status_kb("VmRSS")
@@ -148,16 +150,18 @@ def _child(conn, make: Callable[[], Callable[[], object]]):
         conn.close()
 
 
-def peak_memory(make: Callable[[], Callable[[], object]], timeout: float = 600) -> float | None:
+def peak_memory(make: Callable[[], Callable[[], object]], timeout: float = 600,
+                warmup: int = 0) -> float | None:
     """Peak extra resident memory (bytes) of one call of ``make()()`` in a forked process.
 
     ``make`` builds the inputs and returns the closure to measure; the baseline is taken after
-    building them, so the figure is the memory the computation itself adds. CPU only; None on
-    failure.
+    building them (and after ``warmup`` unmeasured calls, which take a new process's one-time
+    costs, such as lazily loaded kernels), so the figure is the memory the computation itself
+    adds. CPU only; None on failure.
     """
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
-    p = ctx.Process(target=_child, args=(child, make))
+    p = ctx.Process(target=_child, args=(child, make, warmup))
     p.start()
     child.close()
     res = parent.recv() if parent.poll(timeout) else None
