@@ -232,8 +232,10 @@ class GridConv(_GridLayer):
         elif route in _CHANNELS_FIRST_ROUTES:
             # these routes read channels-first planes and write channels-first outputs
             xb = x.flatten(2).transpose(1, 2)  # (B, M, P) view of the image
-            y = convolve(xb, grid, self.param, route=route).transpose(1, 2)
-            y = y.reshape(B, self.out_channels, *grid.out_shape)
+            # channels-first already for the tap routes (then no copy); a depthwise multiplier
+            # goes channels-last inside its route and comes back here in one copy
+            y = convolve(xb, grid, self.param, route=route).transpose(1, 2).contiguous()
+            y = y.view(B, self.out_channels, *grid.out_shape)
             if self.bias is not None:
                 y = y + self.bias.to(y.dtype).reshape(-1, *(1,) * self.ndim)
         else:
