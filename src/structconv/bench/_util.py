@@ -29,6 +29,20 @@ def steady_allocator() -> dict:
     return ALLOCATOR
 
 
+def _trim() -> None:
+    """Hand every free heap page back to the kernel (glibc ``malloc_trim``), so that what runs
+    next faults in fresh pages instead of reusing resident free ones; a no-op elsewhere."""
+    import ctypes
+    import ctypes.util
+    import platform
+
+    if platform.system() == "Linux":
+        try:
+            ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
+
+
 def _mallopt(mmap_threshold: int, trim_threshold: int) -> bool:
     """Set glibc's mmap and trim thresholds (fixed, no dynamic adjustment); False elsewhere."""
     import ctypes
@@ -135,6 +149,9 @@ def _child(conn, make: Callable[[], Callable[[], object]], warmup: int = 0):
         for _ in range(warmup):
             fn()
         gc.collect()
+        # free heap pages inherited from the parent (or left by the setup) would otherwise
+        # serve the measured call's blocks without raising the resident size
+        _trim()
         if _reset_peak():
             base = _status_kb("VmRSS")
             fn()
