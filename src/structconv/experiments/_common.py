@@ -39,6 +39,28 @@ def set_threads(args) -> None:
         torch.set_num_threads(n)
 
 
+def device(args) -> torch.device:
+    """The ``--device`` of a run (``auto``: CUDA when there is one), CPU when absent."""
+    d = getattr(args, "device", None) or "cpu"
+    if d == "auto":
+        d = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(d)
+
+
+def add_recipe_arguments(parser, data_help: str, quick_help: str) -> None:
+    """The options the published-number recipes (planetoid, rgcn) share."""
+    parser.add_argument("--seeds", type=int, default=10, help="number of seeds (runs)")
+    parser.add_argument("--seed", type=int, default=0, help="first seed")
+    parser.add_argument("--data", default=None, help=data_help)
+    parser.add_argument("--out", default="bench-results", help="output folder")
+    parser.add_argument("--epochs", type=int, default=None, help="override the recipe's epochs")
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default 1: full-batch ops on these small "
+                             "graphs gain little from more, and contend on a shared CPU; 0 keeps "
+                             "torch's default)")
+
+
 def mean_std(values) -> tuple[float, float]:
     """(mean, sample std) of a list of numbers (std 0 for a single value)."""
     values = [float(v) for v in values]

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from ..data.planetoid import PLANETOID_NAMES, load_planetoid, shared_dir
 from ..io import atomic_write_json
+from ._common import add_recipe_arguments, device, set_threads
 
 __all__ = ["RECIPES", "PUBLISHED", "add_arguments", "run", "train_seed", "build_model"]
 
@@ -134,42 +135,24 @@ def train_seed(model: str, data, s: dict, seed: int) -> dict:
     return out
 
 
-def _device(args) -> torch.device:
-    d = getattr(args, "device", None) or "cpu"
-    if d == "auto":
-        d = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(d)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=sorted(RECIPES), default="gcn")
     parser.add_argument("--dataset", choices=PLANETOID_NAMES, default="cora")
-    parser.add_argument("--seeds", type=int, default=10, help="number of seeds (runs)")
-    parser.add_argument("--seed", type=int, default=0, help="first seed")
-    parser.add_argument("--data", default=None,
-                        help="folder with the ind.<name>.* files (default: "
-                             "$STRUCTCONV_DATA/planetoid)")
-    parser.add_argument("--out", default="bench-results", help="output folder")
-    parser.add_argument("--epochs", type=int, default=None, help="override the recipe's epochs")
+    add_recipe_arguments(parser, "folder with the ind.<name>.* files (default: "
+                                 "$STRUCTCONV_DATA/planetoid)", "2 seeds, 20 epochs (smoke test)")
     parser.add_argument("--stopping", choices=("val_acc", "gat"), default=None,
                         help="model selection: best validation accuracy (default), or the GAT "
                              "paper's rule (best accuracy and loss; patience counts epochs in "
                              "which neither improves)")
-    parser.add_argument("--quick", action="store_true", help="2 seeds, 20 epochs (smoke test)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (default 1: full-batch ops on these small "
-                             "graphs gain little from more, and contend on a shared CPU; 0 keeps "
-                             "torch's default)")
 
 
 def run(args) -> int:
     """Run the recipe over seeds, print a table and write the JSON; returns an exit code."""
-    if getattr(args, "threads", None):
-        torch.set_num_threads(args.threads)
+    set_threads(args)
     root = args.data or shared_dir("planetoid")
     if root is None:
         raise FileNotFoundError("no Planetoid folder: pass --data DIR or set STRUCTCONV_DATA")
-    data = load_planetoid(root, args.dataset, normalize_features=True).to(_device(args))
+    data = load_planetoid(root, args.dataset, normalize_features=True).to(device(args))
     quick = getattr(args, "quick", False)
     s = settings(args.model, args.dataset,
                  epochs=args.epochs if args.epochs else (20 if quick else None),

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from ..data.planetoid import shared_dir
 from ..data.rgcn import load_entities
 from ..io import atomic_write_json
+from ._common import add_recipe_arguments, device, set_threads
 
 __all__ = ["RECIPES", "PUBLISHED", "add_arguments", "run", "train_seed", "settings"]
 
@@ -72,41 +73,23 @@ def train_seed(data, s: dict, seed: int) -> dict:
                 seconds=time.perf_counter() - t0, train_loss=losses)
 
 
-def _device(args) -> torch.device:
-    d = getattr(args, "device", None) or "cpu"
-    if d == "auto":
-        d = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(d)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", choices=sorted(RECIPES), default="aifb")
-    parser.add_argument("--seeds", type=int, default=10, help="number of seeds (runs)")
-    parser.add_argument("--seed", type=int, default=0, help="first seed")
-    parser.add_argument("--data", default=None,
-                        help="folder with <name>_stripped.nt.gz and the TSV splits (default: "
-                             "$STRUCTCONV_DATA/rgcn/<name>)")
-    parser.add_argument("--out", default="bench-results", help="output folder")
-    parser.add_argument("--epochs", type=int, default=None, help="override the recipe's epochs")
+    add_recipe_arguments(parser, "folder with <name>_stripped.nt.gz and the TSV splits (default: "
+                                 "$STRUCTCONV_DATA/rgcn/<name>)", "2 seeds, 5 epochs (smoke test)")
     parser.add_argument("--bases", type=int, default=None,
                         help="override the number of bases H (ControlledSeparable)")
     parser.add_argument("--cache", default=None, help="parse cache folder")
-    parser.add_argument("--quick", action="store_true", help="2 seeds, 5 epochs (smoke test)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (default 1: full-batch ops on these small "
-                             "graphs gain little from more, and contend on a shared CPU; 0 keeps "
-                             "torch's default)")
 
 
 def run(args) -> int:
     """Run the recipe over seeds, print a table and write the JSON; returns an exit code."""
-    if getattr(args, "threads", None):
-        torch.set_num_threads(args.threads)
+    set_threads(args)
     root = args.data or shared_dir(f"rgcn/{args.dataset}")
     if root is None:
         raise FileNotFoundError("no R-GCN data folder: pass --data DIR or set STRUCTCONV_DATA")
     data = load_entities(root, args.dataset, cache_dir=getattr(args, "cache", None))
-    data = data.to(_device(args))
+    data = data.to(device(args))
     quick = getattr(args, "quick", False)
     s = settings(args.dataset, epochs=args.epochs or (5 if quick else None),
                  num_bases=getattr(args, "bases", None))
