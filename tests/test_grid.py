@@ -131,7 +131,8 @@ def test_tap_routes_on_channels_first_views(geom, route):
 @pytest.mark.parametrize("channels_first", [False, True])
 @pytest.mark.parametrize("route", TAP_ROUTES)
 def test_tap_routes_gradcheck(route, channels_first):
-    """The tap kernels' custom autograd (both memory orders) against finite differences."""
+    """The tap kernels' custom autograd (both memory orders) against finite differences, to
+    second order."""
     g = Grid((5, 6), (2, 3), (2, 1), ((1, 0), (2, 1)), (1, 2))
     torch.manual_seed(2)
     img = torch.randn(2, 3, *g.in_shape, dtype=DT, requires_grad=True)
@@ -142,6 +143,7 @@ def test_tap_routes_gradcheck(route, channels_first):
         return sc.convolve(x if channels_first else x.contiguous(), g, th, route=route)
 
     assert torch.autograd.gradcheck(f, (img, th))
+    assert torch.autograd.gradgradcheck(f, (img, th))  # e.g. a gradient penalty
 
 
 def test_tap_layout_reads_only_phases_in_use():
@@ -473,6 +475,9 @@ def test_channelwise_sum_depthwise_kernel():
                                atol=1e-13)
     assert torch.autograd.gradcheck(lambda i, w: g.channelwise_sum(i.transpose(1, 2), w),
                                     (img, w))
+    for layout in (lambda i: i.transpose(1, 2), lambda i: i.transpose(1, 2).contiguous()):
+        assert torch.autograd.gradgradcheck(
+            lambda i, w, layout=layout: g.channelwise_sum(layout(i), w), (img, w))
     # the planner takes it for depthwise forms of realistic width when F.convNd is off (with
     # a handful of channels a dense per-tap GEMM is as cheap)
     off = Grid((12, 10), 3, padding=1, native=False)

@@ -169,8 +169,7 @@ class Grid(_GridGeometry, Basis):
     padding. ``native=False`` hides the fused ``F.convNd`` kernel from the planner, so that the
     shift-and-accumulate routes are used: the paper's three orders on the grid's own shift
     primitives, and the Grid's tap routes (``routes``), which apply every shift as a row offset
-    into one padded copy of x (their autograd is once differentiable: a double backward needs
-    the native kernel or one of the three orders).
+    into one padded copy of x.
     """
 
     #: cost of one element of ``propagate`` (im2col) or ``propagate_sum`` in GEMM multiply-adds:
@@ -984,6 +983,26 @@ def _is_cf(x: Tensor) -> bool:
     return x.shape[1] > 1 and x.stride(1) == 1
 
 
+def _shift_conv(grid: Grid, x: Tensor, th: Tensor) -> Tensor:
+    """Σ_k A_kᵀ x Θ_k by the paper's input_param order on the grid's own shift kernels, whose
+    autograd is its adjoint kernels all the way down: the tap kernels' double backward."""
+    B, M, P = x.shape
+    K, _, Q = th.shape
+    z = (x.reshape(B * M, P) @ th.permute(1, 0, 2).reshape(P, K * Q)).reshape(B, M, K, Q)
+    return grid.propagate_sum(z)
+
+
+def _grid_backward_graph(ctx, fn, inputs: tuple, g: Tensor, first: int) -> tuple:
+    """The gradients of ``fn(*inputs)`` for output gradient g, as a graph (create_graph): the
+    backward of a fused kernel when a higher derivative is wanted. ``first`` is the index of
+    inputs[0] among the Function's inputs (for ``needs_input_grad``)."""
+    want = [ctx.needs_input_grad[first + i] for i in range(len(inputs))]
+    wanted = [t for t, w in zip(inputs, want) if w]
+    grads = iter(torch.autograd.grad(fn(*inputs), wanted, g, create_graph=True,
+                                     allow_unused=True))
+    return tuple(next(grads) if w else None for w in want)
+
+
 def _taps_matrix(th: Tensor, ks: list[int]) -> Tensor:
     """theta (K, P, Q) -> the (T*P, Q) stack of the used taps' matrices."""
     return th[ks].reshape(len(ks) * th.shape[1], th.shape[2])
@@ -997,7 +1016,8 @@ class _TapConv(torch.autograd.Function):
     GEMM with inner size K*P (better when P is small, e.g. an RGB stem). A channels-first x (a
     view of an NCHW image, ``x.stride(1) == 1``) is read as planes and y returned as a (B, N, Q)
     view of a channels-first tensor, so image layers make no layout copies. Backward is the
-    adjoint on the same layout (once differentiable).
+    adjoint on the same layout; under ``create_graph`` it is the same map's gradient through the
+    grid's shift kernels instead, so higher derivatives exist.
     """
 
     @staticmethod
@@ -1020,14 +1040,23 @@ class _TapConv(torch.autograd.Function):
                 a, col = t.cols(t.views(buf, c), col)
                 t.mm(a, w, out[c[0]:c[1]], accumulate=False)
         ctx.grid, ctx.mode, ctx.cf = grid, mode, t.cf
-        # the padded copy of x, not x itself: what the theta gradient reads
-        ctx.save_for_backward(buf if ctx.needs_input_grad[3] else None, th)
+        # the padded copy of x is what the theta gradient reads; x itself only serves a double
+        # backward (an input: saving it keeps nothing alive that the graph does not)
+        ctx.save_for_backward(buf if ctx.needs_input_grad[3] else None, th, x)
         return t.take(out)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, g):
-        buf, th = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph: differentiate the same map, twice-able
+            _, th, x = ctx.saved_tensors
+            return (None, None) + _grid_backward_graph(
+                ctx, lambda x, th: _shift_conv(ctx.grid, x, th), (x, th), g, 2)
+        with torch.no_grad():
+            return _TapConv._backward(ctx, g)
+
+    @staticmethod
+    def _backward(ctx, g):
+        buf, th, _ = ctx.saved_tensors
         B, _, Q = g.shape
         P = th.shape[1]
         t = _Taps(ctx.grid, B, ctx.cf)
@@ -1082,7 +1111,7 @@ class _GridChannelwise(torch.autograd.Function):
         cf = _is_cf(x)
         ctx.grid, ctx.mode = grid, "taps" if cf else "grid"
         if ctx.mode == "grid":
-            ctx.save_for_backward(x, w)
+            ctx.save_for_backward(None, w, x)
             return _channelwise_grid(grid, x, w)
         t = _Taps(grid, B, True)
         buf, out = t.fill(x), t.new_out(x, C)
@@ -1095,17 +1124,25 @@ class _GridChannelwise(torch.autograd.Function):
                     torch.mul(a, t.scale(w[k]), out=o)
                 else:
                     o.addcmul_(a, t.scale(w[k]))
-        ctx.save_for_backward(buf if ctx.needs_input_grad[2] else None, w)
+        ctx.save_for_backward(buf if ctx.needs_input_grad[2] else None, w, x)
         return t.take(out)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, g):
+        if torch.is_grad_enabled():  # create_graph: differentiate the same map, twice-able
+            _, w, x = ctx.saved_tensors
+            return (None,) + _grid_backward_graph(
+                ctx, lambda x, w: ctx.grid.propagate_sum(x.unsqueeze(2) * w), (x, w), g, 1)
+        with torch.no_grad():
+            return _GridChannelwise._backward(ctx, g)
+
+    @staticmethod
+    def _backward(ctx, g):
         want_x, want_w = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         if ctx.mode == "grid":
-            x, w = ctx.saved_tensors
+            _, w, x = ctx.saved_tensors
             return (None,) + _channelwise_grid_backward(ctx.grid, x, w, g, want_x, want_w)
-        buf, w = ctx.saved_tensors
+        buf, w, _ = ctx.saved_tensors
         B, _, C = g.shape
         t = _Taps(ctx.grid, B, True)
         gv = t.spread(g)
