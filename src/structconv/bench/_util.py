@@ -29,35 +29,36 @@ def steady_allocator() -> dict:
     return ALLOCATOR
 
 
-def _trim() -> None:
-    """Hand every free heap page back to the kernel (glibc ``malloc_trim``), so that what runs
-    next faults in fresh pages instead of reusing resident free ones; a no-op elsewhere."""
-    import ctypes
-    import ctypes.util
-    import platform
-
-    if platform.system() == "Linux":
-        try:
-            ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):
-            pass
-
-
-def _mallopt(mmap_threshold: int, trim_threshold: int) -> bool:
-    """Set glibc's mmap and trim thresholds (fixed, no dynamic adjustment); False elsewhere."""
+def _glibc():
+    """The C library when it is glibc on Linux (its allocator knobs), else None."""
     import ctypes
     import ctypes.util
     import platform
 
     if platform.system() != "Linux":
-        return False
+        return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        m_trim, m_mmap = -1, -3  # M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
-        return libc.mallopt(m_mmap, mmap_threshold) == 1 and \
-            libc.mallopt(m_trim, trim_threshold) == 1
-    except (OSError, AttributeError):
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def _trim() -> None:
+    """Hand every free heap page back to the kernel (glibc ``malloc_trim``), so that what runs
+    next faults in fresh pages instead of reusing resident free ones; a no-op elsewhere."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+def _mallopt(mmap_threshold: int, trim_threshold: int) -> bool:
+    """Set glibc's mmap and trim thresholds (fixed, no dynamic adjustment); False elsewhere."""
+    libc = _glibc()
+    if libc is None:
         return False
+    m_trim, m_mmap = -1, -3  # M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
+    return libc.mallopt(m_mmap, mmap_threshold) == 1 and libc.mallopt(m_trim, trim_threshold) == 1
 
 
 def median_time(fn: Callable[[], object], repeats: int = 7, warmup: int = 2,
