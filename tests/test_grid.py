@@ -487,3 +487,122 @@ def test_channelwise_sum_depthwise_kernel():
     # the same on an image's channels-first view, which the kernel reads without a copy
     xcf = xw.transpose(1, 2).contiguous().transpose(1, 2)
     assert sc.plan(xcf, off, Grouped(9, 32, 32, 32)).route == "grouped_taps"
+
+
+# stride-1 grids whose output has the input's shape: channels-first depthwise on flat offsets
+FLAT_GEOMETRIES = [
+    ((9,), 5, 1, "same", 1),
+    ((10,), 2, 1, "same", 1),  # even kernel: asymmetric padding, no centre tap
+    ((7, 9), 3, 1, "same", 1),
+    ((8, 7), (3, 5), 1, "same", 2),
+    ((6, 6), 2, 1, "same", 1),
+    ((3, 3), 5, 1, "same", 1),  # taps reading only padding along a dim
+    ((9, 4), (3, 1), 1, "same", 3),
+    ((4, 5, 6), 3, 1, 1, 1),
+    ((3, 4, 5), (3, 2, 3), 1, "same", (1, 2, 1)),
+]
+
+
+def _depthwise_ref(g: Grid, img, w, bias=None):
+    """torch's depthwise convolution of (B, C, *in_shape) with w (K, C): (B, C, *out_shape)."""
+    C = img.shape[1]
+    pads = [p for b, a in reversed(g.padding) for p in (b, a)]
+    wt = w.t().reshape(C, 1, *g.kernel_size)
+    return CONV[g.ndim](F.pad(img, pads), wt, bias, stride=g.stride, dilation=g.dilation,
+                        groups=C)
+
+
+@pytest.mark.parametrize("geom", FLAT_GEOMETRIES, ids=str)
+def test_flat_depthwise_taps(geom):
+    """The flat-offset depthwise kernel (channels-first, stride 1, same shape): equal to
+    torch's depthwise convolution in values and gradients, with and without a bias."""
+    in_shape, k, s, p, d = geom
+    g = Grid(in_shape, k, s, p, d)
+    assert g.flat_taps is not None
+    torch.manual_seed(3)
+    img = torch.randn(3, 4, *in_shape, dtype=DT, requires_grad=True)
+    w = torch.randn(g.K, 4, dtype=DT, requires_grad=True)
+    b = torch.randn(4, dtype=DT, requires_grad=True)
+    for bias in (None, b):
+        y = g.channelwise_sum(img.flatten(2).transpose(1, 2), w, bias)
+        assert y.stride(1) == 1  # returned channels-first
+        ref = _depthwise_ref(g, img, w, bias)
+        torch.testing.assert_close(y.transpose(1, 2).reshape(ref.shape), ref, rtol=1e-13,
+                                   atol=1e-13)
+        gy = torch.randn_like(ref)
+        wanted = (img, w) if bias is None else (img, w, b)
+        got = torch.autograd.grad(y, wanted, gy.flatten(2).transpose(1, 2))
+        exp = torch.autograd.grad(ref, wanted, gy)
+        for u, v in zip(got, exp):
+            torch.testing.assert_close(u, v, rtol=1e-12, atol=1e-12)
+
+
+def test_flat_depthwise_taps_gradchecks_and_chunks(monkeypatch):
+    """gradcheck and gradgradcheck (x, w, bias), and every way of chunking the planes:
+    whole images per chunk, channel blocks of every image, one plane at a time."""
+    import structconv.basis.grid as grid_mod
+
+    g = Grid((5, 6), 3, padding="same", dilation=(1, 2))
+    torch.manual_seed(4)
+    img = torch.randn(2, 6, 5, 6, dtype=DT, requires_grad=True)
+    w = torch.randn(g.K, 6, dtype=DT, requires_grad=True)
+    b = torch.randn(6, dtype=DT, requires_grad=True)
+
+    def f(i, w, b):
+        return g.channelwise_sum(i.flatten(2).transpose(1, 2), w, b)
+
+    assert torch.autograd.gradcheck(f, (img, w, b))
+    assert torch.autograd.gradgradcheck(f, (img, w, b))
+    ref = _depthwise_ref(g, img, w, b)
+    gy = torch.randn_like(ref)
+    exp = torch.autograd.grad(ref, (img, w, b), gy)
+    plane = g.M * 8
+    # chunk sizes: 1 plane, 2 and 3 channels (blocks of every image), 1 and 2 whole images
+    for size, u, groups in ((plane, 1, 6), (2 * plane, 2, 3), (3 * plane, 3, 2),
+                            (7 * plane, 6, 1), (12 * plane, 12, 1)):
+        monkeypatch.setattr(grid_mod, "_FLAT_CHUNK_BYTES", size)
+        got_u, got_groups = g.flat_taps.chunks(2, 6, 8)
+        assert (got_u, len(got_groups)) == (u, groups)
+        y = f(img, w, b)
+        torch.testing.assert_close(y.transpose(1, 2).reshape(ref.shape), ref, rtol=1e-13,
+                                   atol=1e-13)
+        for a, e in zip(torch.autograd.grad(y, (img, w, b), gy.flatten(2).transpose(1, 2)),
+                        exp):
+            torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+
+
+def test_flat_taps_apply_only_where_they_hold():
+    """Strided or shape-changing grids keep the phase-buffer layout (no flat offsets)."""
+    assert Grid((8, 8), 3, padding=1).flat_taps is not None
+    assert Grid((8, 8), 3, stride=2, padding=1).flat_taps is None
+    assert Grid((8, 8), 3).flat_taps is None  # "valid": the output is smaller
+    g = Grid((6, 7), 3, 2, 1)
+    torch.manual_seed(5)
+    img = torch.randn(2, 3, 6, 7, dtype=DT)
+    w, b = torch.randn(g.K, 3, dtype=DT), torch.randn(3, dtype=DT)
+    for x in (img.flatten(2).transpose(1, 2), img.flatten(2).transpose(1, 2).contiguous()):
+        y = g.channelwise_sum(x, w, b)
+        ref = _depthwise_ref(g, img, w, b)
+        torch.testing.assert_close(y.transpose(1, 2).reshape(ref.shape), ref, rtol=1e-13,
+                                   atol=1e-13)
+    with pytest.raises(ValueError, match=r"bias \(C,\)"):
+        g.channelwise_sum(img.flatten(2).transpose(1, 2), w, torch.zeros(4, dtype=DT))
+
+
+@pytest.mark.parametrize("route", ["auto", "input_param", "grouped_taps", "native"])
+def test_convolve_bias(route):
+    """``convolve(..., bias=)`` adds a (Q,) bias on every route, fused or not; gradients
+    reach it; a bias of the wrong shape is refused naming Q."""
+    g = Grid((6, 5), 3, padding=1)
+    torch.manual_seed(6)
+    x = torch.randn(2, g.M, 4, dtype=DT, requires_grad=True)
+    th = Grouped(g.K, 4, 4, 4).to(DT)
+    b = torch.randn(4, dtype=DT, requires_grad=True)
+    y = sc.convolve(x, g, th, route=route, bias=b)
+    ref = sc.convolve(x, g, th, route="input_param") + b
+    torch.testing.assert_close(y, ref, rtol=1e-13, atol=1e-13)
+    gy = torch.randn_like(ref)
+    for u, v in zip(torch.autograd.grad(y, (x, b), gy), torch.autograd.grad(ref, (x, b), gy)):
+        torch.testing.assert_close(u, v, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match=r"bias must be a \(4,\) tensor"):
+        sc.convolve(x, g, th, route=route, bias=torch.zeros(3, dtype=DT))

@@ -173,18 +173,23 @@ def _slice_theta(theta, s: slice):
     return theta[s]
 
 
-def convolve(x: Tensor, basis, theta, *, route: str = "auto") -> Tensor:
-    """The structured convolution ``y[b,n,q] = Σ_{k,m,p} A[k,m,n] x[b,m,p] θ[k,p,q]``.
+def convolve(x: Tensor, basis, theta, *, route: str = "auto",
+             bias: Tensor | None = None) -> Tensor:
+    """The structured convolution ``y[b,n,q] = Σ_{k,m,p} A[k,m,n] x[b,m,p] θ[k,p,q]`` (+ bias).
 
     x: (B, M, P) or (M, P); basis: a ``sc.basis.Basis`` or dense (K, M, N) tensor;
     theta: (K, P, Q) tensor or ``sc.params`` module. Returns (B, N, Q) or (N, Q).
     ``route`` is ``"auto"`` (the planner), one of ``ROUTES``, ``"native"`` for a basis's fused
-    kernel, or the name of a parameter form's factored route.
+    kernel, or the name of a parameter form's factored route. ``bias``: an optional (Q,)
+    tensor added to every output row, inside the route's kernel where it can (as F.convNd's).
     """
     basis = as_basis(basis)
     xb, added, P, Q = _check(x, basis, theta)
     if not xb.is_floating_point():
         raise TypeError(f"x must be a floating tensor, got dtype {xb.dtype}")
+    if bias is not None and (not isinstance(bias, Tensor) or tuple(bias.shape) != (Q,)):
+        raise ValueError(f"bias must be a ({Q},) tensor (Q={Q} output channels), got "
+                         f"{tuple(bias.shape) if isinstance(bias, Tensor) else type(bias)}")
     basis = basis._matching(xb)
     if isinstance(basis, Stack) and route == "auto" and isinstance(theta, Parameterization):
         chosen = plan(xb, basis, theta).route
@@ -197,6 +202,8 @@ def convolve(x: Tensor, basis, theta, *, route: str = "auto") -> Tensor:
         y = ys[0]
         for t in ys[1:]:
             y = y + t
+        if bias is not None:
+            y = y + bias.to(y.dtype)
     else:
         routes = _candidates(xb, basis, theta)
         name = _choose(routes, xb, basis, theta) if route == "auto" else route
@@ -206,6 +213,12 @@ def convolve(x: Tensor, basis, theta, *, route: str = "auto") -> Tensor:
                 f"unknown route {route!r} for this basis/theta: choose 'auto' or one of "
                 f"{sorted(by_name)}"
             )
-        y = by_name[name].run()
+        r = by_name[name]
+        if bias is None:
+            y = r.run()
+        elif r.run_bias is not None:
+            y = r.run_bias(bias.to(xb.dtype))
+        else:
+            y = r.run() + bias.to(xb.dtype)
     return y.squeeze(0) if added else y
 

@@ -28,6 +28,8 @@ class Route:
     flops: float
     elements: float
     run: Callable[[], Tensor] | None = None
+    #: the same computation plus a (Q,) bias added inside its kernel (no extra pass), if any
+    run_bias: Callable[[Tensor], Tensor] | None = None
 
     @property
     def cost(self) -> float:
@@ -133,13 +135,15 @@ class Grouped(Parameterization):
         ]
         if P == g and hasattr(basis, "channelwise_sum") and hasattr(basis, "channelwise_flops"):
             # a basis with a fused tap-by-tap kernel (a Grid): no (B, M, K, Q) temporary
-            def taps():
+            def taps(bias=None):
                 r = Q // g  # channel p feeds outputs p*r .. p*r + r-1
                 xr = x if r == 1 else x.repeat_interleave(r, dim=2)
-                return basis.channelwise_sum(xr, W[:, :, 0].reshape(K, Q))
+                w = W[:, :, 0].reshape(K, Q)
+                return (basis.channelwise_sum(xr, w) if bias is None else
+                        basis.channelwise_sum(xr, w, bias))
 
             routes.append(Route("grouped_taps", basis.channelwise_flops(Q, B), B * N * Q,
-                                taps))
+                                taps, taps))
         return routes
 
 

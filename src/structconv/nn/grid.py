@@ -219,8 +219,7 @@ class GridConv(_GridLayer):
         if layout == "bundle":
             grid = self._last = self.basis_for(self.in_shape)
             route = self._route_for(grid, x.shape[0] if x.dim() == 3 else 1, x)
-            y = convolve(x, grid, self.param, route=route)
-            return y if self.bias is None else y + self.bias.to(y.dtype)
+            return convolve(x, grid, self.param, route=route, bias=self.bias)
         unbatched = x.dim() == self.ndim + 1
         if unbatched:
             x = x.unsqueeze(0)
@@ -234,10 +233,9 @@ class GridConv(_GridLayer):
             xb = x.flatten(2).transpose(1, 2)  # (B, M, P) view of the image
             # channels-first already for the tap routes (then no copy); a depthwise multiplier
             # goes channels-last inside its route and comes back here in one copy
-            y = convolve(xb, grid, self.param, route=route).transpose(1, 2).contiguous()
-            y = y.view(B, self.out_channels, *grid.out_shape)
-            if self.bias is not None:
-                y = y + self.bias.to(y.dtype).reshape(-1, *(1,) * self.ndim)
+            # the bias goes into the kernel where it can (the depthwise taps): no extra pass
+            y = convolve(xb, grid, self.param, route=route, bias=self.bias)
+            y = y.transpose(1, 2).contiguous().view(B, self.out_channels, *grid.out_shape)
         else:
             # one copy to channels-last: the shift kernels read channel runs contiguously
             xb = x.movedim(1, -1).reshape(B, grid.M, self.in_channels).contiguous()
