@@ -589,13 +589,20 @@ def test_flat_taps_apply_only_where_they_hold():
         g.channelwise_sum(img.flatten(2).transpose(1, 2), w, torch.zeros(4, dtype=DT))
 
 
-@pytest.mark.parametrize("route", ["auto", "input_param", "grouped_taps", "native"])
-def test_convolve_bias(route):
-    """``convolve(..., bias=)`` adds a (Q,) bias on every route, fused or not; gradients
-    reach it; a bias of the wrong shape is refused naming Q."""
-    g = Grid((6, 5), 3, padding=1)
+@pytest.mark.parametrize("route", ["auto", "input_param", "grouped_taps", "native",
+                                   "tap_gemm", "tap_im2col"])
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("cf", [False, True], ids=["bundle", "planes"])
+def test_convolve_bias(route, stride, cf):
+    """``convolve(..., bias=)`` adds a (Q,) bias on every route, fused into the kernel or
+    not, on bundles and on an image's channels-first view; gradients reach it; a bias of the
+    wrong shape is refused naming Q."""
+    g = Grid((6, 5), 3, stride, padding=1)
     torch.manual_seed(6)
-    x = torch.randn(2, g.M, 4, dtype=DT, requires_grad=True)
+    x = torch.randn(2, g.M, 4, dtype=DT)
+    if cf:
+        x = x.transpose(1, 2).contiguous().transpose(1, 2)
+    x.requires_grad_(True)
     th = Grouped(g.K, 4, 4, 4).to(DT)
     b = torch.randn(4, dtype=DT, requires_grad=True)
     y = sc.convolve(x, g, th, route=route, bias=b)
@@ -606,3 +613,25 @@ def test_convolve_bias(route):
         torch.testing.assert_close(u, v, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match=r"bias must be a \(4,\) tensor"):
         sc.convolve(x, g, th, route=route, bias=torch.zeros(3, dtype=DT))
+
+
+@pytest.mark.parametrize("route", ["tap_gemm", "tap_im2col", "grouped_taps"])
+def test_fused_bias_gradchecks(route):
+    """The kernels that take the bias inside: gradcheck and gradgradcheck in x, theta, bias."""
+    g = Grid((4, 5), 3, (1, 2), padding=1)
+    torch.manual_seed(7)
+    x = torch.randn(2, 3, g.M, dtype=DT).transpose(1, 2).requires_grad_(True)
+    b = torch.randn(2 if route != "grouped_taps" else 3, dtype=DT, requires_grad=True)
+    if route == "grouped_taps":  # the depthwise kernel, on the tap layout (stride 2)
+        th = torch.randn(g.K, 3, dtype=DT, requires_grad=True)
+
+        def f(x, th, b):
+            return g.channelwise_sum(x, th, b)
+    else:
+        th = torch.randn(g.K, 3, 2, dtype=DT, requires_grad=True)
+
+        def f(x, th, b):
+            return sc.convolve(x, g, th, route=route, bias=b)
+
+    assert torch.autograd.gradcheck(f, (x, th, b))
+    assert torch.autograd.gradgradcheck(f, (x, th, b))

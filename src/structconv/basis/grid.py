@@ -419,9 +419,9 @@ class Grid(_GridGeometry, Basis):
         R, T = lay.rows(B), len(lay.taps)
         temp = (len(lay.phases) * B * lay.V + lay.tail) * P + B * lay.V * Q
 
-        def run(mode):
+        def run(mode, bias=None):
             th = theta() if isinstance(theta, Parameterization) else theta
-            return _TapConv.apply(self, mode, x, th.to(x.dtype))
+            return _TapConv.apply(self, mode, x, th.to(x.dtype), bias)
 
         # measured weights (GEMM multiply-adds): a GEMM with inner size P < 64 runs below the
         # full rate (each tap's rewrites its (rows, Q) output chunk for only P multiply-adds per
@@ -430,9 +430,9 @@ class Grid(_GridGeometry, Basis):
         slow = max(1.0, 64.0 / P)
         copy = self.tap_copy_weight * (1.0 if _is_cf(x) else 1.0 + 16.0 / P)
         return [Route("tap_gemm", R * T * (slow * P * Q + 6 * Q + 2 * P), temp,
-                      lambda: run("gemm")),
+                      lambda: run("gemm"), lambda b: run("gemm", b)),
                 Route("tap_im2col", R * (T * P * Q + copy * T * P + 2 * Q), temp,
-                      lambda: run("im2col"))]
+                      lambda: run("im2col"), lambda b: run("im2col", b))]
 
     def channelwise_flops(self, C: int, B: int = 1) -> float:
         """Weighted cost of ``channelwise_sum`` on B items of C channels: one fused
@@ -904,18 +904,24 @@ class _Taps:
         lay = self.lay
         return ref.new_empty(self.B, C, lay.V) if self.cf else ref.new_empty(self.B * lay.V, C)
 
-    def take(self, out: Tensor) -> Tensor:
+    def take(self, out: Tensor, bias: Tensor | None = None) -> Tensor:
         """Virtual output -> a new (B, N, C) tensor, margins dropped (channels-first strides
-        when ``cf``)."""
-        lay, B = self.lay, self.B
+        when ``cf``), plus a (C,) bias if given (in the same pass)."""
+        lay, B, d = self.lay, self.B, self.grid.ndim
         C = out.shape[1] if self.cf else out.shape[-1]
         y = _new_result(out, B, self.grid.N, C, self.cf)
         if self.cf:
-            y.transpose(1, 2).unflatten(2, self.grid.out_shape).copy_(
-                out.unflatten(-1, lay.phase_shape)[(slice(None), slice(None)) + lay.crop])
+            dst = y.transpose(1, 2).unflatten(2, self.grid.out_shape)
+            src = out.unflatten(-1, lay.phase_shape)[(slice(None), slice(None)) + lay.crop]
+            b = None if bias is None else bias.view(C, *(1,) * d)
         else:
-            y.view(B, *self.grid.out_shape, C).copy_(
-                out.view(B, *lay.phase_shape, C)[(slice(None),) + lay.crop])
+            dst = y.view(B, *self.grid.out_shape, C)
+            src = out.view(B, *lay.phase_shape, C)[(slice(None),) + lay.crop]
+            b = bias
+        if b is None:
+            dst.copy_(src)
+        else:
+            torch.add(src, b, out=dst)
         return y
 
     def spread(self, g: Tensor) -> Tensor:
@@ -1259,7 +1265,7 @@ class _TapConv(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, grid, mode, x, th):
+    def forward(ctx, grid, mode, x, th, bias=None):
         B, _, P = x.shape
         Q = th.shape[2]
         t = _Taps(grid, B, _is_cf(x))
@@ -1281,12 +1287,13 @@ class _TapConv(torch.autograd.Function):
         # the padded copy of x is what the theta gradient reads; x itself only serves a double
         # backward (an input: saving it keeps nothing alive that the graph does not)
         ctx.save_for_backward(buf if ctx.needs_input_grad[3] else None, th, x)
-        return t.take(out)
+        return t.take(out, bias)
 
     @staticmethod
     def backward(ctx, g):
-        return _fused_backward(ctx, g, lambda x, th: _shift_conv(ctx.grid, x, th),
-                               _TapConv._backward, 2)
+        grads = _fused_backward(ctx, g, lambda x, th: _shift_conv(ctx.grid, x, th),
+                                _TapConv._backward, 2)
+        return grads + (g.sum((0, 1)) if ctx.needs_input_grad[4] else None,)
 
     @staticmethod
     def _backward(ctx, g):
