@@ -233,7 +233,7 @@ class GridConv(_GridLayer):
             xb = x.flatten(2).transpose(1, 2)  # (B, M, P) view of the image
             # channels-first already for the tap routes (then no copy); a depthwise multiplier
             # goes channels-last inside its route and comes back here in one copy
-            # the bias goes into the kernel where it can (the depthwise taps): no extra pass
+            # the bias goes into the kernel where it can (the tap and depthwise kernels)
             y = convolve(xb, grid, self.param, route=route, bias=self.bias)
             y = y.transpose(1, 2).contiguous().view(B, self.out_channels, *grid.out_shape)
         else:
