@@ -537,12 +537,15 @@ def test_flat_depthwise_taps(geom):
             torch.testing.assert_close(u, v, rtol=1e-12, atol=1e-12)
 
 
-def test_flat_depthwise_taps_gradchecks_and_chunks(monkeypatch):
+@pytest.mark.parametrize("kernel", [3, 2], ids=["centre-tap", "no-centre-tap"])
+def test_flat_depthwise_taps_gradchecks_and_chunks(monkeypatch, kernel):
     """gradcheck and gradgradcheck (x, w, bias), and every way of chunking the planes:
-    whole images per chunk, channel blocks of every image, one plane at a time."""
+    whole images per chunk, channel blocks of every image, one plane at a time (an even
+    kernel has no centre tap: columns its first tap leaves unwritten must stay set across
+    channel blocks)."""
     import structconv.basis.grid as grid_mod
 
-    g = Grid((5, 6), 3, padding="same", dilation=(1, 2))
+    g = Grid((5, 6), kernel, padding="same", dilation=(1, 2))
     torch.manual_seed(4)
     img = torch.randn(2, 6, 5, 6, dtype=DT, requires_grad=True)
     w = torch.randn(g.K, 6, dtype=DT, requires_grad=True)
@@ -635,3 +638,50 @@ def test_fused_bias_gradchecks(route):
 
     assert torch.autograd.gradcheck(f, (x, th, b))
     assert torch.autograd.gradgradcheck(f, (x, th, b))
+
+
+same_geometry = st.integers(1, 3).flatmap(lambda d: st.tuples(
+    st.lists(st.integers(1, 6), min_size=d, max_size=d),   # in_shape
+    st.lists(st.integers(1, 4), min_size=d, max_size=d),   # kernel
+    st.lists(st.integers(1, 2), min_size=d, max_size=d),   # dilation
+    st.lists(st.floats(0, 1), min_size=d, max_size=d),     # share of the padding before
+))
+
+
+@settings(max_examples=40, deadline=None)
+@given(same_geometry, st.integers(1, 3), st.integers(1, 4), st.integers(1, 9),
+       st.integers(0, 2**31 - 1))
+def test_flat_taps_equal_dense(geom, B, C, planes, seed):
+    """Property: on any stride-1 grid whose output has the input's shape (any N-d kernel,
+    dilation and split of the padding), the flat-offset depthwise kernel on channels-first
+    planes equals the dense basis, in values and in both gradients, for any chunk size."""
+    import structconv.basis.grid as grid_mod
+
+    in_shape, k, dl, share = geom
+    pads = []
+    for kk, dd, f in zip(k, dl, share):
+        total = dd * (kk - 1)
+        before = round(f * total)
+        pads.append((before, total - before))
+    g = Grid(in_shape, k, 1, pads, dl)
+    assert g.flat_taps is not None
+    gen = torch.Generator().manual_seed(seed)
+    img = torch.randn(B, C, g.M, generator=gen, dtype=DT, requires_grad=True)
+    w = torch.randn(g.K, C, generator=gen, dtype=DT, requires_grad=True)
+    gy = torch.randn(B, g.N, C, generator=gen, dtype=DT)
+    x = img.transpose(1, 2)
+    ref = Dense(g.to(dtype=DT).to_dense()).propagate_sum(x[:, :, None, :] * w)
+    old = grid_mod._FLAT_CHUNK_BYTES
+    grid_mod._FLAT_CHUNK_BYTES = planes * g.M * 8  # chunks of `planes` planes
+    try:
+        y = g.channelwise_sum(x, w)
+    finally:
+        grid_mod._FLAT_CHUNK_BYTES = old
+    torch.testing.assert_close(y, ref, rtol=1e-13, atol=1e-13)
+    grid_mod._FLAT_CHUNK_BYTES = planes * g.M * 8
+    try:
+        got = torch.autograd.grad(y, (img, w), gy)
+    finally:
+        grid_mod._FLAT_CHUNK_BYTES = old
+    for a, e in zip(got, torch.autograd.grad(ref, (img, w), gy)):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)

@@ -1115,13 +1115,19 @@ class _FlatTaps:
         """The trailing key of the adjoint tap (offsets negated)."""
         return None if key is None else tuple(-o for o in key)
 
+    @staticmethod
+    def _init(out: Tensor, plan, bcol: Tensor | None) -> None:
+        """Set the columns of out that the first tap of ``plan`` leaves unwritten (once, for
+        every row): zeros or the bias."""
+        _, dst0, _, _ = plan[0]
+        for rest in (out[:, :dst0.start], out[:, dst0.stop:]):
+            rest.zero_() if bcol is None else rest.copy_(bcol.expand(rest.shape))
+
     class _Accumulate:
-        """out[chunk] = (bias +) Σ_taps w_k · (tap k's view of the sources), chunk by chunk."""
+        """out[chunk] = (bias +) Σ_taps w_k · (tap k's view of the sources), chunk by chunk,
+        on the columns the first tap writes (``_init`` has set the others)."""
 
         def __init__(self, out: Tensor, src, wr: Tensor, plan, bcol: Tensor | None):
-            _, dst0, _, _ = plan[0]  # what the first tap leaves unwritten: zeros or the bias
-            for rest in (out[:, :dst0.start], out[:, dst0.stop:]):
-                rest.zero_() if bcol is None else rest.copy_(bcol.expand(rest.shape))
             ch, views = src.chunks, _FlatTaps._views
             self.src = [src.views(key, rd) for _, _, rd, key in plan]
             self.dst = [views(out, d, ch) for _, d, _, _ in plan]
@@ -1153,6 +1159,7 @@ class _FlatTaps:
         step = self.step(planes.element_size())
         chunks = [(a, min(R, a + step)) for a in range(0, R, step)]
         src = self._Sources(self, planes, [key for *_, key in plan], chunks, step)
+        self._init(out, plan, bcol)
         taps = self._Accumulate(out, src, wr, plan, bcol)
         for ci in range(len(chunks)):
             src.fill(ci)
@@ -1175,6 +1182,8 @@ class _FlatTaps:
         if not fplan:  # every tap reads only padding
             return (g.new_zeros(R, M) if want_x else None), gw
         gx = g.new_empty(R, M) if want_x else None
+        if want_x:
+            self._init(gx, bplan, None)
         u, groups = self.chunks(B, C, g.element_size())
         acc = g.new_zeros(len(fplan), u, M) if want_w else None
         ks = [k for k, *_ in fplan]
