@@ -39,8 +39,8 @@ class Convolution(nn.Module):
                 f"out_channels={self.out_channels}, bias={self.bias is not None}")
 
     def forward(self, x: Tensor) -> Tensor:
-        y = convolve(x, self.basis, self.param, route=self.route)
-        return y if self.bias is None else y + self.bias
+        # the bias goes into the route's kernel where it can (e.g. a Grid's depthwise taps)
+        return convolve(x, self.basis, self.param, route=self.route, bias=self.bias)
 
     def plan(self, x: Tensor):
         """The planner's decision for this input (see ``sc.plan``)."""
