@@ -1269,7 +1269,8 @@ class _TapConv(torch.autograd.Function):
     "im2col": per chunk, the taps' views copied side by side into a small reused buffer and one
     GEMM with inner size K*P (better when P is small, e.g. an RGB stem). A channels-first x (a
     view of an NCHW image, ``x.stride(1) == 1``) is read as planes and y returned as a (B, N, Q)
-    view of a channels-first tensor, so image layers make no layout copies. Backward is the
+    tensor with channels-first strides, so image layers make no layout copies; a (Q,) bias is
+    added in the pass that crops the output. Backward is the
     adjoint on the same layout; under ``create_graph`` it is the same map's gradient through the
     grid's shift kernels instead, so higher derivatives exist.
     """
