@@ -190,6 +190,7 @@ def convolve(x: Tensor, basis, theta, *, route: str = "auto",
     if bias is not None and (not isinstance(bias, Tensor) or tuple(bias.shape) != (Q,)):
         raise ValueError(f"bias must be a ({Q},) tensor (Q={Q} output channels), got "
                          f"{tuple(bias.shape) if isinstance(bias, Tensor) else type(bias)}")
+    bias = None if bias is None else bias.to(xb.dtype)
     basis = basis._matching(xb)
     if isinstance(basis, Stack) and route == "auto" and isinstance(theta, Parameterization):
         chosen = plan(xb, basis, theta).route
@@ -203,7 +204,7 @@ def convolve(x: Tensor, basis, theta, *, route: str = "auto",
         for t in ys[1:]:
             y = y + t
         if bias is not None:
-            y = y + bias.to(y.dtype)
+            y = y + bias
     else:
         routes = _candidates(xb, basis, theta)
         name = _choose(routes, xb, basis, theta) if route == "auto" else route
@@ -217,8 +218,8 @@ def convolve(x: Tensor, basis, theta, *, route: str = "auto",
         if bias is None:
             y = r.run()
         elif r.run_bias is not None:
-            y = r.run_bias(bias.to(xb.dtype))
+            y = r.run_bias(bias)
         else:
-            y = r.run() + bias.to(xb.dtype)
+            y = r.run() + bias
     return y.squeeze(0) if added else y
 

@@ -1243,18 +1243,20 @@ def _shift_conv(grid: Grid, x: Tensor, th: Tensor) -> Tensor:
 
 
 def _fused_backward(ctx, g: Tensor, fn, fast, first: int) -> tuple:
-    """Backward of a fused grid kernel that saved (buffer, parameter, x): ``fast(ctx, g)``, the
-    adjoint kernels without a graph; under create_graph, the gradient of ``fn(x, parameter)``
-    (the same map on differentiable ops) as a graph, so that higher derivatives exist. ``first``
-    is the index of x among the Function's inputs (the ones before it get None)."""
+    """Backward of a fused grid kernel with inputs (..., x, parameter, bias) that saved
+    (buffer, parameter, x): ``fast(ctx, g)``, the adjoint kernels without a graph; under
+    create_graph, the gradient of ``fn(x, parameter)`` (the same map on differentiable ops) as a
+    graph, so that higher derivatives exist; the bias gradient sums g over (B, N). ``first`` is
+    the index of x among the Function's inputs (the ones before it get None)."""
+    gb = g.sum((0, 1)) if ctx.needs_input_grad[first + 2] else None
     if not torch.is_grad_enabled():  # a plain backward: autograd runs it without a graph
-        return fast(ctx, g)
+        return fast(ctx, g) + (gb,)
     _, p, x = ctx.saved_tensors
     want = (ctx.needs_input_grad[first], ctx.needs_input_grad[first + 1])
     wanted = [t for t, w in zip((x, p), want) if w]
     grads = iter(torch.autograd.grad(fn(x, p), wanted, g, create_graph=True,
                                      allow_unused=True))
-    return (None,) * first + tuple(next(grads) if w else None for w in want)
+    return (None,) * first + tuple(next(grads) if w else None for w in want) + (gb,)
 
 
 def _taps_matrix(th: Tensor, ks: list[int]) -> Tensor:
@@ -1302,9 +1304,8 @@ class _TapConv(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        grads = _fused_backward(ctx, g, lambda x, th: _shift_conv(ctx.grid, x, th),
-                                _TapConv._backward, 2)
-        return grads + (g.sum((0, 1)) if ctx.needs_input_grad[4] else None,)
+        return _fused_backward(ctx, g, lambda x, th: _shift_conv(ctx.grid, x, th),
+                               _TapConv._backward, 2)
 
     @staticmethod
     def _backward(ctx, g):
@@ -1387,15 +1388,12 @@ class _GridChannelwise(torch.autograd.Function):
                 else:
                     o.addcmul_(a, t.scale(w[k]))
         ctx.save_for_backward(buf if ctx.needs_input_grad[2] else None, w, x)
-        y = t.take(out)
-        return y if bias is None else y.add_(bias)
+        return t.take(out, bias)
 
     @staticmethod
     def backward(ctx, g):
-        grads = _fused_backward(ctx, g,
-                                lambda x, w: ctx.grid.propagate_sum(x.unsqueeze(2) * w),
-                                _GridChannelwise._backward, 1)
-        return grads + (g.sum((0, 1)) if ctx.needs_input_grad[3] else None,)
+        return _fused_backward(ctx, g, lambda x, w: ctx.grid.propagate_sum(x.unsqueeze(2) * w),
+                               _GridChannelwise._backward, 1)
 
     @staticmethod
     def _backward(ctx, g):
