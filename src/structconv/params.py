@@ -14,9 +14,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from .registry import KindError, Registry
+
 __all__ = [
     "Parameterization", "Full", "Grouped", "DepthwiseSeparable", "ControlledSeparable",
-    "LowRank", "Route", "make_param",
+    "LowRank", "Route", "make_param", "register", "build", "PARAMS",
 ]
 
 
@@ -273,6 +275,39 @@ class LowRank(Parameterization):
                       B * (M + N) * K * r, heads)]
 
 
+#: the parameter forms usable as ``param = "NAME"`` in a model config
+PARAMS = Registry("param")
+
+
+def register(name: str, build=None, **traits):
+    """Make ``name`` usable as ``param = "NAME"`` in a model config (and in ``make_param``).
+
+    ``build(spec, K, P, Q) -> Parameterization``: ``spec`` is the layer's table (a dict: the
+    form's extra sizes such as ``groups``, ``H`` or ``rank``). Usable as a decorator.
+    """
+    return PARAMS.register(name, build, **traits)
+
+
+register("full", lambda spec, K, P, Q: Full(K, P, Q))
+register("grouped", lambda spec, K, P, Q: Grouped(K, P, Q, int(spec.get("groups", 1))))
+register("depthwise", lambda spec, K, P, Q: DepthwiseSeparable(K, P, Q))
+register("depthwise_separable", lambda spec, K, P, Q: DepthwiseSeparable(K, P, Q))
+register("separable", lambda spec, K, P, Q: ControlledSeparable(K, P, Q, int(spec.get("H", 1))))
+register("lowrank", lambda spec, K, P, Q: LowRank(K, P, Q, int(spec.get("rank", 1))))
+
+
+def build(spec, K: int, P: int, Q: int) -> Parameterization:
+    """The parameter form a layer table (or a form's name) describes, for theta (K, P, Q)."""
+    spec = {"param": spec} if isinstance(spec, str) else dict(spec)
+    name = spec.get("param", "full")
+    out = PARAMS.get(name)(spec, K, P, Q)
+    if not isinstance(out, Parameterization) or (out.K, out.P, out.Q) != (K, P, Q):
+        got = (getattr(out, "K", None), getattr(out, "P", None), getattr(out, "Q", None))
+        raise KindError(f"param {name!r}: the builder must return a sc.params module with "
+                        f"(K, P, Q)=({K}, {P}, {Q}), got {type(out).__name__} {got}")
+    return out
+
+
 def make_param(spec, K: int, P: int, Q: int) -> Parameterization:
     """A parameter form from a name (``"full"``, ``"depthwise"``) or a ready module."""
     if isinstance(spec, Parameterization):
@@ -282,11 +317,7 @@ def make_param(spec, K: int, P: int, Q: int) -> Parameterization:
                 f"(K, P, Q)=({K}, {P}, {Q})"
             )
         return spec
-    if spec == "full":
-        return Full(K, P, Q)
-    if spec in ("depthwise", "depthwise_separable"):
-        return DepthwiseSeparable(K, P, Q)
-    raise ValueError(
-        f"unknown param {spec!r}: use 'full', 'depthwise' or a module from sc.params "
-        "(Grouped, ControlledSeparable, LowRank need their extra size)"
-    )
+    if spec in ("grouped", "separable", "lowrank"):
+        raise ValueError(f"param {spec!r} needs its extra size: pass a module from sc.params "
+                         "(Grouped, ControlledSeparable, LowRank)")
+    return build(spec, K, P, Q)
