@@ -1,4 +1,4 @@
-"""The convolution y = Σ_k A_kᵀ x Θ_k and the planner that picks how to contract it.
+"""The convolution y = Σ_k A_kᵀ x Θ_k: the planner picks how to contract it, the plan runs it.
 
 The paper's figure "computing" gives three orders, each starting from one side of the triangle
 (input X, basis A, parameter Θ):
@@ -7,10 +7,14 @@ The paper's figure "computing" gives three orders, each starting from one side o
 * ``basis_input``  U = Aᵀ·X first (bknp), then Σ_k U_k Θ_k
 * ``basis_param``  Φ = A∘Θ first (mnpq), then X·Φ
 
-Bases may add a fused ``native`` kernel (a grid dispatches to ``F.conv2d``) and parameter forms may
-add *factored* routes that never build theta. The planner estimates each candidate's cost as
-weighted multiply-adds plus the traffic of its largest temporary, like opt_einsum's greedy path
-search, and ``explain`` shows the whole table.
+A basis may add its own whole-convolution kernels (``Basis.routes``: a grid's ``F.convNd`` and
+tap routes), a parameter form its *factored* routes that never build theta, and a ``Stack`` the
+route that runs each part's own sub-plan on its slice of theta. Each candidate is a costed
+``Route`` (weights from ``sc.costs``); ``plan`` returns the ``Plan`` (like opt_einsum's
+``contract_path``), the ``Plan`` runs itself, and ``convolve`` is ``plan`` executed. Plans are
+cached on the basis by the shapes, strides, dtypes and devices of the call (as einops caches its
+recipes), so planning costs nothing on the second call; while ``torch.compile`` traces, planning
+runs on the static shapes and is folded away.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ import torch
 from torch import Tensor
 
 from ._checks import as_batched
+from .algebra import materialize
 from .basis.base import Basis, Stack, as_basis
-from .params import Parameterization, Route
+from .costs import Route
+from .params import as_theta
 
-__all__ = ["convolve", "plan", "explain", "ROUTES", "Plan"]
+__all__ = ["convolve", "plan", "explain", "ROUTES", "Plan", "Route"]
 
 ROUTES = ("input_param", "basis_input", "basis_param")
 
@@ -34,11 +40,22 @@ PHI_LIMIT = 2**26
 
 @dataclass
 class Plan:
-    """The planner's decision: the chosen route and every candidate's estimated cost."""
+    """The planner's decision for one call shape: the chosen route and every candidate's cost.
+
+    ``plan(x, theta, bias=None)`` runs it: x (B, M, P) or (M, P) of the planned shape, theta a
+    (K, P, Q) tensor or a ``sc.params`` module of the planned form. A ``Stack``'s plan holds its
+    parts' plans (``parts``).
+    """
 
     route: str
     routes: list[Route] = field(default_factory=list)
-    parts: list[Plan] = field(default_factory=list)  # for a Stack: one plan per part
+    parts: list[Plan] = field(default_factory=list)
+    x_shape: tuple[int, ...] = ()
+    basis: Basis | None = field(default=None, repr=False)
+
+    @property
+    def chosen(self) -> Route:
+        return next(r for r in self.routes if r.name == self.route)
 
     def table(self) -> list[dict]:
         """Rows ``{route, flops, elements, cost, chosen}``, cheapest first."""
@@ -56,20 +73,32 @@ class Plan:
             lines.append(f" part {i}: " + str(p).replace("\n", "\n   "))
         return "\n".join(lines)
 
+    def __call__(self, x: Tensor, theta, bias: Tensor | None = None) -> Tensor:
+        basis = self.basis
+        if basis is None:
+            raise ValueError("this plan was made without a basis and cannot run")
+        th = as_theta(theta)
+        xb, added = _check(x, basis, th)
+        if tuple(xb.shape) != self.x_shape:
+            raise ValueError(f"this plan was made for x of shape {self.x_shape}, got "
+                             f"{tuple(xb.shape)}: make a plan for the new shape")
+        y = self.run(xb, th, _check_bias(bias, th.Q, xb.dtype))
+        return y.squeeze(0) if added else y
 
-def _theta_tensor(theta) -> Tensor:
-    return theta() if isinstance(theta, Parameterization) else theta
+    def run(self, x: Tensor, theta, bias: Tensor | None = None) -> Tensor:
+        """The chosen route on checked inputs: x (B, M, P), an adapted theta, a (Q,) bias."""
+        r = self.chosen
+        if r.run is None:
+            raise ValueError(f"route {r.name!r} of this plan has no runner (made from shapes)")
+        if bias is None or r.fuses_bias:
+            return r.run(x, theta, bias)
+        return r.run(x, theta, None) + bias
 
 
-def _check(x: Tensor, basis: Basis, theta) -> tuple[Tensor, bool, int, int]:
+# -- checks --------------------------------------------------------------------------------------
+def _check(x: Tensor, basis: Basis, theta) -> tuple[Tensor, bool]:
     xb, added = as_batched(x, basis.M)
-    if isinstance(theta, Parameterization):
-        K, P, Q = theta.K, theta.P, theta.Q
-    else:
-        if not isinstance(theta, Tensor) or theta.dim() != 3:
-            got = tuple(theta.shape) if isinstance(theta, Tensor) else type(theta).__name__
-            raise ValueError(f"theta must be a (K, P, Q) tensor or a sc.params module, got {got}")
-        K, P, Q = theta.shape
+    K, P, Q = theta.K, theta.P, theta.Q
     if K != basis.K:
         raise ValueError(
             f"basis has K={basis.K} matrices (shape (K, M, N)={basis.shape}) but theta has "
@@ -80,97 +109,129 @@ def _check(x: Tensor, basis: Basis, theta) -> tuple[Tensor, bool, int, int]:
             f"x has P={xb.shape[2]} channels (shape {tuple(x.shape)}) but theta expects P={P} "
             f"(shape (K, P, Q)=({K}, {P}, {Q})): dimension P disagrees"
         )
-    return xb, added, P, Q
+    return xb, added
 
 
+def _check_bias(bias, Q: int, dtype: torch.dtype) -> Tensor | None:
+    if bias is None:
+        return None
+    if not isinstance(bias, Tensor) or tuple(bias.shape) != (Q,):
+        raise ValueError(f"bias must be a ({Q},) tensor (Q={Q} output channels), got "
+                         f"{tuple(bias.shape) if isinstance(bias, Tensor) else type(bias)}")
+    return bias.to(dtype)
+
+
+# -- candidates ----------------------------------------------------------------------------------
 def _full_routes(x: Tensor, basis: Basis, theta) -> list[Route]:
-    """The paper's three orders on the full theta, plus the basis's fused kernel if any."""
+    """The paper's three orders on the full theta (K, P, Q)."""
     B, M, P = x.shape
-    K, N = basis.K, basis.N
-    Q = theta.Q if isinstance(theta, Parameterization) else theta.shape[2]
+    K, N, Q = basis.K, basis.N, theta.Q
+    dev = basis.device.type
 
-    def input_param():
-        th = _theta_tensor(theta).to(x.dtype)
-        z = (x.reshape(B * M, P) @ th.permute(1, 0, 2).reshape(P, K * Q)).reshape(B, M, K, Q)
+    def input_param(x, th, bias):
+        t = th().to(x.dtype)
+        b = x.shape[0]
+        z = (x.reshape(b * M, P) @ t.permute(1, 0, 2).reshape(P, K * Q)).reshape(b, M, K, Q)
         return basis.propagate_sum(z)
 
-    def basis_input():
-        th = _theta_tensor(theta).to(x.dtype)
+    def basis_input(x, th, bias):
         u = basis.propagate(x)  # (B, N, K, P)
-        return u.reshape(B, N, K * P) @ th.reshape(K * P, Q)
+        return u.reshape(x.shape[0], N, K * P) @ th().to(x.dtype).reshape(K * P, Q)
 
-    def basis_param():
-        from .algebra import materialize
-
-        phi = materialize(basis, _theta_tensor(theta).to(x.dtype))  # (M, N, P, Q)
+    def basis_param(x, th, bias):
+        phi = materialize(basis, th().to(x.dtype))  # (M, N, P, Q)
         return torch.einsum("bmp,mnpq->bnq", x, phi)
 
-    routes = [
+    return [
         Route("input_param", B * (M * P * K * Q + basis.propagate_sum_flops(Q)),
-              B * M * K * Q, input_param),
+              B * M * K * Q, input_param, device_type=dev),
         Route("basis_input", B * (basis.propagate_flops(P) + N * K * P * Q),
-              B * N * K * P, basis_input),
+              B * N * K * P, basis_input, device_type=dev),
+        Route("basis_param", K * M * N * P * Q + B * M * N * P * Q,
+              M * N * P * Q + K * M * N, basis_param, device_type=dev),
     ]
-    phi_el = M * N * P * Q
-    routes.append(Route("basis_param", K * M * N * P * Q + B * M * N * P * Q,
-                        phi_el + K * M * N, basis_param))
-    nf = basis.native_flops(B, P, Q, theta)
-    if nf is not None:
-        routes.append(Route("native", nf, 0.0,
-                            lambda: basis.native_convolve(x, theta)))
-    return routes + basis.routes(x, theta)
 
 
-def _candidates(x: Tensor, basis: Basis, theta) -> list[Route]:
-    routes = _full_routes(x, basis, theta)
-    if isinstance(theta, Parameterization):
-        routes += theta.factored_routes(x, basis)
-    return routes
+def _stack_route(x: Tensor, basis: Stack, theta) -> tuple[Route, list[Plan]]:
+    """Each part on its own slice of theta, by its own best route (sub-plans inside)."""
+    P, Q = theta.P, theta.Q
+    parts = []
+    for b, s in zip(basis.parts, basis._slices()):
+        shape = torch.empty(s.stop - s.start, P, Q, device="meta")
+        parts.append(_cached_plan(x, b, as_theta(shape), "auto"))
+    slices = basis._slices()
+
+    def run(x, th, bias):
+        t = th()
+        y = None
+        for p, s in zip(parts, slices):
+            part = p.run(x, as_theta(t[s]))
+            y = part if y is None else y + part
+        return y
+
+    cost = sum(p.chosen.cost for p in parts)
+    return Route("stack", cost, 0.0, run, device_type=basis.device.type), parts
 
 
-def _choose(routes: list[Route], x: Tensor, basis: Basis, theta) -> str:
-    B, M, P = x.shape
-    Q = theta.Q if isinstance(theta, Parameterization) else theta.shape[2]
-    ok = [r for r in routes
-          if not (r.name == "basis_param" and basis.M * basis.N * P * Q > PHI_LIMIT)]
-    return min(ok, key=lambda r: r.cost).name
+def _make_plan(x: Tensor, basis: Basis, theta, route: str) -> Plan:
+    routes = _full_routes(x, basis, theta) + list(basis.routes(x, theta))
+    factored = list(theta.factored_routes(x, basis))
+    parts: list[Plan] = []
+    auto = routes + factored
+    if isinstance(basis, Stack):
+        stack, parts = _stack_route(x, basis, theta)
+        routes = [stack] + routes
+        # automatically, a Stack runs its parts' own paths, unless a factored route of the
+        # whole theta beats them (e.g. LowRank heads, which slicing theta would lose)
+        auto = [stack] + factored
+        if route == "native":
+            route = "stack"
+    routes += factored
+    if route == "auto":
+        Q = theta.Q
+        ok = [r for r in auto
+              if not (r.name == "basis_param" and basis.M * basis.N * x.shape[2] * Q > PHI_LIMIT)]
+        route = min(ok, key=lambda r: r.cost).name
+    elif route not in {r.name for r in routes}:
+        raise ValueError(f"unknown route {route!r} for this basis/theta: choose 'auto' or one of "
+                         f"{sorted({r.name for r in routes})}")
+    return Plan(route, routes, parts, tuple(x.shape), basis)
 
 
-def plan(x: Tensor, basis, theta) -> Plan:
+def _cached_plan(x: Tensor, basis: Basis, theta, route: str) -> Plan:
+    if torch.compiler.is_compiling() or x.device.type == "meta":
+        return _make_plan(x, basis, theta, route)
+    key = ("plan", route, tuple(x.shape), x.stride(), x.dtype, x.device, theta.plan_key())
+    memo = basis._memo
+    p = memo.get(key)
+    if p is None:
+        p = memo[key] = _make_plan(x, basis, theta, route)
+    return p
+
+
+# -- public --------------------------------------------------------------------------------------
+def plan(x, basis, theta, *, route: str = "auto") -> Plan:
     """The planner's choice for ``convolve(x, basis, theta)`` with every route's estimated cost.
 
     ``x`` may be a tensor or just its shape ``(B, M, P)``; ``theta`` a tensor, a shape
-    ``(K, P, Q)`` or a ``sc.params`` module.
+    ``(K, P, Q)`` or a ``sc.params`` module. The returned ``Plan`` runs itself on inputs of the
+    planned shape (``plan(x, theta)``).
     """
     basis = as_basis(basis)
     if not isinstance(x, Tensor):
-        x = torch.empty(tuple(x), device="meta")
-    if not isinstance(theta, (Tensor, Parameterization)):
+        x = torch.empty(tuple(x), device="meta", dtype=basis.dtype)
+    if not isinstance(theta, Tensor) and isinstance(theta, (tuple, list, torch.Size)):
         theta = torch.empty(tuple(theta), device="meta")
-    xb, _, P, Q = _check(x, basis, theta)
-    if isinstance(basis, Stack):
-        parts = [plan(xb, b, _slice_theta(theta, s)) for b, s in zip(basis.parts, basis._slices())]
-        total = Route("stack", sum(min(r.cost for r in p.routes) for p in parts), 0.0)
-        # slicing theta per part loses a form's factored routes (e.g. LowRank heads, which
-        # never build theta): take the whole basis's factored route where it is cheaper
-        whole = theta.factored_routes(xb, basis) if isinstance(theta, Parameterization) else []
-        best = min(whole, key=lambda r: r.cost, default=None)
-        if best is not None and best.cost < total.cost:
-            return Plan(best.name, [total] + whole, parts)
-        return Plan("stack", [total], parts)
-    routes = _candidates(xb, basis, theta)
-    return Plan(_choose(routes, xb, basis, theta), routes)
+    th = as_theta(theta)
+    xb, _ = _check(x, basis, th)
+    if xb.device.type != "meta":
+        basis = basis.cast_like(xb)
+    return _cached_plan(xb, basis, th, route)
 
 
 def explain(x, basis, theta) -> str:
     """A readable table of the planner's estimates and choice (see ``plan``)."""
     return str(plan(x, basis, theta))
-
-
-def _slice_theta(theta, s: slice):
-    if isinstance(theta, Parameterization):
-        return _theta_tensor(theta)[s]
-    return theta[s]
 
 
 def convolve(x: Tensor, basis, theta, *, route: str = "auto",
@@ -180,46 +241,15 @@ def convolve(x: Tensor, basis, theta, *, route: str = "auto",
     x: (B, M, P) or (M, P); basis: a ``sc.basis.Basis`` or dense (K, M, N) tensor;
     theta: (K, P, Q) tensor or ``sc.params`` module. Returns (B, N, Q) or (N, Q).
     ``route`` is ``"auto"`` (the planner), one of ``ROUTES``, ``"native"`` for a basis's fused
-    kernel, or the name of a parameter form's factored route. ``bias``: an optional (Q,)
-    tensor added to every output row, inside the route's kernel where it can (as F.convNd's).
+    kernel, or the name of any other candidate in ``explain``'s table. ``bias``: an optional
+    (Q,) tensor added to every output row, inside the route's kernel where it can.
     """
     basis = as_basis(basis)
-    xb, added, P, Q = _check(x, basis, theta)
+    th = as_theta(theta)
+    xb, added = _check(x, basis, th)
     if not xb.is_floating_point():
         raise TypeError(f"x must be a floating tensor, got dtype {xb.dtype}")
-    if bias is not None and (not isinstance(bias, Tensor) or tuple(bias.shape) != (Q,)):
-        raise ValueError(f"bias must be a ({Q},) tensor (Q={Q} output channels), got "
-                         f"{tuple(bias.shape) if isinstance(bias, Tensor) else type(bias)}")
-    bias = None if bias is None else bias.to(xb.dtype)
-    basis = basis._matching(xb)
-    if isinstance(basis, Stack) and route == "auto" and isinstance(theta, Parameterization):
-        chosen = plan(xb, basis, theta).route
-        if chosen != "stack":
-            route = chosen  # a factored route of the whole theta beats the parts' paths
-    if isinstance(basis, Stack) and route in ("auto", "native"):
-        # each part takes its own best path on its slice of theta
-        th = _theta_tensor(theta)
-        ys = [convolve(xb, b, th[s], route="auto") for b, s in zip(basis.parts, basis._slices())]
-        y = ys[0]
-        for t in ys[1:]:
-            y = y + t
-        if bias is not None:
-            y = y + bias
-    else:
-        routes = _candidates(xb, basis, theta)
-        name = _choose(routes, xb, basis, theta) if route == "auto" else route
-        by_name = {r.name: r for r in routes}
-        if name not in by_name:
-            raise ValueError(
-                f"unknown route {route!r} for this basis/theta: choose 'auto' or one of "
-                f"{sorted(by_name)}"
-            )
-        r = by_name[name]
-        if bias is None:
-            y = r.run()
-        elif r.run_bias is not None:
-            y = r.run_bias(bias)
-        else:
-            y = r.run() + bias
+    bias = _check_bias(bias, th.Q, xb.dtype)
+    basis = basis.cast_like(xb)
+    y = _cached_plan(xb, basis, th, route).run(xb, th, bias)
     return y.squeeze(0) if added else y
-

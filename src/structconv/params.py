@@ -8,42 +8,18 @@ them against the three classic routes on the materialised theta.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+from . import costs
+from .costs import Route
 from .registry import KindError, Registry
 
 __all__ = [
     "Parameterization", "Full", "Grouped", "DepthwiseSeparable", "ControlledSeparable",
-    "LowRank", "Route", "make_param", "register", "build", "PARAMS",
+    "LowRank", "Fixed", "as_theta", "make_param", "register", "build", "PARAMS",
 ]
-
-
-@dataclass
-class Route:
-    """One way to compute a convolution: its name, weighted flops, largest temporary, and runner."""
-
-    name: str
-    flops: float
-    elements: float
-    run: Callable[[], Tensor] | None = None
-    #: the same computation plus a (Q,) bias added inside its kernel (no extra pass), if any
-    run_bias: Callable[[Tensor], Tensor] | None = None
-
-    @property
-    def cost(self) -> float:
-        # one element written and read back costs about as much as a few GEMM multiply-adds
-        return self.flops + ELEMENT_WEIGHT * self.elements
-
-
-#: weight of one element of intermediate memory traffic against one GEMM multiply-add
-ELEMENT_WEIGHT = 4.0
-#: weight of one element of a permuted (strided) copy of a large temporary, in GEMM
-#: multiply-adds (measured on a 2-core Xeon: ~1 ns per element, ~0.02 ns per multiply-add)
-COPY_WEIGHT = 50.0
 
 
 def _check_sizes(**kw):
@@ -68,9 +44,68 @@ class Parameterization(nn.Module):
         """Inputs feeding one output channel of one entry (as torch's conv: K * P / groups)."""
         return self.K * self.P
 
+    #: blocks of a block-diagonal theta (``Grouped``); 1 for every other form
+    groups: int = 1
+
     def factored_routes(self, x: Tensor, basis) -> list[Route]:
-        """Routes that use this form's factors instead of the full theta (default: none)."""
+        """Routes that use this form's factors instead of the full theta (default: none).
+
+        Each route's runner is called as ``run(x, theta, bias)`` with the form itself as
+        ``theta`` (a plan is reused across modules of the same form and sizes).
+        """
         return []
+
+    def plan_key(self) -> tuple:
+        """What the planner's choice depends on besides the shapes: the form and its sizes."""
+        return (type(self), self.extra_repr())
+
+    def blocks(self) -> Tensor | None:
+        """The (K, groups, P/groups, Q/groups) blocks of a block-diagonal theta, or None."""
+        return None
+
+    def separable_factors(self) -> tuple[Tensor, Tensor] | None:
+        """(depth (K, P), point (P, Q)) when theta[k, p, q] = depth[k, p] point[p, q], or None."""
+        return None
+
+
+class Fixed:
+    """A given theta tensor (K, P, Q) seen as a parameter form: no factored routes.
+
+    How the engine adapts a plain tensor theta once per call (``as_theta``); not a module, so
+    the tensor keeps its own autograd history.
+    """
+
+    __slots__ = ("tensor", "K", "P", "Q")
+    groups = 1
+
+    def __init__(self, tensor: Tensor):
+        if not isinstance(tensor, Tensor) or tensor.dim() != 3:
+            got = tuple(tensor.shape) if isinstance(tensor, Tensor) else type(tensor).__name__
+            raise ValueError(f"theta must be a (K, P, Q) tensor or a sc.params module, got {got}")
+        self.tensor = tensor
+        self.K, self.P, self.Q = (int(v) for v in tensor.shape)
+
+    def __call__(self) -> Tensor:
+        return self.tensor
+
+    def factored_routes(self, x: Tensor, basis) -> list[Route]:
+        return []
+
+    def plan_key(self) -> tuple:
+        return (Fixed,)
+
+    def blocks(self) -> None:
+        return None
+
+    def separable_factors(self) -> None:
+        return None
+
+
+def as_theta(theta) -> Parameterization | Fixed:
+    """A parameter form from a ``sc.params`` module (itself) or a (K, P, Q) tensor (``Fixed``)."""
+    if isinstance(theta, (Parameterization, Fixed)):
+        return theta
+    return Fixed(theta)
 
 
 class Full(Parameterization):
@@ -110,42 +145,47 @@ class Grouped(Parameterization):
         eye = torch.eye(g, dtype=self.weight.dtype, device=self.weight.device)
         return torch.einsum("kgpq,gh->kgphq", self.weight, eye).reshape(self.K, self.P, self.Q)
 
+    def blocks(self) -> Tensor:
+        return self.weight
+
     def factored_routes(self, x, basis):
         # the blocks alone: `groups` times fewer multiply-adds than the block-diagonal theta
         B, M, P = x.shape
         K, N, Q, g = basis.K, basis.N, self.Q, self.groups
         if g == 1:
             return []
-        W = self.weight.to(x.dtype)  # (K, g, P/g, Q/g)
+        dev = basis.device.type
 
-        def input_side():
+        def input_side(x, th, bias):
+            W, b = th.weight.to(x.dtype), x.shape[0]  # (K, g, P/g, Q/g)
             if P == g:  # depthwise: one input channel per group, a broadcast product
                 z = x[:, :, None, :, None] * W[:, :, 0][None, None]  # (B, M, K, g, Q/g)
             else:
-                z = torch.einsum("bmgp,kgpq->bmkgq", x.reshape(B, M, g, P // g), W)
-            return basis.propagate_sum(z.reshape(B, M, K, Q))
+                z = torch.einsum("bmgp,kgpq->bmkgq", x.reshape(b, M, g, P // g), W)
+            return basis.propagate_sum(z.reshape(b, M, K, Q))
 
-        def basis_side():
-            u = basis.propagate(x).reshape(B, N, K, g, P // g)
-            return torch.einsum("bnkgp,kgpq->bngq", u, W).reshape(B, N, Q)
+        def basis_side(x, th, bias):
+            b = x.shape[0]
+            u = basis.propagate(x).reshape(b, N, K, g, P // g)
+            return torch.einsum("bnkgp,kgpq->bngq", u, th.weight.to(x.dtype)).reshape(b, N, Q)
 
         routes = [
             Route("grouped_input", B * (M * K * P * Q / g + basis.propagate_sum_flops(Q)),
-                  B * M * K * Q, input_side),
+                  B * M * K * Q, input_side, device_type=dev),
             Route("grouped_basis", B * (basis.propagate_flops(P) + N * K * P * Q / g),
-                  B * N * K * P, basis_side),
+                  B * N * K * P, basis_side, device_type=dev),
         ]
-        if P == g and hasattr(basis, "channelwise_sum") and hasattr(basis, "channelwise_flops"):
-            # a basis with a fused tap-by-tap kernel (a Grid): no (B, M, K, Q) temporary
-            def taps(bias=None):
+        if P == g:
+            # one input channel per group: the basis's channelwise kernel (a Grid's fused
+            # tap-by-tap pass builds no (B, M, K, Q) temporary)
+            def taps(x, th, bias):
                 r = Q // g  # channel p feeds outputs p*r .. p*r + r-1
                 xr = x if r == 1 else x.repeat_interleave(r, dim=2)
-                w = W[:, :, 0].reshape(K, Q)
-                return (basis.channelwise_sum(xr, w) if bias is None else
-                        basis.channelwise_sum(xr, w, bias))
+                return basis.channelwise_sum(xr, th.weight.to(x.dtype)[:, :, 0].reshape(K, Q),
+                                             bias)
 
             routes.append(Route("grouped_taps", basis.channelwise_flops(Q, B), B * N * Q,
-                                taps, taps))
+                                taps, fuses_bias=True, device_type=dev))
         return routes
 
 
@@ -160,32 +200,34 @@ class DepthwiseSeparable(Parameterization):
     def forward(self) -> Tensor:
         return self.depth.unsqueeze(2) * self.point.unsqueeze(0)
 
+    def separable_factors(self) -> tuple[Tensor, Tensor]:
+        return self.depth, self.point
+
     def factored_routes(self, x, basis):
         B, M, P = x.shape
         K, N, Q = basis.K, basis.N, self.Q
+        dev = basis.device.type
 
-        def input_side():
-            z = x.unsqueeze(2) * self.depth.to(x.dtype)  # (B, M, K, P)
-            return basis.propagate_sum(z) @ self.point.to(x.dtype)
+        def input_side(x, th, bias):
+            z = x.unsqueeze(2) * th.depth.to(x.dtype)  # (B, M, K, P)
+            return basis.propagate_sum(z) @ th.point.to(x.dtype)
 
-        def basis_side():
+        def basis_side(x, th, bias):
             u = basis.propagate(x)  # (B, N, K, P)
-            return (u * self.depth.to(x.dtype)).sum(2) @ self.point.to(x.dtype)
+            return (u * th.depth.to(x.dtype)).sum(2) @ th.point.to(x.dtype)
 
-        routes = [
+        def taps(x, th, bias):
+            # the basis's channelwise kernel: a Grid's fused taps build no (B, M, K, P) temporary
+            return basis.channelwise_sum(x, th.depth) @ th.point.to(x.dtype)
+
+        return [
             Route("depthwise_input", B * (M * K * P + basis.propagate_sum_flops(P) + N * P * Q),
-                  B * M * K * P, input_side),
+                  B * M * K * P, input_side, device_type=dev),
             Route("depthwise_basis", B * (basis.propagate_flops(P) + N * K * P + N * P * Q),
-                  B * N * K * P, basis_side),
+                  B * N * K * P, basis_side, device_type=dev),
+            Route("depthwise_taps", basis.channelwise_flops(P, B) + B * N * P * Q,
+                  B * N * P, taps, device_type=dev),
         ]
-        if hasattr(basis, "channelwise_sum") and hasattr(basis, "channelwise_flops"):
-            # a basis with a fused tap-by-tap kernel (a Grid): no (B, M, K, P) temporary
-            def taps():
-                return basis.channelwise_sum(x, self.depth) @ self.point.to(x.dtype)
-
-            routes.append(Route("depthwise_taps", basis.channelwise_flops(P, B) + B * N * P * Q,
-                                B * N * P, taps))
-        return routes
 
 
 class ControlledSeparable(Parameterization):
@@ -213,28 +255,29 @@ class ControlledSeparable(Parameterization):
     def factored_routes(self, x, basis):
         B, M, P = x.shape
         K, N, Q, H = basis.K, basis.N, self.Q, self.H
-        coef, chan = self.basis_coef.to(x.dtype), self.channel.to(x.dtype)
+        dev = basis.device.type
+        copy = costs.weight("copy", dev)
 
-        def input_side():
-            z = (x.reshape(B * M, P) @ chan.permute(1, 0, 2).reshape(P, H * Q))
-            z = torch.einsum("bmhq,hk->bmkq", z.reshape(B, M, H, Q), coef)
+        def input_side(x, th, bias):
+            b = x.shape[0]
+            chan = th.channel.to(x.dtype)
+            z = (x.reshape(b * M, P) @ chan.permute(1, 0, 2).reshape(P, H * Q))
+            z = torch.einsum("bmhq,hk->bmkq", z.reshape(b, M, H, Q), th.basis_coef.to(x.dtype))
             return basis.propagate_sum(z)
 
-        def basis_side():
-            u = torch.einsum("bnkp,hk->bnhp", basis.propagate(x), coef)
-            return u.reshape(B, N, H * P) @ chan.reshape(H * P, Q)
+        def basis_side(x, th, bias):
+            u = torch.einsum("bnkp,hk->bnhp", basis.propagate(x), th.basis_coef.to(x.dtype))
+            return u.reshape(x.shape[0], N, H * P) @ th.channel.to(x.dtype).reshape(H * P, Q)
 
         # each einsum mixes over a dimension that is not innermost: torch permutes the larger
-        # operand into a copy first, charged per element at COPY_WEIGHT
+        # operand into a copy first, charged per element at the cost table's "copy" weight
         return [
             Route("separable_input",
-                  B * (M * P * H * Q + M * K * Q * (H + COPY_WEIGHT)
-                       + basis.propagate_sum_flops(Q)),
-                  B * M * (H + K) * Q, input_side),
+                  B * (M * P * H * Q + M * K * Q * (H + copy) + basis.propagate_sum_flops(Q)),
+                  B * M * (H + K) * Q, input_side, device_type=dev),
             Route("separable_basis",
-                  B * (basis.propagate_flops(P) + N * K * P * (H + COPY_WEIGHT)
-                       + N * H * P * Q),
-                  B * N * (K + H) * P, basis_side),
+                  B * (basis.propagate_flops(P) + N * K * P * (H + copy) + N * H * P * Q),
+                  B * N * (K + H) * P, basis_side, device_type=dev),
         ]
 
 
@@ -262,17 +305,18 @@ class LowRank(Parameterization):
     def factored_routes(self, x, basis):
         B, M, P = x.shape
         K, N, Q, r = basis.K, basis.N, self.Q, self.rank
-        V, O = self.value.to(x.dtype), self.out.to(x.dtype)
 
-        def heads():
-            z = (x.reshape(B * M, P) @ V.permute(1, 0, 2).reshape(P, K * r)).reshape(B, M, K, r)
+        def heads(x, th, bias):
+            V, O = th.value.to(x.dtype), th.out.to(x.dtype)
+            b = x.shape[0]
+            z = (x.reshape(b * M, P) @ V.permute(1, 0, 2).reshape(P, K * r)).reshape(b, M, K, r)
             h = basis.propagate_heads(z)  # (B, N, K, r)
-            return h.reshape(B, N, K * r) @ O.reshape(K * r, Q)
+            return h.reshape(b, N, K * r) @ O.reshape(K * r, Q)
 
         # propagate_heads costs the same per channel as propagate
         return [Route("lowrank_heads",
                       B * (M * P * K * r + basis.propagate_flops(r) + N * K * r * Q),
-                      B * (M + N) * K * r, heads)]
+                      B * (M + N) * K * r, heads, device_type=basis.device.type)]
 
 
 #: the parameter forms usable as ``param = "NAME"`` in a model config

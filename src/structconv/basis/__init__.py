@@ -9,8 +9,8 @@ from .graph import *  # noqa: F403
 from .graph import __all__ as _graph_all
 from .grid import *  # noqa: F403
 from .grid import __all__ as _grid_all
-from .kinds import BASES, Structure, build, register
+from .kinds import BASES, KindError, Structure, build, register
 
 __all__ = ["Basis", "Dense", "Sparse", "Stack", "Product", "as_basis", "density",
            *_grid_all, *_graph_all,
-           "register", "build", "Structure", "BASES"]
+           "register", "build", "Structure", "BASES", "KindError"]

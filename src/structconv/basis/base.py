@@ -14,29 +14,59 @@ how many multiply-adds one channel of one batch item costs, for the planner.
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
+from .. import costs
 from .._checks import check_index_tensor
 
 __all__ = ["Basis", "Dense", "Sparse", "Stack", "Product", "as_basis"]
 
 
 class Basis:
-    """A family of K matrices of shape (M, N) that can apply itself to (B, M, C) bundles."""
+    """A family of K matrices of shape (M, N) that can apply itself to (B, M, C) bundles.
 
-    #: relative cost of one multiply-add of this basis against one of a dense GEMM; the planner
-    #: multiplies ``apply_flops`` by it (sparse gathers run far below the matmul rate).
-    flop_weight: float = 1.0
+    A subclass that calls ``super().__init__(K, M, N)`` and implements ``propagate_heads`` is
+    complete. Every other hook below has a working default that a subclass may override for
+    speed: ``propagate``, ``propagate_sum``, ``to_dense``, ``channelwise_sum``, the costs
+    (``apply_flops``, ``propagate_flops``, ``propagate_sum_flops``, ``channelwise_flops``) and
+    ``routes`` (the basis's own whole-convolution kernels). The base class finds the tensors a
+    basis holds (attributes, directly or in lists, tuples, dicts, nested bases, or helper
+    objects with an ``_apply(fn)`` method), and derives ``dtype``, ``device``, ``to`` and
+    ``cast_like`` from them, as ``nn.Module._apply`` does for parameters.
+    """
+
+    #: the cost-table row (``sc.costs``) of one multiply-add of this basis's primitives
+    cost_kernel: str = "dense"
+    #: attributes holding caches derived from the tensors: dropped by ``to`` (rebuilt lazily)
+    _transient: tuple[str, ...] = ()
 
     def __init__(self, K: int, M: int, N: int):
         for name, v in (("K", K), ("M", M), ("N", N)):
-            if int(v) < 1:
-                raise ValueError(f"basis size {name} must be >= 1, got {v}")
+            if isinstance(v, bool) or int(v) != v or int(v) < 1:
+                raise ValueError(f"basis size {name} must be an int >= 1, got {v!r}")
         self.K, self.M, self.N = int(K), int(M), int(N)
+
+    def __setattr__(self, name, value):
+        object.__setattr__(self, name, value)
+        if not name.startswith("_"):
+            # a new public attribute may change the tensors held or the costs: forget derived state
+            cache = self.__dict__.get("_cache")
+            if cache:
+                cache.clear()
+
+    @property
+    def _memo(self) -> dict:
+        """Derived state (casts, plans, held-tensor summary), dropped when the basis changes."""
+        d = self.__dict__.get("_cache")
+        if d is None:
+            d = {}
+            object.__setattr__(self, "_cache", d)
+        return d
 
     # -- shape --------------------------------------------------------------------------------
     @property
@@ -48,16 +78,8 @@ class Basis:
         return f"{type(self).__name__}(K={self.K}, M={self.M}, N={self.N})"
 
     # -- primitives ---------------------------------------------------------------------------
-    def to_dense(self) -> Tensor:
-        """The (K, M, N) tensor of this basis (built only on request)."""
-        eye = torch.eye(self.M, dtype=self.dtype, device=self.device)
-        z = eye.reshape(1, self.M, 1, self.M).expand(1, self.M, self.K, self.M)
-        # propagate_heads of the identity bundle gives A_kᵀ I = A_kᵀ, laid out (1, N, K, M)
-        out = self.propagate_heads(z)[0]  # (N, K, M)
-        return out.permute(1, 2, 0).contiguous()
-
     def propagate_heads(self, z: Tensor) -> Tensor:
-        """(B, M, K, C) -> (B, N, K, C): A_kᵀ applied to slice k."""
+        """(B, M, K, C) -> (B, N, K, C): ``out[:, :, k] = A_kᵀ z[:, :, k]`` (the required hook)."""
         raise NotImplementedError(f"{type(self).__name__} does not implement propagate_heads")
 
     def propagate(self, x: Tensor) -> Tensor:
@@ -69,7 +91,33 @@ class Basis:
         """(B, M, K, C) -> (B, N, C): Σ_k A_kᵀ z_k."""
         return self.propagate_heads(z).sum(2)
 
-    # -- costs (multiply-adds per channel per batch item) --------------------------------------
+    def channelwise_sum(self, x: Tensor, w: Tensor, bias: Tensor | None = None) -> Tensor:
+        """(B, M, C), w (K, C) -> (B, N, C): Σ_k A_kᵀ (x · w_k), a depthwise convolution.
+
+        The default builds the (B, M, K, C) product; a basis with a fused tap-by-tap kernel
+        (a Grid) never does.
+        """
+        y = self.propagate_sum(x.unsqueeze(2) * w.to(x.dtype))
+        return y if bias is None else y + bias.to(y.dtype)
+
+    def to_dense(self) -> Tensor:
+        """The (K, M, N) tensor of this basis (built only on request)."""
+        eye = torch.eye(self.M, dtype=self.dtype, device=self.device)
+        z = eye.reshape(1, self.M, 1, self.M).expand(1, self.M, self.K, self.M)
+        # propagate_heads of the identity bundle gives A_kᵀ I = A_kᵀ, laid out (1, N, K, M)
+        out = self.propagate_heads(z)[0]  # (N, K, M)
+        return out.permute(1, 2, 0).contiguous()
+
+    # -- costs (weighted multiply-adds; see sc.costs) ------------------------------------------
+    @property
+    def flop_weight(self) -> float:
+        """Relative cost of one multiply-add of this basis against one of a dense GEMM."""
+        return costs.weight(self.cost_kernel, self.device.type)
+
+    def weight(self, kernel: str) -> float:
+        """A cost-table weight for this basis's device (``sc.costs.weight``)."""
+        return costs.weight(kernel, self.device.type)
+
     def apply_flops(self) -> float:
         """Multiply-adds to apply all K matrices to one channel of one batch item."""
         return float(self.K * self.M * self.N)
@@ -82,43 +130,134 @@ class Basis:
         """Weighted cost of ``propagate_sum`` on C channels (one batch item)."""
         return self.flop_weight * self.apply_flops() * C
 
-    def native_convolve(self, x: Tensor, theta, route: str | None = None) -> Tensor | None:
-        """A fused kernel for the whole convolution (e.g. ``F.conv2d``), or None if there is none.
-
-        ``theta`` is a (K, P, Q) tensor or a ``sc.params`` module; x is (B, M, P).
-        """
-        return None
-
-    def native_flops(self, B: int, P: int, Q: int, theta=None) -> float | None:
-        """Weighted cost of ``native_convolve``, or None when no fused kernel applies."""
-        return None
+    def channelwise_flops(self, C: int, B: int = 1) -> float:
+        """Weighted cost of ``channelwise_sum`` on B items of C channels (temporary included)."""
+        return B * ((1.0 + self.weight("element")) * self.M * self.K * C
+                    + self.propagate_sum_flops(C))
 
     def routes(self, x: Tensor, theta) -> list:
-        """The basis's own whole-convolution routes (``sc.params.Route`` list) for x (B, M, P).
+        """The basis's own whole-convolution kernels, as costed ``sc.costs.Route``s.
 
-        Like ``native_convolve`` but any number of them, each costed for the planner; a Grid
-        offers its tap routes here. None by default.
+        ``x`` (B, M, P) (its strides may matter: a grid's image layout), ``theta`` the adapted
+        parameter form (``.K, .P, .Q``, ``theta()`` the (K, P, Q) tensor). E.g. a Grid offers
+        ``F.convNd`` (``native``) and its tap routes. None by default.
         """
         return []
 
-    # -- dtype / device -----------------------------------------------------------------------
+    # -- tensors held, dtype / device ----------------------------------------------------------
+    def _apply(self, fn) -> Basis:
+        """A shallow copy with ``fn`` applied to every tensor held (caches dropped)."""
+        new = copy.copy(self)
+        d = new.__dict__
+        d.pop("_cache", None)
+        for name, v in list(d.items()):
+            if name in self._transient:  # derived caches start empty in the copy
+                d[name] = {} if isinstance(v, dict) else None
+            else:
+                d[name] = _map_tensors(v, fn)
+        return new
+
+    def _held(self) -> tuple[torch.dtype | None, torch.device | None]:
+        """(promoted floating dtype, device) of the tensors held; None where there is none."""
+        memo = self._memo
+        if "held" not in memo:
+            found: list[Tensor] = []
+            for name, v in self.__dict__.items():
+                if name != "_cache" and name not in self._transient:
+                    _collect(v, found)
+            fl = [t.dtype for t in found if t.is_floating_point() or t.is_complex()]
+            dt = fl[0] if fl else None
+            for other in fl[1:]:
+                dt = torch.promote_types(dt, other)
+            memo["held"] = (dt, found[0].device if found else None,
+                            any(t.requires_grad for t in found))
+        return memo["held"][:2]
+
     @property
     def dtype(self) -> torch.dtype:
-        return torch.get_default_dtype()
+        """The floating dtype of the tensors held (the default dtype where there are none)."""
+        dt = self._held()[0]
+        return dt if dt is not None else (self.__dict__.get("_to_dtype")
+                                          or torch.get_default_dtype())
 
     @property
     def device(self) -> torch.device:
-        return torch.device("cpu")
+        """The device of the tensors held (cpu where there are none)."""
+        dev = self._held()[1]
+        return dev if dev is not None else (self.__dict__.get("_to_device")
+                                            or torch.device("cpu"))
 
     def to(self, device=None, dtype=None) -> Basis:
-        """This basis on another device / dtype (self when nothing changes)."""
-        return self
+        """This basis on another device / dtype: floating tensors take ``dtype``, integer
+        tensors keep theirs (self when nothing changes)."""
+        device = torch.device(device) if device is not None else None
+        if (device is None or device == self.device) and (dtype is None or dtype == self.dtype):
+            return self
+
+        def move(t: Tensor) -> Tensor:
+            floating = t.is_floating_point() or t.is_complex()
+            return t.to(device=device, dtype=dtype if floating and dtype is not None else None)
+
+        new = self._apply(move)
+        if dtype is not None:
+            object.__setattr__(new, "_to_dtype", dtype)
+        if device is not None:
+            object.__setattr__(new, "_to_device", device)
+        return new
+
+    def cast_like(self, t: Tensor) -> Basis:
+        """This basis with t's dtype and device, for applying it to t (casts are cached unless
+        the basis holds tensors that require grad, whose casts must stay in the graph)."""
+        dt, dev = self._held()
+        if (dt is None or dt == t.dtype) and (dev is None or dev == t.device):
+            return self
+        if self._memo["held"][2]:
+            return self.to(device=t.device, dtype=t.dtype)
+        key = ("cast", t.dtype, t.device)
+        memo = self._memo
+        if key not in memo:
+            memo[key] = self.to(device=t.device, dtype=t.dtype)
+        return memo[key]
 
     def _matching(self, t: Tensor) -> Basis:
-        """This basis cast to the dtype and device of ``t`` (cached by subclasses)."""
-        if t.dtype == self.dtype and t.device == self.device:
-            return self
-        return self.to(device=t.device, dtype=t.dtype)
+        # the former name of ``cast_like``, kept for subclasses written against it
+        return self.cast_like(t)
+
+
+def _map_tensors(v, fn):
+    """``v`` with ``fn`` applied to every tensor inside (containers and bases rebuilt)."""
+    if isinstance(v, Tensor):
+        return fn(v)
+    if isinstance(v, Basis):
+        return v._apply(fn)
+    if isinstance(v, list):
+        return [_map_tensors(u, fn) for u in v]
+    if isinstance(v, tuple):
+        items = [_map_tensors(u, fn) for u in v]
+        return type(v)(*items) if hasattr(v, "_fields") else tuple(items)
+    if isinstance(v, dict):
+        return type(v)((k, _map_tensors(u, fn)) for k, u in v.items())
+    if not isinstance(v, type) and callable(getattr(v, "_apply", None)):
+        return v._apply(fn)
+    return v
+
+
+def _collect(v, out: list) -> None:
+    """Append every tensor inside ``v`` (as ``_map_tensors`` would visit them) to ``out``."""
+    if isinstance(v, Tensor):
+        out.append(v)
+    elif isinstance(v, Basis):
+        for name, u in v.__dict__.items():
+            if name != "_cache" and name not in v._transient:
+                _collect(u, out)
+    elif isinstance(v, (list, tuple)):
+        for u in v:
+            _collect(u, out)
+    elif isinstance(v, dict):
+        for u in v.values():
+            _collect(u, out)
+    elif not isinstance(v, type) and callable(getattr(v, "_apply", None)):
+        v._apply(lambda t: (out.append(t), t)[1])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -131,7 +270,9 @@ class Dense(Basis):
             raise ValueError(f"Dense basis needs a (K, M, N) tensor, got shape {got}")
         super().__init__(*A.shape)
         self.A = A
-        self._cache: dict = {}
+        self._arranged_cache: dict = {}
+
+    _transient = ("_arranged_cache",)
 
     def _arranged(self, layout: str, dtype: torch.dtype) -> Tensor:
         """A as the 2-d matrix one GEMM needs: ``tall`` [(n, k), m] or ``wide`` [n, (m, k)].
@@ -146,21 +287,14 @@ class Dense(Basis):
         if self.A.requires_grad:
             return make()
         key = (layout, dtype, self.A._version)
-        if key not in self._cache:
-            self._cache = {k: v for k, v in self._cache.items() if k[2] == self.A._version}
-            self._cache[key] = make().contiguous()
-        return self._cache[key]
-
-    @property
-    def dtype(self):
-        return self.A.dtype
-
-    @property
-    def device(self):
-        return self.A.device
-
-    def to(self, device=None, dtype=None):
-        return Dense(self.A.to(device=device, dtype=dtype))
+        cache = self.__dict__.get("_arranged_cache")
+        if cache is None:  # dropped by ``to``
+            cache = self._arranged_cache = {}
+        if key not in cache:
+            for k in [k for k in cache if k[2] != self.A._version]:
+                del cache[k]
+            cache[key] = make().contiguous()
+        return cache[key]
 
     def to_dense(self) -> Tensor:
         return self.A
@@ -224,7 +358,7 @@ class Sparse(Basis):
     are summed. When ``values`` requires grad the basis is differentiable in it (COO autograd path).
     """
 
-    flop_weight = 6.0
+    cost_kernel = "sparse"
 
     def __init__(self, indices: Tensor, values: Tensor | None, size: Sequence[int]):
         if len(size) != 3:
@@ -258,35 +392,13 @@ class Sparse(Basis):
     def nnz(self) -> int:
         return int(self.indices.shape[1])
 
-    @property
-    def dtype(self):
-        return self.values.dtype
-
-    @property
-    def device(self):
-        return self.values.device
-
-    def to(self, device=None, dtype=None):
-        return Sparse(self.indices.to(device), self.values.to(device=device, dtype=dtype),
-                      self.shape)
-
-    def _matching(self, t):
-        key = ("cast", t.dtype, t.device)
-        if t.dtype == self.dtype and t.device == self.device:
-            return self
-        if self.values.requires_grad:
-            return self.to(t.device, t.dtype)
-        if key not in self._cache:
-            self._cache[key] = self.to(t.device, t.dtype)
-        return self._cache[key]
-
     def apply_flops(self):
         return float(max(self.nnz, 1))
 
     def propagate_sum_flops(self, C):
         # the wide layout gathers from a K-times larger operand (M*K rows) than ``propagate``
         # does (M rows): measured 10-60% slower at equal multiply-adds, so it breaks P == Q ties
-        return 1.2 * super().propagate_sum_flops(C)
+        return self.weight("sparse_wide") * super().propagate_sum_flops(C)
 
     def to_dense(self):
         K, M, N = self.shape
@@ -387,20 +499,16 @@ class Stack(Basis):
     def __repr__(self):
         return f"Stack([{', '.join(repr(b) for b in self.parts)}])"
 
-    @property
-    def dtype(self):
-        return self.parts[0].dtype
-
-    @property
-    def device(self):
-        return self.parts[0].device
-
-    def to(self, device=None, dtype=None):
-        return Stack([b.to(device, dtype) for b in self.parts])
-
-    def _matching(self, t):
-        return Stack([b._matching(t) for b in self.parts]) if any(
-            b._matching(t) is not b for b in self.parts) else self
+    def cast_like(self, t):
+        # each part casts itself (a part that casts inside its kernels stays as it is)
+        parts = [b.cast_like(t) for b in self.parts]
+        if all(a is b for a, b in zip(parts, self.parts)):
+            return self
+        key = ("cast", t.dtype, t.device)
+        memo = self._memo
+        if key not in memo or any(a is not b for a, b in zip(parts, memo[key].parts)):
+            memo[key] = Stack(parts)
+        return memo[key]
 
     def apply_flops(self):
         return sum(b.apply_flops() for b in self.parts)
@@ -449,19 +557,8 @@ class Product(Basis):
     def __repr__(self):
         return f"Product({self.first!r}, {self.second!r})"
 
-    @property
-    def dtype(self):
-        return self.first.dtype
-
-    @property
-    def device(self):
-        return self.first.device
-
-    def to(self, device=None, dtype=None):
-        return Product(self.first.to(device, dtype), self.second.to(device, dtype))
-
-    def _matching(self, t):
-        a, b = self.first._matching(t), self.second._matching(t)
+    def cast_like(self, t):
+        a, b = self.first.cast_like(t), self.second.cast_like(t)
         return self if (a is self.first and b is self.second) else Product(a, b)
 
     def apply_flops(self):
@@ -478,7 +575,9 @@ class Product(Basis):
 
     def to_dense(self):
         a, b = self.first.to_dense(), self.second.to_dense()
-        return torch.einsum("imj,kjn->ikmn", a, b).reshape(self.K, self.M, self.N)
+        # factors may differ in dtype (a tensor-free Grid beside a float64 Dense): promote
+        dt = torch.promote_types(a.dtype, b.dtype)
+        return torch.einsum("imj,kjn->ikmn", a.to(dt), b.to(dt)).reshape(self.K, self.M, self.N)
 
     def propagate(self, x):
         B, _, C = x.shape

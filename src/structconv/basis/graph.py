@@ -36,10 +36,6 @@ __all__ = [
     "clear_graph_cache", "graph_cache_info",
 ]
 
-#: relative cost of one CSR SpMM multiply-add (one nonzero, one channel) against one GEMM
-#: multiply-add on CPU: SpMM gathers rows at random and runs at a few % of the GEMM rate.
-GRAPH_FLOP_WEIGHT = 16.0
-
 _INF = float("inf")
 
 
@@ -248,6 +244,10 @@ class SparseOperator:
         return SparseOperator(self.src.to(device), self.dst.to(device),
                               self.value.to(device=device, dtype=dtype), self.M, self.N)
 
+    def _apply(self, fn) -> SparseOperator:
+        """The same operator with ``fn`` applied to its tensors (how a Basis moves it)."""
+        return SparseOperator(fn(self.src), fn(self.dst), fn(self.value), self.M, self.N)
+
     def csr(self, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
         """(Sᵀ as an (N, M) CSR, S as an (M, N) CSR) in ``dtype`` on ``device``, cached."""
         key = (dtype, device)
@@ -276,7 +276,7 @@ class SparseOperator:
 class _GraphBasis(Basis):
     """Common plumbing of the polynomial bases: one square operator, lazy dtype casts."""
 
-    flop_weight = GRAPH_FLOP_WEIGHT
+    cost_kernel = "graph"
 
     def __init__(self, K: int, op: SparseOperator):
         super().__init__(K, op.M, op.N)
@@ -290,7 +290,7 @@ class _GraphBasis(Basis):
     def device(self):
         return self.op.device
 
-    def _matching(self, t):
+    def cast_like(self, t):
         # the operator casts its CSR lazily (cached per dtype/device), so no copy is needed
         return self
 
@@ -467,7 +467,7 @@ class RelationalBasis(Basis):
         self._flat = None
         if flat_k:
             self._flat = Sparse(torch.cat(idx, 1), torch.cat(vals), (len(flat_k), M, N))
-            self._flat.flop_weight = GRAPH_FLOP_WEIGHT
+            self._flat.cost_kernel = "graph"
         self._flat_is_all = flat_k == list(range(self.K))
 
     def __repr__(self):
@@ -503,10 +503,10 @@ class RelationalBasis(Basis):
         return float(max(flat + self._walk_nnz(), 1))
 
     def propagate_flops(self, C):
-        return GRAPH_FLOP_WEIGHT * self.apply_flops() * C
+        return self.weight("graph") * self.apply_flops() * C
 
     def propagate_sum_flops(self, C):
-        return GRAPH_FLOP_WEIGHT * self.apply_flops() * C
+        return self.weight("graph") * self.apply_flops() * C
 
     def to_dense(self):
         eye = torch.eye(self.M, dtype=self.dtype, device=self.device).unsqueeze(0)

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..costs import Route
 from .base import Basis, Sparse
 
 __all__ = ["Grid", "AvgPool"]
@@ -172,15 +173,7 @@ class Grid(_GridGeometry, Basis):
     into one padded copy of x.
     """
 
-    #: cost of one element of ``propagate`` (im2col) or ``propagate_sum`` in GEMM multiply-adds:
-    #: a strided copy into a (B, N, K, C) temporary, usually larger than any cache (measured on
-    #: a 2-core Xeon: ~1.2 ns per element against ~0.02 ns per GEMM multiply-add)
-    flop_weight = 64.0
-    #: F.convNd runs at about the GEMM rate with no temporaries, while the routes it competes
-    #: with move (B, M, K, C)-sized intermediates that the planner's element cost undercounts
-    #: (measured: a 5x5 64->64 ControlledSeparable layer, 0.13 s by F.conv2d on the
-    #: materialised theta against 0.8-1.5 s by every factored route)
-    native_weight = 0.25
+    _transient = ("_taps", "_tap_layout", "_flat_taps")
 
     def __init__(self, in_shape, kernel_size, stride=1, padding=0, dilation=1, *,
                  native: bool = True, dtype: torch.dtype | None = None,
@@ -190,8 +183,9 @@ class Grid(_GridGeometry, Basis):
         Basis.__init__(self, math.prod(self.kernel_size), math.prod(self.in_shape),
                        math.prod(self.out_shape))
         self.native = bool(native)
-        self._dtype = dtype
-        self._device = torch.device(device) if device is not None else None
+        # a grid holds no tensors: these only set what ``dtype``/``device`` (to_dense) report
+        self._to_dtype = dtype
+        self._to_device = torch.device(device) if device is not None else None
         self._taps = None
         self._tap_layout = None
         self._flat_taps = None
@@ -225,23 +219,6 @@ class Grid(_GridGeometry, Basis):
         """
         before = torch.tensor([b for b, _ in self.padding])
         return before - self.offsets * torch.tensor(self.dilation)
-
-    # -- dtype / device (only used by to_dense: the primitives work on any input) -------------
-    @property
-    def dtype(self):
-        return self._dtype or torch.get_default_dtype()
-
-    @property
-    def device(self):
-        return self._device or torch.device("cpu")
-
-    def to(self, device=None, dtype=None):
-        return Grid(self.in_shape, self.kernel_size, self.stride, self.padding, self.dilation,
-                    native=self.native, dtype=dtype or self._dtype,
-                    device=device if device is not None else self._device)
-
-    def _matching(self, t):
-        return self
 
     # -- explicit forms -----------------------------------------------------------------------
     def indices(self) -> Tensor:
@@ -405,75 +382,74 @@ class Grid(_GridGeometry, Basis):
         return self._flat_taps
 
     def routes(self, x: Tensor, theta) -> list:
-        """``tap_gemm`` and ``tap_im2col``: y = Σ_k A_kᵀ x Θ_k with each A_kᵀ a row offset.
+        """``native`` (F.convNd, unless ``native=False``), ``tap_gemm`` and ``tap_im2col``.
 
-        Both read one zero-padded, stride-phase-split copy of x and never build a (B, N, K, C)
-        temporary; ``tap_gemm`` runs one GEMM per tap, ``tap_im2col`` one GEMM per row chunk on
-        the chunk's taps side by side (inner size K*P: better for few input channels).
+        The tap routes compute y = Σ_k A_kᵀ x Θ_k with each A_kᵀ a row offset: both read one
+        zero-padded, stride-phase-split copy of x and never build a (B, N, K, C) temporary;
+        ``tap_gemm`` runs one GEMM per tap, ``tap_im2col`` one GEMM per row chunk on the chunk's
+        taps side by side (inner size K*P: better for few input channels). Each fuses the bias.
         """
-        from ..params import Parameterization, Route
-
         B, _, P = x.shape
-        Q = theta.Q if isinstance(theta, Parameterization) else theta.shape[2]
+        Q = theta.Q
         lay = self.tap_layout
         R, T = lay.rows(B), len(lay.taps)
         temp = (len(lay.phases) * B * lay.V + lay.tail) * P + B * lay.V * Q
+        dev = self.device.type
 
-        def run(mode, bias=None):
-            th = theta() if isinstance(theta, Parameterization) else theta
-            return _TapConv.apply(self, mode, x, th.to(x.dtype), bias)
+        def gemm(x, th, bias):
+            return _TapConv.apply(self, "gemm", x, th().to(x.dtype), bias)
 
-        # measured weights (GEMM multiply-adds): a GEMM with inner size P < 64 runs below the
-        # full rate (each tap's rewrites its (rows, Q) output chunk for only P multiply-adds per
-        # element); the im2col copy costs per element, more when channels-last rows are short
-        # runs of P channels (an RGB stem)
-        slow = max(1.0, 64.0 / P)
-        copy = self.tap_copy_weight * (1.0 if _is_cf(x) else 1.0 + 16.0 / P)
-        return [Route("tap_gemm", R * T * (slow * P * Q + 6 * Q + 2 * P), temp,
-                      lambda: run("gemm"), lambda b: run("gemm", b)),
-                Route("tap_im2col", R * (T * P * Q + copy * T * P + 2 * Q), temp,
-                      lambda: run("im2col"), lambda b: run("im2col", b))]
+        def im2col(x, th, bias):
+            return _TapConv.apply(self, "im2col", x, th().to(x.dtype), bias)
+
+        # measured weights (GEMM multiply-adds): a GEMM with inner size P below the full-rate
+        # size runs slower (each tap rewrites its (rows, Q) output chunk for only P multiply-adds
+        # per element); the im2col copy costs per element, more when channels-last rows are
+        # short runs of P channels (an RGB stem)
+        slow = max(1.0, self.weight("tap_full_rate_p") / P)
+        copy = self.weight("tap_copy") * (1.0 if _is_cf(x) else
+                                          1.0 + self.weight("tap_short_rows") / P)
+        routes = [Route("tap_gemm", R * T * (slow * P * Q + 6 * Q + 2 * P), temp, gemm,
+                        fuses_bias=True, device_type=dev),
+                  Route("tap_im2col", R * (T * P * Q + copy * T * P + 2 * Q), temp, im2col,
+                        fuses_bias=True, device_type=dev)]
+        form = self._native_form(theta)
+        if form is not None:
+            routes.insert(0, Route("native", self._native_flops(B, P, Q, theta, form), 0.0,
+                                   self._native_run, fuses_bias=True, device_type=dev))
+        return routes
 
     def channelwise_flops(self, C: int, B: int = 1) -> float:
         """Weighted cost of ``channelwise_sum`` on B items of C channels: one fused
         multiply-add pass per tap over the virtual rows."""
-        # a fused in-place pass measured at ~0.4 of a chunked copy's cost per element
         lay = self.tap_layout
-        return float(self.tap_copy_weight * 0.4 * len(lay.taps) * lay.rows(B) * C)
+        return float(self.weight("tap_copy") * self.weight("tap_channelwise") * len(lay.taps)
+                     * lay.rows(B) * C)
 
     # -- costs ----------------------------------------------------------------------------------
-    #: cost of one element copied or multiply-added by an elementwise pass over a cache-sized
-    #: chunk of the tap layout (measured, in GEMM multiply-adds)
-    tap_copy_weight = 50.0
+    #: one element of ``propagate`` (im2col) or ``propagate_sum``: a strided copy into a
+    #: (B, N, K, C) temporary, usually larger than any cache (the cost table's "grid_shift")
+    cost_kernel = "grid_shift"
 
     def apply_flops(self) -> float:
         return float(self.K * self.N)
 
     def propagate_sum_flops(self, C: int) -> float:
-        # each tap reads and rewrites the output where propagate only copies: 1.5x the traffic
-        return 1.5 * self.flop_weight * self.apply_flops() * C
+        # each tap reads and rewrites the output where propagate only copies
+        return self.weight("grid_sum") * self.flop_weight * self.apply_flops() * C
 
     # -- fused kernel: F.conv1d/2d/3d ----------------------------------------------------------
     def _native_form(self, theta):
         """How theta maps to F.convNd, or None: 'tensor', 'grouped', 'depthwise' or 'module'."""
-        from ..params import DepthwiseSeparable, Grouped, Parameterization
-
         if not self.native or self.ndim not in _CONV:
             return None
-        if isinstance(theta, Tensor):
-            return "tensor"
-        if isinstance(theta, Grouped):
-            return "grouped"
-        if isinstance(theta, DepthwiseSeparable):
-            return "depthwise"
-        if isinstance(theta, Parameterization):
-            return "module"  # any other form: theta (K, P, Q) is small, materialise it
-        return None
+        return _theta_form(theta)
 
-    def native_flops(self, B, P, Q, theta=None):
-        form = self._native_form(theta)
-        if form is None:
-            return None
+    def _native_flops(self, B, P, Q, theta, form) -> float:
+        # F.convNd runs at about the GEMM rate with no temporaries, while the routes it competes
+        # with move (B, M, K, C)-sized intermediates that the element cost undercounts (measured:
+        # a 5x5 64->64 ControlledSeparable layer, 0.13 s by F.conv2d on the materialised theta
+        # against 0.8-1.5 s by every factored route): the cost table's "native_conv"
         K, N = self.K, self.N
         if form == "grouped":
             flops = B * N * K * P * Q / theta.groups
@@ -481,16 +457,18 @@ class Grid(_GridGeometry, Basis):
             flops = B * N * (K * P + P * Q)
         else:
             flops = B * N * K * P * Q + (K * P * Q if form == "module" else 0)
-        return float(self.native_weight * flops)
+        return float(self.weight("native_conv") * flops)
 
     def conv_weight(self, theta) -> tuple[Tensor, int]:
         """The torch weight (Q, P/groups, *kernel_size) and groups equal to a theta / module."""
         return conv_weight(theta, self.kernel_size)
 
     def conv_image(self, x: Tensor, theta, bias: Tensor | None = None) -> Tensor:
-        """x (B, P, *in_shape) channels-first -> (B, Q, *out_shape) by F.conv1d/2d/3d."""
-        from ..params import DepthwiseSeparable
+        """x (B, P, *in_shape) channels-first -> (B, Q, *out_shape) by F.conv1d/2d/3d.
 
+        ``theta``: a (K, P, Q) tensor or a parameter form (a depthwise-separable form runs as
+        two convolutions, a grouped form as one grouped convolution).
+        """
         form = self._native_form(theta)
         if form is None:
             raise ValueError(f"no F.convNd kernel for a {self.ndim}-d Grid with "
@@ -502,24 +480,34 @@ class Grid(_GridGeometry, Basis):
         xp, pad = self._channels_first_pad(x)
         pad = pad if pad is not None else 0
         bias = None if bias is None else bias.to(x.dtype)
-        if isinstance(theta, DepthwiseSeparable):
-            P = theta.P
-            w = theta.depth.to(x.dtype).t().contiguous().reshape(P, 1, *self.kernel_size)
+        if form == "depthwise":
+            depth, point = theta.separable_factors()
+            P = depth.shape[1]
+            w = depth.to(x.dtype).t().contiguous().reshape(P, 1, *self.kernel_size)
             h = conv(xp, w, None, self.stride, pad, self.dilation, P)  # (B, P, *out)
-            W = theta.point.to(x.dtype).t().contiguous().reshape(theta.Q, P,
-                                                                  *(1,) * self.ndim)
+            W = point.to(x.dtype).t().contiguous().reshape(point.shape[1], P, *(1,) * self.ndim)
             return conv(h, W, bias)
         W, g = self.conv_weight(theta)
         return conv(xp, W.to(x.dtype), bias, self.stride, pad, self.dilation, g)
 
-    def native_convolve(self, x, theta, route=None):
+    def _native_run(self, x: Tensor, theta, bias: Tensor | None = None) -> Tensor:
         """x (B, M, P) -> (B, N, Q) by F.convNd on the channels-first view of the bundle."""
-        if self._native_form(theta) is None:
-            return None
         B, M, P = x.shape
         img = x.reshape(B, *self.in_shape, P).movedim(-1, 1)  # a view (channels_last strides)
-        y = self.conv_image(img, theta)
+        y = self.conv_image(img, theta, bias)
         return y.movedim(1, -1).reshape(B, self.N, y.shape[1])
+
+
+def _theta_form(theta) -> str:
+    """How a theta maps onto F.convNd: 'tensor', 'grouped', 'depthwise' or 'module' (any other
+    parameter form: theta (K, P, Q) is small, materialise it)."""
+    if isinstance(theta, Tensor):
+        return "tensor"
+    if theta.blocks() is not None:
+        return "grouped"
+    if theta.separable_factors() is not None:
+        return "depthwise"
+    return "module" if isinstance(theta, torch.nn.Module) else "tensor"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -531,7 +519,8 @@ class AvgPool(_GridGeometry, Basis):
     ``divisor_override`` replaces the divisor. ``padding`` takes the forms of ``Grid``.
     """
 
-    flop_weight = 2.0
+    cost_kernel = "avgpool"
+    _transient = ("_weights",)
 
     def __init__(self, in_shape, kernel_size, stride=None, padding=0, *, ceil_mode=False,
                  count_include_pad=True, divisor_override=None, native: bool = True,
@@ -548,8 +537,8 @@ class AvgPool(_GridGeometry, Basis):
                 raise ValueError("divisor_override must be nonzero")
         self.divisor_override = divisor_override
         self.native = bool(native)
-        self._dtype = dtype
-        self._device = torch.device(device) if device is not None else None
+        self._to_dtype = dtype
+        self._to_device = torch.device(device) if device is not None else None
         out = list(self._out_shape("AvgPool"))
         if self.ceil_mode:
             for i in range(self.ndim):
@@ -573,24 +562,6 @@ class AvgPool(_GridGeometry, Basis):
                 f"stride={self.stride}, padding={self.padding}, ceil_mode={self.ceil_mode}, "
                 f"count_include_pad={self.count_include_pad}, "
                 f"divisor_override={self.divisor_override}, out_shape={self.out_shape})")
-
-    @property
-    def dtype(self):
-        return self._dtype or torch.get_default_dtype()
-
-    @property
-    def device(self):
-        return self._device or torch.device("cpu")
-
-    def to(self, device=None, dtype=None):
-        return AvgPool(self.in_shape, self.kernel_size, self.stride, self.padding,
-                       ceil_mode=self.ceil_mode, count_include_pad=self.count_include_pad,
-                       divisor_override=self.divisor_override, native=self.native,
-                       dtype=dtype or self._dtype,
-                       device=device if device is not None else self._device)
-
-    def _matching(self, t):
-        return self
 
     def weights(self, dtype=None, device=None) -> Tensor:
         """(N,) the factor 1/divisor of each output (0 for a window with no input), as torch."""
@@ -679,17 +650,20 @@ class AvgPool(_GridGeometry, Basis):
         return fn(x, self.kernel_size, self.stride, pad,
                   divisor_override=self.divisor_override, **kw)
 
-    def native_flops(self, B, P, Q, theta=None):
+    def routes(self, x: Tensor, theta) -> list:
+        """``native``: F.avg_poolNd and theta[0] on the side with fewer channels."""
         if not self._native_ok():
-            return None
+            return []
+        B, _, P = x.shape
+        Q = theta.Q
         pool = math.prod(self.kernel_size) * self.N
-        return float(B * (min(P, Q) * pool + min(self.M * P * Q, self.N * P * Q)))
+        flops = B * (min(P, Q) * pool + min(self.M * P * Q, self.N * P * Q))
+        return [Route("native", float(flops), 0.0, self._native_run,
+                      device_type=self.device.type)]
 
-    def native_convolve(self, x, theta, route=None):
+    def _native_run(self, x: Tensor, theta, bias=None) -> Tensor:
         """x (B, M, P) -> (B, N, Q): pool and apply theta[0], on the side with fewer channels."""
-        if not self._native_ok():
-            return None
-        th = (theta if isinstance(theta, Tensor) else theta())[0].to(x.dtype)  # (P, Q)
+        th = theta()[0].to(x.dtype)  # (P, Q)
         B, M, P = x.shape
         Q = th.shape[1]
         first = Q < P  # pooling commutes with the channel map: pool the narrower side
@@ -704,14 +678,13 @@ class AvgPool(_GridGeometry, Basis):
 def conv_weight(theta, kernel_size: Sequence[int]) -> tuple[Tensor, int]:
     """theta (K, P, Q) or a params module -> torch weight (Q, P/groups, *kernel_size), groups.
 
-    A ``Grouped`` module keeps its groups; any other form is materialised (groups 1).
+    A block-diagonal (``Grouped``) form keeps its groups; any other is materialised (groups 1).
     """
-    from ..params import Grouped
-
     K = math.prod(kernel_size)
-    if isinstance(theta, Grouped):
-        _, g, Pg, Qg = theta.weight.shape
-        W = theta.weight.permute(1, 3, 2, 0).reshape(g * Qg, Pg, *kernel_size)
+    blocks = None if isinstance(theta, Tensor) else theta.blocks()
+    if blocks is not None:
+        _, g, Pg, Qg = blocks.shape
+        W = blocks.permute(1, 3, 2, 0).reshape(g * Qg, Pg, *kernel_size)
         # contiguous: torch's conv kernels take slower paths on a strided weight
         return W.contiguous(), g
     th = theta if isinstance(theta, Tensor) else theta()
