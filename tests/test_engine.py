@@ -154,24 +154,3 @@ def test_shape_errors_name_both_shapes():
         Stack([torch.randn(1, 3, 3), torch.randn(1, 3, 4)])
     with pytest.raises(ValueError, match="first.N == second.M"):
         Product(torch.randn(1, 3, 4), torch.randn(1, 3, 4))
-
-
-def test_planner_applies_theta_first_when_q_small():
-    """On a sparse graph-like basis with Q << P the cheapest order applies Θ before A."""
-    gen = torch.Generator().manual_seed(0)
-    n = 2000
-    idx = torch.stack([torch.zeros(8 * n, dtype=torch.long),
-                       torch.randint(0, n, (8 * n,), generator=gen),
-                       torch.randint(0, n, (8 * n,), generator=gen)])
-    sp = Sparse(idx, None, (1, n, n))
-    p = sc.plan((1, n, 500), sp, (1, 500, 16))
-    assert p.route == "input_param"
-    p = sc.plan((1, n, 16), sp, (1, 16, 500))
-    assert p.route == "basis_input"
-    text = sc.explain((1, n, 16), sp, (1, 16, 500))
-    assert "basis_input" in text and "input_param" in text and "basis_param" in text
-
-
-def test_stack_plan_has_one_plan_per_part():
-    p = sc.plan((2, 5, 3), Stack([torch.randn(2, 5, 5), torch.randn(1, 5, 5)]), (3, 3, 4))
-    assert p.route == "stack" and len(p.parts) == 2
