@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,8 +59,10 @@ DEFAULTS: dict[str, dict[str, float]] = {
     },
 }
 
-_lock = threading.Lock()
-_loaded: dict[str, dict[str, float]] | None = None
+#: per device type, the defaults overlaid with the calibration (built on first use, without a
+#: lock or any I/O: ``torch.compile`` traces planner calls; two threads racing here build equal
+#: tables). The calibration file is read at import and by ``reload``.
+_tables: dict[str, dict[str, float]] = {}
 
 
 def cache_path() -> Path:
@@ -93,14 +94,12 @@ def _read_cache() -> dict[str, dict[str, float]]:
 
 def table(device_type: str = "cpu") -> dict[str, float]:
     """The weights in force for a device type: the defaults overlaid with its calibration."""
-    global _loaded
-    if _loaded is None:
-        with _lock:
-            if _loaded is None:
-                _loaded = _read_cache()
-    base = dict(DEFAULTS.get(device_type, DEFAULTS["cpu"]))
-    base.update(_loaded.get(device_type, {}))
-    return base
+    t = _tables.get(device_type)
+    if t is None:
+        t = dict(DEFAULTS.get(device_type, DEFAULTS["cpu"]))
+        t.update(_calibration.get(device_type, {}))
+        _tables[device_type] = t
+    return t
 
 
 def weight(kernel: str, device_type: str = "cpu") -> float:
@@ -113,10 +112,10 @@ def weight(kernel: str, device_type: str = "cpu") -> float:
 
 
 def reload() -> None:
-    """Forget the loaded calibration (the next ``weight`` reads the cache file again)."""
-    global _loaded
-    with _lock:
-        _loaded = None
+    """Read the calibration file again (after it changed, or ``$STRUCTCONV_COSTS`` did)."""
+    global _calibration
+    _calibration = _read_cache()
+    _tables.clear()
 
 
 def save_calibration(device_type: str, weights: dict[str, float], meta: dict | None = None,
@@ -141,6 +140,9 @@ def save_calibration(device_type: str, weights: dict[str, float], meta: dict | N
     os.replace(tmp, p)
     reload()
     return p
+
+
+_calibration: dict[str, dict[str, float]] = _read_cache()
 
 
 @dataclass(frozen=True)

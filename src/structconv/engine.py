@@ -188,14 +188,21 @@ def _make_plan(x: Tensor, basis: Basis, theta, route: str) -> Plan:
             route = "stack"
     routes += factored
     if route == "auto":
-        Q = theta.Q
-        ok = [r for r in auto
-              if not (r.name == "basis_param" and basis.M * basis.N * x.shape[2] * Q > PHI_LIMIT)]
-        route = min(ok, key=lambda r: r.cost).name
+        route = _cheapest(auto, basis.M * basis.N * x.shape[2] * theta.Q > PHI_LIMIT)
     elif route not in {r.name for r in routes}:
         raise ValueError(f"unknown route {route!r} for this basis/theta: choose 'auto' or one of "
                          f"{sorted({r.name for r in routes})}")
     return Plan(route, routes, parts, tuple(x.shape), basis)
+
+
+def _cheapest(routes: list[Route], phi_too_big: bool) -> str:
+    # a plain loop (not min(key=)): torch.compile traces the planner
+    best, name = float("inf"), ""
+    for r in routes:
+        c = r.cost
+        if c < best and not (phi_too_big and r.name == "basis_param"):
+            best, name = c, r.name
+    return name
 
 
 def _cached_plan(x: Tensor, basis: Basis, theta, route: str) -> Plan:

@@ -284,7 +284,8 @@ class Dense(Basis):
         A = self.A.to(dtype)
         make = (lambda: A.permute(2, 0, 1).reshape(N * K, M)) if layout == "tall" else \
             (lambda: A.permute(2, 1, 0).reshape(N, M * K))
-        if self.A.requires_grad:
+        if self.A.requires_grad or torch.compiler.is_compiling():
+            # (while tracing, the version counter is no constant: the compiler folds the copy)
             return make()
         key = (layout, dtype, self.A._version)
         cache = self.__dict__.get("_arranged_cache")
