@@ -126,3 +126,41 @@ def test_weights_roundtrip_and_corruption(tmp_path):
     (tmp_path / "bad.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{bad json")
     with pytest.raises(CheckpointError, match="bad.safetensors: corrupt safetensors"):
         load_weights(tmp_path / "bad.safetensors")
+
+
+def test_weights_checksum_and_values_are_verified(tmp_path):
+    from safetensors.torch import save as st_save
+
+    model, _ = _trained()
+    p = tmp_path / "w.safetensors"
+    save_weights(p, model.state_dict())
+    data = bytearray(p.read_bytes())
+    data[-3] ^= 0xFF  # one flipped bit pattern inside the last tensor's bytes
+    p.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="sha256 differs"):
+        load_weights(p)
+    # NaN weights written with a correct checksum are refused by value
+    sd = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
+          for k, v in model.state_dict().items()}
+    save_weights(p, sd)
+    with pytest.raises(CheckpointError, match="NaN or infinite"):
+        load_weights(p)
+    # a safetensors file that carries no checksum is refused unless verification is off
+    (tmp_path / "plain.safetensors").write_bytes(st_save({"w": torch.ones(2)}))
+    with pytest.raises(CheckpointError, match="no checksum"):
+        load_weights(tmp_path / "plain.safetensors")
+    assert torch.equal(load_weights(tmp_path / "plain.safetensors", verify=False)["w"],
+                       torch.ones(2))
+
+
+@pytest.mark.parametrize("field,value", [("rng", {"python": 3}), ("trainer", [1, 2]),
+                                         ("optimizer", {"scalars": [], "param_groups": 1}),
+                                         ("rng", {"python": [1, [2], 3], "numpy": [1]})])
+def test_checkpoint_metadata_of_the_wrong_structure(tmp_path, field, value):
+    model, opt = _trained()
+    save_checkpoint(tmp_path, 1, model.state_dict(), opt.state_dict(), {"best": 0.5})
+    meta = json.loads((tmp_path / CHECKPOINT_JSON).read_text())
+    meta[field] = value
+    (tmp_path / CHECKPOINT_JSON).write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="corrupt checkpoint metadata"):
+        load_checkpoint(tmp_path)

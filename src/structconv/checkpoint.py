@@ -23,7 +23,7 @@ from safetensors.torch import save as st_save
 from .io import atomic_write_bytes, atomic_write_json
 
 __all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "save_weights",
-           "load_weights", "optimizer_split", "optimizer_join", "rng_state", "set_rng_state",
+           "load_weights", "tensors_digest", "optimizer_split", "optimizer_join", "rng_state", "set_rng_state",
            "CHECKPOINT_JSON"]
 
 CHECKPOINT_JSON = "checkpoint.json"
@@ -94,24 +94,59 @@ def set_rng_state(tensors: dict, meta: dict) -> None:
     random.setstate((p[0], tuple(p[1]), p[2]))
 
 
+def tensors_digest(tensors: dict) -> str:
+    """sha256 of named tensors: names, dtypes, shapes and bytes, in name order."""
+    h = hashlib.sha256()
+    for k in sorted(tensors):
+        t = tensors[k].detach().to("cpu").contiguous()
+        h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def save_weights(path, state_dict: dict, metadata: dict | None = None) -> None:
-    """Atomically write a model ``state_dict`` as safetensors."""
+    """Atomically write a model ``state_dict`` as safetensors, with its sha256 in the header."""
+    tensors = _tensors(state_dict, "")
     meta = {k: str(v) for k, v in (metadata or {}).items()}
-    atomic_write_bytes(path, st_save(_tensors(state_dict, ""), metadata=meta))
+    meta["sha256"] = tensors_digest(tensors)
+    atomic_write_bytes(path, st_save(tensors, metadata=meta))
 
 
-def _read_safetensors(path: Path) -> dict:
+def _header_metadata(data: bytes) -> dict:
+    """The ``__metadata__`` of a safetensors file's JSON header ({} where there is none)."""
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def load_weights(path, verify: bool = True) -> dict:
+    """A model ``state_dict`` from a safetensors file written by ``save_weights``.
+
+    With ``verify``, the file must carry its checksum and match it, and every floating tensor
+    must be finite: a tampered, truncated or NaN-filled weights file is refused, never used.
+    """
+    path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: file not found (expected a safetensors file)")
+    data = path.read_bytes()
     try:
-        return st_load(path.read_bytes())
+        tensors = st_load(data)
+        meta = _header_metadata(data)
     except (SafetensorError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"{path}: corrupt safetensors file ({e})") from None
-
-
-def load_weights(path) -> dict:
-    """A model ``state_dict`` from a safetensors file."""
-    return _read_safetensors(Path(path))
+    if not verify:
+        return tensors
+    if "sha256" not in meta:
+        raise CheckpointError(f"{path}: the weights carry no checksum (not written by structconv "
+                              "save_weights, or by a version before checksums)")
+    if tensors_digest(tensors) != meta["sha256"]:
+        raise CheckpointError(f"{path}: corrupt weights (sha256 differs from the one recorded "
+                              "in the file)")
+    for k, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"{path}: tensor {k!r} holds NaN or infinite values")
+    return tensors
 
 
 def save_checkpoint(run_dir, epoch: int, model_state: dict, optimizer_state: dict,
@@ -140,6 +175,21 @@ def save_checkpoint(run_dir, epoch: int, model_state: dict, optimizer_state: dic
     return run_dir / name
 
 
+def _check_structure(meta: dict, where: Path) -> None:
+    """Refuse metadata whose fields do not have the shapes that ``save_checkpoint`` writes."""
+    rng, opt = meta.get("rng"), meta.get("optimizer")
+    ok = (isinstance(meta.get("file"), str) and isinstance(meta.get("trainer"), dict)
+          and isinstance(rng, dict) and isinstance(rng.get("python"), list)
+          and len(rng["python"]) == 3 and isinstance(rng["python"][1], list)
+          and isinstance(rng.get("numpy"), list) and len(rng["numpy"]) == 4
+          and isinstance(opt, dict) and isinstance(opt.get("scalars"), dict)
+          and isinstance(opt.get("param_groups"), list)
+          and all(isinstance(g, dict) for g in opt["param_groups"]))
+    if not ok:
+        raise CheckpointError(f"{where}: corrupt checkpoint metadata (the file, rng, trainer or "
+                              "optimizer fields do not have the structure structconv writes)")
+
+
 def load_checkpoint(run_dir) -> dict:
     """The committed checkpoint of a run: ``{epoch, model, best, optimizer, rng, trainer}``."""
     run_dir = Path(run_dir)
@@ -153,6 +203,7 @@ def load_checkpoint(run_dir) -> dict:
         epoch, name, digest = int(meta["epoch"]), meta["file"], meta["sha256"]
         if meta.get("format") != FORMAT:
             raise CheckpointError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT}")
+        _check_structure(meta, meta_path)
     except (json.JSONDecodeError, KeyError, TypeError, ValueError, UnicodeDecodeError) as e:
         if isinstance(e, CheckpointError):
             raise
@@ -171,6 +222,12 @@ def load_checkpoint(run_dir) -> dict:
     def part(prefix):
         return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
 
+    try:
+        optimizer = optimizer_join(part("optim."), meta["optimizer"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{meta_path}: corrupt optimizer metadata ({e})") from None
+    if "torch" not in part("rng.") or "numpy" not in part("rng."):
+        raise CheckpointError(f"{path}: the random-number states are missing")
     return {"epoch": epoch, "model": part("model."), "best": part("best.") or None,
-            "optimizer": optimizer_join(part("optim."), meta["optimizer"]),
-            "rng": (part("rng."), meta["rng"]), "trainer": meta["trainer"]}
+            "optimizer": optimizer, "rng": (part("rng."), meta["rng"]),
+            "trainer": meta["trainer"]}
