@@ -23,8 +23,8 @@ from safetensors.torch import save as st_save
 from .io import atomic_write_bytes, atomic_write_json
 
 __all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "save_weights",
-           "load_weights", "tensors_digest", "optimizer_split", "optimizer_join", "rng_state", "set_rng_state",
-           "CHECKPOINT_JSON"]
+           "load_weights", "tensors_digest", "optimizer_split", "optimizer_join", "rng_state",
+           "set_rng_state", "CHECKPOINT_JSON"]
 
 CHECKPOINT_JSON = "checkpoint.json"
 FORMAT = 1
