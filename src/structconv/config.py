@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -28,7 +29,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 __all__ = ["ConfigError", "load_config", "parse_config", "apply_overrides", "build_model",
-           "build_basis", "build_param", "StructNet", "DEFAULTS", "config_path",
+           "StructNet", "DEFAULTS", "config_path",
            "shipped_configs"]
 
 
@@ -241,8 +242,9 @@ def _check_layer(layer: dict, where: str):
     dp = layer.get("dropout", 0.0)
     _need(isinstance(dp, (int, float)) and 0 <= dp < 1,
           f"{where}: dropout must be in [0, 1), got {dp!r}")
-    _need(layer.get("param", "full") in _PARAMS,
-          f"{where}: unknown param {layer.get('param')!r} (known: {', '.join(_PARAMS)})")
+    _need(layer.get("param", "full") in P.PARAMS,
+          f"{where}: unknown param {layer.get('param')!r} (known: "
+          f"{', '.join(P.PARAMS.kinds())}, or 'package.module:function')")
     if kind == "conv":
         _need("basis" in layer, f"{where}: a conv layer needs a basis (e.g. basis = "
                                 f"{{ kind = \"grid\", kernel_size = 3 }})")
@@ -251,21 +253,21 @@ def _check_layer(layer: dict, where: str):
           f"{where}: norm must be none or layer, got {layer.get('norm')!r}")
 
 
-_BASIS_KINDS = {"grid", "gcn", "chebyshev", "diffusion", "sgc", "relational", "attention",
-                "graph_attention", "identity", "stack"}
-
-
 def _basis_spec(spec) -> dict:
     return {"kind": spec} if isinstance(spec, str) else dict(spec)
 
 
 def _check_basis(spec, where: str):
+    """A basis table names a registered kind (or ``package.module:function``, imported later)."""
     _need(isinstance(spec, (str, dict)), f"{where}: a basis is a kind name or a table, "
                                          f"got {spec!r}")
     spec = _basis_spec(spec)
     kind = spec.get("kind")
-    _need(kind in _BASIS_KINDS, f"{where}: unknown basis kind {kind!r} (known: "
-                                f"{', '.join(sorted(_BASIS_KINDS))})")
+    if kind not in B.BASES:
+        try:
+            B.BASES.get(kind)
+        except B.KindError as e:
+            raise ConfigError(f"{where}: {e}") from None
     if kind == "stack":
         parts = spec.get("parts")
         _need(isinstance(parts, list) and parts, f"{where}: a stack needs parts = [...]")
@@ -273,90 +275,18 @@ def _check_basis(spec, where: str):
             _check_basis(p, f"{where}.parts.{i}")
 
 
-# -- parameter forms -----------------------------------------------------------------------------
-_PARAMS = ("full", "grouped", "depthwise", "separable", "lowrank")
+def _is_content(spec: dict) -> bool:
+    return bool(B.BASES.trait(spec.get("kind"), "content", False))
 
 
-def build_param(layer: dict, K: int, Pin: int, Q: int) -> P.Parameterization:
-    """The parameter form named by a layer table, for theta (K, Pin, Q)."""
-    name = layer.get("param", "full")
-    if name == "full":
-        return P.Full(K, Pin, Q)
-    if name == "grouped":
-        return P.Grouped(K, Pin, Q, int(layer.get("groups", 1)))
-    if name == "depthwise":
-        return P.DepthwiseSeparable(K, Pin, Q)
-    if name == "separable":
-        return P.ControlledSeparable(K, Pin, Q, int(layer.get("H", 1)))
-    return P.LowRank(K, Pin, Q, int(layer.get("rank", 1)))
-
-
-# -- bases ---------------------------------------------------------------------------------------
-def _basis_api(name: str):
-    fn = getattr(B, name, None)
-    if fn is None:
-        raise ConfigError(f"sc.basis.{name} is not available in this installation")
-    return fn
-
-
-class Ctx:
-    """What a layer's basis needs from the data: grid shape, graph, sequence length."""
-
-    def __init__(self, grid=None, edge_index=None, num_nodes=None, edge_type=None,
-                 num_relations=1):
-        self.grid = grid
-        self.edge_index, self.num_nodes = edge_index, num_nodes
-        self.edge_type, self.num_relations = edge_type, num_relations
-
-
-def _grid_args(spec: dict):
-    return (spec.get("kernel_size", 3), spec.get("stride", 1), spec.get("padding", 0),
-            spec.get("dilation", 1))
-
-
-def build_basis(spec, ctx: Ctx, where: str = "basis"):
-    """A fixed ``sc.basis.Basis`` from a basis table; attention kinds are built by the layer."""
-    spec = _basis_spec(spec)
-    kind = spec["kind"]
-    if kind == "grid":
-        _need(ctx.grid is not None, f"{where}: a grid basis needs grid-shaped input (images or "
-                                    "sequences)")
-        k, s, p, d = _grid_args(spec)
-        if spec.get("causal"):
-            # causal 1-d shifts: output n sees inputs n-(k-1)*d .. n
-            _need(len(ctx.grid) == 1, f"{where}: causal shifts need a 1-d grid")
-            p = [((int(k) - 1) * int(d), 0)]
-        return _basis_api("Grid")(tuple(ctx.grid), k, stride=s, padding=p, dilation=d)
-    if kind == "identity":
-        n = ctx.num_nodes if ctx.grid is None else math.prod(ctx.grid)
-        idx = torch.arange(n)
-        return B.Sparse(torch.stack([torch.zeros_like(idx), idx, idx]), torch.ones(n), (1, n, n))
-    if kind in ("gcn", "chebyshev", "diffusion", "sgc", "relational"):
-        _need(ctx.edge_index is not None, f"{where}: a {kind} basis needs a graph dataset")
-        ei, n = ctx.edge_index, ctx.num_nodes
-        if kind == "gcn":
-            return _basis_api("gcn")(ei, n, add_self_loops=spec.get("add_self_loops", True),
-                                     normalize=spec.get("normalize", True))
-        if kind == "sgc":
-            # SGC: the single matrix S^hops of the GCN-normalised adjacency, K = 1
-            return _basis_api("sgc")(ei, n, int(spec.get("hops", 2)))
-        if kind == "chebyshev":
-            return _basis_api("chebyshev")(ei, n, int(spec.get("K", 3)),
-                                           normalization=spec.get("normalization", "sym"))
-        if kind == "diffusion":
-            return _basis_api("diffusion")(ei, n, int(spec.get("K", 2)),
-                                           normalization=spec.get("normalization", "sym"))
-        _need(ctx.edge_type is not None, f"{where}: a relational basis needs edge types")
-        sorts = spec.get("sorts", "single")
-        # "single": one basis matrix per relation (R-GCN); else a list of relation-id tuples
-        sorts = None if sorts == "single" else [tuple(s) for s in sorts]
-        return _basis_api("relational")(
-            ei, ctx.edge_type, n, sorts, normalization=spec.get("normalization", "mean"),
-            identity=bool(spec.get("identity", True)), num_relations=ctx.num_relations)
-    if kind == "stack":
-        return B.Stack([build_basis(p, ctx, f"{where}.parts.{i}")
-                        for i, p in enumerate(spec["parts"])])
-    raise ConfigError(f"{where}: {kind} is computed from content, not a fixed basis")
+def _out_grid(basis, grid):
+    """The grid of a basis's output entries: its own ``out_shape``, the input's grid when the
+    basis keeps the number of entries, else None (no grid: pooling and flatten need one)."""
+    if grid is None:
+        return None
+    if basis.out_shape is not None:
+        return tuple(basis.out_shape)
+    return tuple(grid) if basis.N == math.prod(grid) else None
 
 
 # -- layers --------------------------------------------------------------------------------------
@@ -370,7 +300,7 @@ class FixedConv(nn.Module):
     def __init__(self, basis, Pin: int, Q: int, layer: dict, identity_input: bool = False):
         super().__init__()
         self.basis = basis
-        self.param = build_param(layer, basis.K, Pin, Q)
+        self.param = P.build(layer, basis.K, Pin, Q)
         self.identity_input = identity_input
         self.route = layer.get("route", "auto")
         self.bias = nn.Parameter(torch.zeros(Q)) if layer.get("bias", True) else None
@@ -378,7 +308,7 @@ class FixedConv(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.identity_input:
             theta = self.param()  # (K, M, Q): row m of Θ_k is I[m]·Θ_k
-            basis = self.basis._matching(theta)
+            basis = self.basis.cast_like(theta)
             y = basis.propagate_sum(theta.permute(1, 0, 2).unsqueeze(0))
             y = y.expand(x.shape[0], -1, -1)
         else:
@@ -395,20 +325,22 @@ class AttentionConv(nn.Module):
     y = Σ_k A_kᵀ x Θ_k with one theta over all K = heads + fixed.
     """
 
-    def __init__(self, spec: dict, ctx: Ctx, Pin: int, Q: int, layer: dict, where: str):
+    def __init__(self, spec: dict, ctx: B.Structure, Pin: int, Q: int, layer: dict,
+                 where: str):
         super().__init__()
         from . import attention as att
 
         spec = _basis_spec(spec)
         parts = [_basis_spec(p) for p in (spec["parts"] if spec["kind"] == "stack" else [spec])]
-        content = [p for p in parts if p["kind"] in ("attention", "graph_attention")]
-        fixed = [p for p in parts if p["kind"] not in ("attention", "graph_attention")]
+        content = [p for p in parts if _is_content(p)]
+        fixed = [p for p in parts if not _is_content(p)]
         _need(len(content) == 1, f"{where}: use one attention part (with heads = H) per layer")
         a = content[0]
         self.kind = a["kind"]
         self.heads = H = int(a.get("heads", 1))
         _need(H >= 1, f"{where}: heads must be >= 1, got {H}")
-        self.fixed = B.Stack([build_basis(p, ctx, where) for p in fixed]) if fixed else None
+        self.fixed = B.Stack([B.build(p, ctx, f"{where}.basis") for p in fixed]) if fixed \
+            else None
         K = H + (self.fixed.K if self.fixed is not None else 0)
         self.dropout = float(a.get("dropout", 0.0))
         if self.kind == "graph_attention":
@@ -427,7 +359,7 @@ class AttentionConv(nn.Module):
             self.causal = bool(a.get("causal", False))
             d = int(a.get("dim", max(1, Pin // H)))
             self.scores = att.DotProduct(H, Pin, Pin, d)
-        self.param = build_param(layer, K, Pin, Q)
+        self.param = P.build(layer, K, Pin, Q)
         self.bias = nn.Parameter(torch.zeros(Q)) if layer.get("bias", True) else None
 
     def content_basis(self, x: Tensor, theta: Tensor):
@@ -528,7 +460,7 @@ class _Pool(nn.Module):
         ks, st = spec.get("kernel_size", 2), spec.get("stride")
         pad = spec.get("padding", 0)
         if kind == "avg":
-            self.basis = _basis_api("AvgPool")(self.in_shape, ks, stride=st, padding=pad)
+            self.basis = B.AvgPool(self.in_shape, ks, stride=st, padding=pad)
             self.out_shape = tuple(self.basis.out_shape)
         else:
             nd = len(self.in_shape)
@@ -539,7 +471,7 @@ class _Pool(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.kind == "avg":
-            return self.basis._matching(x).propagate(x)[:, :, 0]
+            return self.basis.cast_like(x).propagate(x)[:, :, 0]
         Bn, M, C = x.shape
         g = x.transpose(1, 2).reshape(Bn, C, *self.in_shape)
         return self.fn(g, *self.args).reshape(Bn, C, -1).transpose(1, 2)
@@ -557,9 +489,9 @@ class StructNet(nn.Module):
         m = cfg["model"]
         self.task = info["task"]
         self.classes = info["num_classes"]
-        ctx = Ctx(grid=info.get("grid"), edge_index=info.get("edge_index"),
-                  num_nodes=info.get("num_nodes"), edge_type=info.get("edge_type"),
-                  num_relations=info.get("num_relations", 1))
+        ctx = B.Structure(grid=info.get("grid"), edge_index=info.get("edge_index"),
+                          num_nodes=info.get("num_nodes"), edge_type=info.get("edge_type"),
+                          num_relations=info.get("num_relations", 1))
         channels = info["channels"]
         self.embed = None
         if self.task == "text":
@@ -581,21 +513,19 @@ class StructNet(nn.Module):
                             layer.get("activation", "gelu"), layer.get("bias", True))
             else:
                 spec = _basis_spec(layer["basis"])
-                kinds = {_basis_spec(p)["kind"] for p in spec.get("parts", [spec])}
-                if kinds & {"attention", "graph_attention"}:
+                if any(_is_content(_basis_spec(p)) for p in spec.get("parts", [spec])):
                     _need(not (featureless and i == 0),
                           f"{where}: attention cannot take featureless input")
                     conv = AttentionConv(spec, ctx, channels, Q, layer, where)
                 else:
-                    basis = build_basis(spec, ctx, f"{where}.basis")
+                    basis = B.build(spec, ctx, f"{where}.basis")
                     conv = FixedConv(basis, channels, Q, layer,
                                      identity_input=featureless and i == 0)
-                    if ctx.grid is not None and hasattr(basis, "out_shape"):
-                        ctx.grid = tuple(basis.out_shape)
+                    ctx = replace(ctx, grid=_out_grid(basis, ctx.grid))
                 if "pool" in layer:
                     _need(ctx.grid is not None, f"{where}: pool needs grid-shaped input")
                     pool = _Pool(dict(layer["pool"]), ctx.grid, f"{where}.pool")
-                    ctx.grid = pool.out_shape
+                    ctx = replace(ctx, grid=pool.out_shape)
             if layer.get("residual"):
                 _need(Q == channels, f"{where}: residual needs channels == input channels "
                                      f"({channels}), got {Q}")

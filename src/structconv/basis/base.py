@@ -44,6 +44,9 @@ class Basis:
     cost_kernel: str = "dense"
     #: attributes holding caches derived from the tensors: dropped by ``to`` (rebuilt lazily)
     _transient: tuple[str, ...] = ()
+    #: the grid shape of the N output entries, where the basis has one (a Grid's, a pooling's);
+    #: model configs follow it from layer to layer
+    out_shape: tuple[int, ...] | None = None
 
     def __init__(self, K: int, M: int, N: int):
         for name, v in (("K", K), ("M", M), ("N", N)):
@@ -499,6 +502,11 @@ class Stack(Basis):
 
     def __repr__(self):
         return f"Stack([{', '.join(repr(b) for b in self.parts)}])"
+
+    @property
+    def out_shape(self):
+        shapes = {b.out_shape for b in self.parts}
+        return shapes.pop() if len(shapes) == 1 else None
 
     def cast_like(self, t):
         # each part casts itself (a part that casts inside its kernels stays as it is)

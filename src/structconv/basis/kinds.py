@@ -35,9 +35,8 @@ def build(spec, structure: Structure, where: str = "basis") -> Basis:
     """The ``Basis`` a config's basis table (or kind name) describes, for this data."""
     spec = {"kind": spec} if isinstance(spec, str) else dict(spec)
     kind = spec.get("kind")
-    fn = BASES.get(kind)
     try:
-        out = fn(spec, structure)
+        out = BASES.get(kind)(spec, structure)
     except (KindError, ValueError, TypeError) as e:
         raise type(e)(f"{where}: {e}") from None
     if not isinstance(out, Basis):
