@@ -2,7 +2,7 @@
 
 import sys
 
-from structconv.bench.attention import main
+from structconv.cli import suite_main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(suite_main("bench", "attention"))

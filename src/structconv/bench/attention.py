@@ -354,10 +354,3 @@ def run(args) -> int:
     atomic_write_json(out / f"{NAME}.json", result)
     print(f"\nwrote {out / f'{NAME}.json'}")
     return 0
-
-
-def main(argv=None) -> int:
-    """Standalone entry point, parsed and checked as ``structconv bench attention``."""
-    from ..cli import suite_main
-
-    return suite_main("bench", "attention", argv)

@@ -218,10 +218,3 @@ def run(args) -> int:
     atomic_write_json(out, result)
     print(f"wrote {out}")
     return 0
-
-
-def main(argv=None) -> int:
-    """Standalone entry point, parsed and checked as ``structconv bench grid``."""
-    from ..cli import suite_main
-
-    return suite_main("bench", "grid", argv)

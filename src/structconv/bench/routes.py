@@ -160,13 +160,3 @@ def run(args) -> int:
     atomic_write_json(out, result)
     print(f"wrote {out}")
     return 0
-
-
-def main(argv=None) -> int:
-    """Standalone entry point, parsed and checked as ``structconv bench routes``."""
-    from ..cli import suite_main
-
-    return suite_main("bench", "routes", argv)
-
-
-

@@ -1,5 +1,10 @@
-"""Datasets: loaders that parse real files into tensors, and a registry by name."""
+"""Datasets: loaders that parse real files into tensors, and a registry by name.
 
+Each loader module registers its datasets with ``register_dataset`` when imported; this package
+imports them all, so the registry (the floor below them) never imports a loader.
+"""
+
+from . import graphs_nx, images, kg, planetoid, rgcn, text  # noqa: F401  (registrations)
 from .registry import DATASETS, dataset_names, load_dataset, register_dataset
 
 __all__ = ["DATASETS", "dataset_names", "load_dataset", "register_dataset"]

@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .registry import register_dataset
+
 __all__ = ["KGData", "load_kg", "KG_SPLITS"]
 
 KG_SPLITS = ("train", "valid", "test")
@@ -97,3 +99,16 @@ def load_kg(root: str | os.PathLike, name: str | None = None) -> KGData:
             raise ValueError(f"{path}: no triples; expected head<TAB>relation<TAB>tail lines")
         out[s] = torch.tensor(rows, dtype=torch.long)
     return KGData(name=name, entities=list(ent), relations=list(rel), **out)
+
+
+def _register(name: str) -> None:
+    @register_dataset(name.lower(), f"kg/{name}",
+                      f"{name} knowledge-graph triples (link prediction)")
+    def load(root):
+        d = load_kg(root, name)
+        d.task = "link"  # link prediction: loaded here, trained by recipes, not by ``train``
+        return d
+
+
+for _n in ("FB15k-237", "WN18RR"):
+    _register(_n)

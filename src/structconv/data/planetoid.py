@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .registry import data_root
+from .registry import GraphData, data_root, register_dataset
 
 __all__ = ["PlanetoidData", "load_planetoid", "PLANETOID_NAMES", "PLANETOID_FILES",
            "normalize_rows"]
@@ -297,3 +297,16 @@ def load_planetoid(root: str | os.PathLike, name: str, *,
         num_classes=int(C),
         name=_DISPLAY[name],
     )
+
+
+def _register(name: str) -> None:
+    @register_dataset(name, "planetoid", f"Planetoid {name} (ind.{name}.* pickles)")
+    def load(root, normalize_features: bool = True):
+        d = load_planetoid(root, name, normalize_features=normalize_features)
+        return GraphData(name, d.x, d.y, d.edge_index,
+                         {"train": d.train_mask, "val": d.val_mask, "test": d.test_mask},
+                         d.num_classes)
+
+
+for _n in ("cora", "citeseer", "pubmed"):
+    _register(_n)

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from torch import Tensor
 
 __all__ = ["ImageData", "GraphData", "TextData", "DatasetError", "DATASETS", "register_dataset",
@@ -118,23 +117,13 @@ def data_root() -> Path | None:
     return DEFAULT_DATA if DEFAULT_DATA.is_dir() else None
 
 
-def _providers():
-    # loaders register themselves on import; the graph-data engineer's modules may be absent
-    import importlib
-
-    for mod in ("images", "text", "graphs_nx"):
-        importlib.import_module(f"{__package__}.{mod}")
-
-
 def dataset_names() -> list[str]:
     """Every registered dataset name."""
-    _providers()
     return sorted(DATASETS)
 
 
 def load_dataset(name: str, root: str | os.PathLike | None = None, **options):
     """Load a registered dataset; ``root`` is its folder (default: data root / its folder)."""
-    _providers()
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(sorted(DATASETS))}")
     fn, folder, _ = DATASETS[name]
@@ -151,54 +140,3 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, **options):
             raise DatasetError(f"dataset {name!r}: folder {root} does not exist")
         return fn(root, **options)
     return fn(None, **options)
-
-
-# -- wrappers over the graph-data loaders (structconv.data.planetoid / rgcn) ---------------------
-def _planetoid(name):
-    def load(root, normalize_features: bool = True):
-        from .planetoid import load_planetoid
-
-        d = load_planetoid(root, name, normalize_features=normalize_features)
-        return GraphData(name, d.x, d.y, d.edge_index,
-                         {"train": d.train_mask, "val": d.val_mask, "test": d.test_mask},
-                         d.num_classes)
-    return load
-
-
-def _entities(name):
-    def load(root, val: float = 0.2, seed: int = 0):
-        from .rgcn import load_entities
-
-        d = load_entities(root, name)
-        n = d.num_nodes
-        y = torch.zeros(n, dtype=torch.int64)
-        y[d.train_idx], y[d.test_idx] = d.train_y, d.test_y
-        # R-GCN tunes on a validation set of 20 % of the training entities
-        perm = d.train_idx[torch.randperm(d.train_idx.numel(),
-                                          generator=torch.Generator().manual_seed(seed))]
-        n_val = int(round(val * perm.numel()))
-        masks = {k: torch.zeros(n, dtype=torch.bool) for k in ("train", "val", "test")}
-        masks["val"][perm[:n_val]] = True
-        masks["train"][perm[n_val:]] = True
-        masks["test"][d.test_idx] = True
-        return GraphData(name, None, y, d.edge_index, masks, d.num_classes, d.edge_type,
-                         d.num_relations)
-    return load
-
-
-def _kg(name):
-    def load(root):
-        from .kg import load_kg
-
-        d = load_kg(root, name)
-        d.task = "link"  # link prediction: loaded here, trained by recipes, not by ``train``
-        return d
-    return load
-
-
-for _n in ("cora", "citeseer", "pubmed"):
-    DATASETS[_n] = (_planetoid(_n), "planetoid", f"Planetoid {_n} (ind.{_n}.* pickles)")
-for _n in ("aifb", "mutag"):
-    DATASETS[_n] = (_entities(_n), f"rgcn/{_n}", f"R-GCN entity classification {_n} (N-Triples)")
-for _n in ("FB15k-237", "WN18RR"):
-    DATASETS[_n.lower()] = (_kg(_n), f"kg/{_n}", f"{_n} knowledge-graph triples (link prediction)")

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from ..io import atomic_write_bytes, atomic_write_json
+from .registry import GraphData, register_dataset
 
 __all__ = ["EntitiesData", "load_entities", "ENTITIES_COLUMNS", "default_cache_dir"]
 
@@ -287,3 +288,26 @@ def load_entities(root: str | os.PathLike, name: str, *, cache_dir: str | os.Pat
     return EntitiesData(name=meta["name"], num_nodes=int(meta["num_nodes"]),
                         relations=list(meta["relations"]), classes=list(meta["classes"]),
                         **{k: tensors[k] for k in _TENSORS})
+
+
+def _register(name: str) -> None:
+    @register_dataset(name, f"rgcn/{name}", f"R-GCN entity classification {name} (N-Triples)")
+    def load(root, val: float = 0.2, seed: int = 0):
+        d = load_entities(root, name)
+        n = d.num_nodes
+        y = torch.zeros(n, dtype=torch.int64)
+        y[d.train_idx], y[d.test_idx] = d.train_y, d.test_y
+        # R-GCN tunes on a validation set of 20 % of the training entities
+        perm = d.train_idx[torch.randperm(d.train_idx.numel(),
+                                          generator=torch.Generator().manual_seed(seed))]
+        n_val = int(round(val * perm.numel()))
+        masks = {k: torch.zeros(n, dtype=torch.bool) for k in ("train", "val", "test")}
+        masks["val"][perm[:n_val]] = True
+        masks["train"][perm[n_val:]] = True
+        masks["test"][d.test_idx] = True
+        return GraphData(name, None, y, d.edge_index, masks, d.num_classes, d.edge_type,
+                         d.num_relations)
+
+
+for _n in ("aifb", "mutag"):
+    _register(_n)

@@ -186,14 +186,3 @@ def run(args) -> int:
     fig.suptitle(f"Fashion-MNIST, {xtr.shape[0]} train / {xte.shape[0]} test images")
     save_figure(fig, args, "fashion")
     return 0
-
-
-def main(argv=None) -> int:
-    """Standalone entry point, parsed and checked as ``structconv reproduce fashion``."""
-    from ..cli import suite_main
-
-    return suite_main("reproduce", "fashion", argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

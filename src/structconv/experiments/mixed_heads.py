@@ -283,14 +283,3 @@ def run(args) -> int:
     ax.legend()
     save_figure(fig, args, "mixed_heads")
     return 0
-
-
-def main(argv=None) -> int:
-    """Standalone entry point, parsed and checked as ``structconv reproduce mixed-heads``."""
-    from ..cli import suite_main
-
-    return suite_main("reproduce", "mixed_heads", argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

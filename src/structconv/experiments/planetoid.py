@@ -187,14 +187,3 @@ def run(args) -> int:
     out = Path(args.out)
     atomic_write_json(out / f"planetoid-{args.model}-{args.dataset}.json", result)
     return 0
-
-
-def main(argv=None) -> int:
-    """Standalone entry point, parsed and checked as ``structconv reproduce planetoid``."""
-    from ..cli import suite_main
-
-    return suite_main("reproduce", "planetoid", argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -122,14 +122,3 @@ def run(args) -> int:
           f"{wall:>7.1f}s")
     atomic_write_json(Path(args.out) / f"rgcn-{args.dataset}.json", result)
     return 0
-
-
-def main(argv=None) -> int:
-    """Standalone entry point, parsed and checked as ``structconv reproduce rgcn``."""
-    from ..cli import suite_main
-
-    return suite_main("reproduce", "rgcn", argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

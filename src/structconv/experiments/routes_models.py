@@ -179,14 +179,3 @@ def run(args) -> int:
                   wall_seconds=time.perf_counter() - t0, hardware=hardware())
     write_result(args, "routes_models", result)
     return 0
-
-
-def main(argv=None) -> int:
-    """Standalone entry point, parsed and checked as ``structconv reproduce routes-models``."""
-    from ..cli import suite_main
-
-    return suite_main("reproduce", "routes_models", argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -280,14 +280,3 @@ def run(args) -> int:
     ax.legend()
     save_figure(fig, args, name)
     return 0
-
-
-def main(argv=None) -> int:
-    """Standalone entry point, parsed and checked as ``structconv reproduce separability``."""
-    from ..cli import suite_main
-
-    return suite_main("reproduce", "separability", argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

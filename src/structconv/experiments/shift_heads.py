@@ -306,14 +306,3 @@ def run(args) -> int:
     ax.legend()
     save_figure(fig, args, "shift_heads")
     return 0
-
-
-def main(argv=None) -> int:
-    """Standalone entry point, parsed and checked as ``structconv reproduce shift-heads``."""
-    from ..cli import suite_main
-
-    return suite_main("reproduce", "shift_heads", argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
