@@ -11,6 +11,7 @@ import argparse
 import importlib
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -136,7 +137,15 @@ def _print_result(res: dict, out) -> None:
         print(f"{k:<{w}}  {v}")
 
 
-def _cmd_train(args) -> int:
+def _safe_name(name: str) -> str:
+    """A run name as one safe directory name: no separators, no leading dots (a config's
+    ``name = "../../x"`` must not escape the runs directory)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", str(name)).lstrip(".")
+    return safe or "run"
+
+
+def _train_target(args) -> tuple[dict | None, Path]:
+    """The config (None when resuming) and run directory of ``structconv train``."""
     from .config import load_config
 
     if args.resume:
@@ -145,60 +154,75 @@ def _cmd_train(args) -> int:
                              "do not pass --config or overrides")
         if args.out and Path(args.out) != Path(args.resume):
             raise UsageError("train --resume DIR writes into DIR; drop --out")
-        cfg, out = None, Path(args.resume)
+        out = Path(args.resume)
         if not out.is_dir():
             raise UsageError(f"--resume {out}: run directory not found")
-    else:
-        if not args.config:
-            raise UsageError("train needs --config FILE (or --resume DIR)")
-        cfg = load_config(args.config, args.overrides)
-        if args.seed is not None:
-            cfg["seed"] = args.seed
-        name = cfg.get("name") or Path(args.config).stem
-        cfg["name"] = name
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not args.out:
-            # torchrun's processes would each pick their own timestamped directory
-            raise UsageError("under torchrun, give the run directory with --out DIR")
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        out = Path(args.out) if args.out else Path("runs") / f"{name}-{stamp}"
+        return None, out
+    if not args.config:
+        raise UsageError("train needs --config FILE (or --resume DIR)")
+    cfg = load_config(args.config, args.overrides)
+    if args.seed is not None:
+        cfg["seed"] = args.seed
+    name = cfg.get("name") or Path(args.config).stem
+    cfg["name"] = name
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not args.out:
+        # torchrun's processes would each pick their own timestamped directory
+        raise UsageError("under torchrun, give the run directory with --out DIR")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return cfg, Path(args.out) if args.out else Path("runs") / f"{_safe_name(name)}-{stamp}"
+
+
+def _check_nproc(args) -> None:
     if args.nproc < 1:
         raise UsageError(f"--nproc must be >= 1, got {args.nproc}")
+    if args.device.startswith("cuda"):
+        import torch
+
+        if args.nproc > 1 and torch.cuda.device_count() < args.nproc:
+            raise UsageError(f"--nproc {args.nproc} on cuda needs {args.nproc} GPUs, found "
+                             f"{torch.cuda.device_count()}")
+    elif args.nproc > (os.cpu_count() or 1):
+        raise UsageError(f"--nproc {args.nproc} exceeds the {os.cpu_count()} CPU cores of this "
+                         "machine: each process needs a core of its own")
+
+
+def _train_processes(args, cfg, out: Path, progress: bool) -> dict:
+    """``--nproc N``: N data-parallel worker processes; their result from the run directory."""
+    from .distributed import spawn
+
+    if cfg is not None:
+        # the workers must not race to create the run; validate it once here
+        from .train import _setup_run
+
+        _setup_run(out, cfg, False)
+    result_path = out / "result.json"
+    # CUDA cannot be used in forked children once the driver is initialised: spawn there
+    spawn(args.nproc, _train_worker, cfg, str(out), args.device, bool(args.resume),
+          progress, args.stop_after,
+          start_method="spawn" if args.device.startswith("cuda") else None)
+    return json.loads(result_path.read_text()) if result_path.is_file() else \
+        {"interrupted": True, "epoch": "?"}
+
+
+def _cmd_train(args) -> int:
+    cfg, out = _train_target(args)
+    _check_nproc(args)
     from .train import resolve_device
 
     resolve_device(args.device)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     if args.nproc > 1:
-        from .distributed import spawn
-
-        if args.device.startswith("cuda"):
-            import torch
-
-            if torch.cuda.device_count() < args.nproc:
-                raise UsageError(f"--nproc {args.nproc} on cuda needs {args.nproc} GPUs, found "
-                                 f"{torch.cuda.device_count()}")
-        if cfg is not None:
-            # the workers must not race to create the run; validate it once here
-            from .train import _setup_run
-
-            _setup_run(out, cfg, False)
-        result_path = out / "result.json"
-        # CUDA cannot be used in forked children once the driver is initialised: spawn there
-        spawn(args.nproc, _train_worker, cfg, str(out), args.device, bool(args.resume),
-              progress, args.stop_after,
-              start_method="spawn" if args.device.startswith("cuda") else None)
-        res = json.loads(result_path.read_text()) if result_path.is_file() else \
-            {"interrupted": True, "epoch": "?"}
+        res = _train_processes(args, cfg, out, progress)
     else:
+        from .distributed import cleanup, world
         from .train import train
 
         res = train(cfg, out, device=args.device, resume=bool(args.resume), progress=progress,
                     stop_after=args.stop_after)
-        from .distributed import cleanup, world
-
-        if not world().main:  # torchrun: one table, from rank 0
-            cleanup()
-            return 0
+        main_rank = world().main
         cleanup()
+        if not main_rank:  # torchrun: one table, from rank 0
+            return 0
     _print_result(res, out)
     return 0
 

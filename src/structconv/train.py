@@ -263,149 +263,181 @@ def train(cfg: dict | None, out: str | Path, device: str = "cpu", resume: bool =
     ``out/config.json``). ``stop_after`` ends the process after that many epochs of this call
     (as if interrupted), for tests of resuming.
     """
-    run = Path(out)
-    w = D.init(device)
-    dev = resolve_device(device)
-    if dev.type == "cuda" and w.size > 1:
-        dev = torch.device("cuda", w.local_rank)
-    cfg = _setup_run(run, cfg, resume)
-    t_cfg = cfg["train"]
-    data = load_data(cfg)
-    torch.manual_seed(cfg["seed"])
-    model = build_model(cfg, data).to(dev)
-    dtype = next(model.parameters()).dtype
-    opt = make_optimizer(cfg, model)
-    net = model
-    if w.size > 1:
-        net = nn.parallel.DistributedDataParallel(
-            model, device_ids=[dev.index] if dev.type == "cuda" else None)
-    state = {"best": None, "best_epoch": 0, "bad_epochs": 0, "history": [], "stopped": False}
-    best_state = None
-    start = 0
-    if resume:
-        ck = load_checkpoint(run)
-        try:
-            model.load_state_dict(ck["model"])
-            opt.load_state_dict(ck["optimizer"])
-        except (RuntimeError, KeyError, ValueError) as e:
-            raise CheckpointError(f"{run}: checkpoint does not fit the model ({e})") from None
-        set_rng_state(*ck["rng"])
-        state, best_state, start = ck["trainer"], ck["best"], ck["epoch"]
-    elif w.main:
-        run.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(run / "config.json", cfg)
-    D.barrier()
-    tb = _tensorboard(run) if w.main else None
-    n_params = count_parameters(model)
+    t = _Trainer(cfg, Path(out), device, resume, progress)
     epochs_run = 0
-    last_ckpt = time.monotonic()
-    for epoch in range(start + 1, t_cfg["epochs"] + 1):
-        if state["stopped"]:
+    for epoch in range(t.start + 1, t.cfg["train"]["epochs"] + 1):
+        if t.state["stopped"]:
             break
+        last = t.epoch(epoch)
+        epochs_run += 1
+        if stop_after and epochs_run >= stop_after and not last:
+            return {"interrupted": True, "epoch": epoch}
+    return t.finish()
+
+
+class _Trainer:
+    """One training run: the model, optimizer, data and the state a checkpoint holds."""
+
+    def __init__(self, cfg: dict | None, run: Path, device: str, resume: bool, progress: bool):
+        self.run, self.progress = run, progress
+        self.w = w = D.init(device)
+        dev = resolve_device(device)
+        if dev.type == "cuda" and w.size > 1:
+            dev = torch.device("cuda", w.local_rank)
+        self.dev = dev
+        self.cfg = cfg = _setup_run(run, cfg, resume)
+        self.data = load_data(cfg)
+        torch.manual_seed(cfg["seed"])
+        self.model = model = build_model(cfg, self.data).to(dev)
+        self.dtype = next(model.parameters()).dtype
+        self.opt = make_optimizer(cfg, model)
+        self.net = model
+        if w.size > 1:
+            self.net = nn.parallel.DistributedDataParallel(
+                model, device_ids=[dev.index] if dev.type == "cuda" else None)
+        self.state = {"best": None, "best_epoch": 0, "bad_epochs": 0, "history": [],
+                      "stopped": False}
+        self.best_state, self.start = None, 0
+        if resume:
+            self._resume()
+        elif w.main:
+            run.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(run / "config.json", cfg)
+        D.barrier()
+        self.tb = _tensorboard(run) if w.main else None
+        self.n_params = count_parameters(model)
+        self.last_ckpt = time.monotonic()
+
+    def _resume(self) -> None:
+        ck = load_checkpoint(self.run)
+        try:
+            self.model.load_state_dict(ck["model"])
+            self.opt.load_state_dict(ck["optimizer"])
+        except (RuntimeError, KeyError, ValueError) as e:
+            raise CheckpointError(f"{self.run}: checkpoint does not fit the model ({e})") from None
+        set_rng_state(*ck["rng"])
+        self.state, self.best_state, self.start = ck["trainer"], ck["best"], ck["epoch"]
+
+    def epoch(self, epoch: int) -> bool:
+        """Train one epoch, validate, record and checkpoint; True when it is the last."""
         t0 = time.perf_counter()
-        net.train()
-        tot_loss = tot_ok = tot_n = 0.0
-        batches = list(_train_batches(data, cfg, epoch))
+        self.net.train()
+        totals = [0.0, 0.0, 0.0]  # loss, correct, items (global)
+        batches = list(_train_batches(self.data, self.cfg, epoch))
         bar = None
-        if progress and w.main:
+        if self.progress and self.w.main:
             from tqdm import tqdm
 
             bar = tqdm(total=len(batches), desc=f"epoch {epoch}", leave=False, unit="batch")
         for step, (inputs, targets) in enumerate(batches):
-            n_global = targets.numel()
-            # this rank's contiguous share of the global batch
-            share = torch.arange(targets.shape[0]).tensor_split(w.size)[w.rank]
-            if share.numel() == 0:
-                raise ConfigError(f"batch of {targets.shape[0]} items cannot be split over "
-                                  f"{w.size} processes; raise data.batch_size")
-            sub_in = None if inputs is None else inputs[share]
-            loss, ok = _losses(net, data, sub_in, targets[share], dev, dtype)
-            # sum / global count, times world size: DDP's mean of gradients is then the
-            # gradient of the global mean loss
-            scaled = loss.sum() * (w.size / n_global)
-            opt.zero_grad(set_to_none=True)
-            scaled.backward()
-            if t_cfg["grad_clip"]:
-                nn.utils.clip_grad_norm_(model.parameters(), t_cfg["grad_clip"])
-            stats = D.all_reduce_sum(torch.stack([loss.detach().double().sum(),
-                                                  ok.double().sum(),
-                                                  torch.tensor(float(ok.numel()),
-                                                               dtype=torch.float64,
-                                                               device=ok.device)]))
-            if not torch.isfinite(stats[0]):
-                raise TrainingError(f"loss is {stats[0].item()} at epoch {epoch}, step {step + 1}"
-                                    f"; lower train.lr (now {t_cfg['lr']}) or check the data")
-            opt.step()
-            tot_loss += stats[0].item()
-            tot_ok += stats[1].item()
-            tot_n += stats[2].item()
+            stats = self._step(inputs, targets, epoch, step)
+            for i in range(3):
+                totals[i] += stats[i].item()
             if bar is not None:
-                rate = tot_n / max(time.perf_counter() - t0, 1e-9)
-                bar.set_postfix(loss=f"{tot_loss / tot_n:.4f}", items_s=f"{rate:.0f}")
+                rate = totals[2] / max(time.perf_counter() - t0, 1e-9)
+                bar.set_postfix(loss=f"{totals[0] / totals[2]:.4f}", items_s=f"{rate:.0f}")
                 bar.update()
         if bar is not None:
             bar.close()
-        dt = time.perf_counter() - t0
-        val = evaluate(model, data, cfg, "val", dev)
+        return self._record(epoch, totals, time.perf_counter() - t0)
+
+    def _step(self, inputs, targets, epoch: int, step: int) -> Tensor:
+        """One optimisation step on this rank's share of a global batch; the global
+        (loss sum, correct, items)."""
+        w, t_cfg = self.w, self.cfg["train"]
+        n_global = targets.numel()
+        # this rank's contiguous share of the global batch
+        share = torch.arange(targets.shape[0]).tensor_split(w.size)[w.rank]
+        if share.numel() == 0:
+            raise ConfigError(f"batch of {targets.shape[0]} items cannot be split over "
+                              f"{w.size} processes; raise data.batch_size")
+        sub_in = None if inputs is None else inputs[share]
+        loss, ok = _losses(self.net, self.data, sub_in, targets[share], self.dev, self.dtype)
+        # sum / global count, times world size: DDP's mean of gradients is then the
+        # gradient of the global mean loss
+        scaled = loss.sum() * (w.size / n_global)
+        self.opt.zero_grad(set_to_none=True)
+        scaled.backward()
+        if t_cfg["grad_clip"]:
+            nn.utils.clip_grad_norm_(self.model.parameters(), t_cfg["grad_clip"])
+        stats = D.all_reduce_sum(torch.stack([
+            loss.detach().double().sum(), ok.double().sum(),
+            torch.tensor(float(ok.numel()), dtype=torch.float64, device=ok.device)]))
+        if not torch.isfinite(stats[0]):
+            raise TrainingError(f"loss is {stats[0].item()} at epoch {epoch}, step {step + 1}"
+                                f"; lower train.lr (now {t_cfg['lr']}) or check the data")
+        self.opt.step()
+        return stats
+
+    def _record(self, epoch: int, totals: list, dt: float) -> bool:
+        """Validate, keep the best weights, stop early, write metrics and checkpoints."""
+        t_cfg, state = self.cfg["train"], self.state
+        tot_loss, tot_ok, tot_n = totals
+        val = evaluate(self.model, self.data, self.cfg, "val", self.dev)
         row = {"epoch": epoch, "train_loss": tot_loss / tot_n, "train_acc": tot_ok / tot_n,
                "val_loss": val["loss"], "val_acc": val["acc"], "time_s": round(dt, 4),
                "items_per_s": round(tot_n / max(dt, 1e-9), 1),
-               "lr": opt.param_groups[0]["lr"]}
+               "lr": self.opt.param_groups[0]["lr"]}
         state["history"].append(row)
-        if _improved(cfg, val, state["best"]):
+        if _improved(self.cfg, val, state["best"]):
             state["best"] = val["loss"] if t_cfg["monitor"] == "val_loss" else val["acc"]
             state["best_epoch"], state["bad_epochs"] = epoch, 0
-            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            self.best_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         else:
             state["bad_epochs"] += 1
         if t_cfg["patience"] and state["bad_epochs"] >= t_cfg["patience"]:
             state["stopped"] = True
         last = epoch == t_cfg["epochs"] or state["stopped"]
-        if w.main:
-            _write_metrics(run, state["history"])
-            if tb is not None:
-                for k, v in row.items():
-                    if k != "epoch":
-                        tb.add_scalar(k, v, epoch)
-            every = t_cfg["checkpoint_every"]
-            # every N epochs, or (0) whenever checkpoint_seconds have passed: a checkpoint
-            # costs a few fsyncs, far more than an epoch of a small graph model
-            due = epoch % every == 0 if every else \
-                time.monotonic() - last_ckpt >= t_cfg["checkpoint_seconds"]
-            if last or due:
-                save_checkpoint(run, epoch, model.state_dict(), opt.state_dict(), state,
-                                best_state)
-                last_ckpt = time.monotonic()
-            if progress:
-                print(f"epoch {epoch:3d}  train_loss {row['train_loss']:.4f}  "
-                      f"val_loss {row['val_loss']:.4f}  val_acc {row['val_acc']:.4f}  "
-                      f"{row['items_per_s']:.0f} items/s", flush=True)
+        if self.w.main:
+            self._write(epoch, row, last)
         D.barrier()
-        epochs_run += 1
-        if stop_after and epochs_run >= stop_after and not last:
-            return {"interrupted": True, "epoch": epoch}
-    # the result: best-validation weights on the test split
-    if best_state is not None:
-        model.load_state_dict(best_state)
-    test = evaluate(model, data, cfg, "test", dev) if "test" in _splits(data) else None
-    val = evaluate(model, data, cfg, "val", dev)
-    result = {"model": cfg.get("name", "model"), "dataset": data.name, "parameters": n_params,
-              "epochs": len(state["history"]), "best_epoch": state["best_epoch"],
-              "val_loss": val["loss"], "val_acc": val["acc"],
-              "test_loss": test["loss"] if test else None,
-              "test_acc": test["acc"] if test else None,
-              "early_stopped": state["stopped"], "world_size": w.size,
-              "train_time_s": round(sum(h["time_s"] for h in state["history"]), 3)}
-    if w.main:
-        save_weights(run / "best.safetensors", model.state_dict(),
-                     {"epoch": state["best_epoch"]})
-        atomic_write_json(run / "result.json", result)
-        if state["history"]:
-            plot_curves(run, state["history"])
-        if tb is not None:
-            tb.close()
-    D.barrier()
-    return result
+        return last
+
+    def _write(self, epoch: int, row: dict, last: bool) -> None:
+        t_cfg = self.cfg["train"]
+        _write_metrics(self.run, self.state["history"])
+        if self.tb is not None:
+            for k, v in row.items():
+                if k != "epoch":
+                    self.tb.add_scalar(k, v, epoch)
+        every = t_cfg["checkpoint_every"]
+        # every N epochs, or (0) whenever checkpoint_seconds have passed: a checkpoint
+        # costs a few fsyncs, far more than an epoch of a small graph model
+        due = epoch % every == 0 if every else \
+            time.monotonic() - self.last_ckpt >= t_cfg["checkpoint_seconds"]
+        if last or due:
+            save_checkpoint(self.run, epoch, self.model.state_dict(), self.opt.state_dict(),
+                            self.state, self.best_state)
+            self.last_ckpt = time.monotonic()
+        if self.progress:
+            print(f"epoch {epoch:3d}  train_loss {row['train_loss']:.4f}  "
+                  f"val_loss {row['val_loss']:.4f}  val_acc {row['val_acc']:.4f}  "
+                  f"{row['items_per_s']:.0f} items/s", flush=True)
+
+    def finish(self) -> dict:
+        """The result: the best-validation weights evaluated on the test split, written out."""
+        model, data, cfg, state, w = self.model, self.data, self.cfg, self.state, self.w
+        if self.best_state is not None:
+            model.load_state_dict(self.best_state)
+        test = evaluate(model, data, cfg, "test", self.dev) if "test" in _splits(data) else None
+        val = evaluate(model, data, cfg, "val", self.dev)
+        result = {"model": cfg.get("name", "model"), "dataset": data.name,
+                  "parameters": self.n_params, "epochs": len(state["history"]),
+                  "best_epoch": state["best_epoch"], "val_loss": val["loss"],
+                  "val_acc": val["acc"], "test_loss": test["loss"] if test else None,
+                  "test_acc": test["acc"] if test else None,
+                  "early_stopped": state["stopped"], "world_size": w.size,
+                  "train_time_s": round(sum(h["time_s"] for h in state["history"]), 3)}
+        if w.main:
+            save_weights(self.run / "best.safetensors", model.state_dict(),
+                         {"epoch": state["best_epoch"]})
+            atomic_write_json(self.run / "result.json", result)
+            if state["history"]:
+                plot_curves(self.run, state["history"])
+            if self.tb is not None:
+                self.tb.close()
+        D.barrier()
+        return result
 
 
 def _splits(data) -> set:

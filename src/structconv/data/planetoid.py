@@ -144,15 +144,65 @@ def _unpickle(path: Path, suffix: str):
     return obj
 
 
+#: a file may expand to at most this many elements per byte (and 1e8 in all) once made dense
+#: or unrolled into edges: Planetoid's real files expand 10-40x; a hostile pickle of shared
+#: references expands by millions
+_EXPANSION = 1000
+_MAX_ELEMENTS = 10**8
+
+
+def _check_expansion(n: int, path: Path, what: str) -> None:
+    size = path.stat().st_size
+    if n > min(_MAX_ELEMENTS, _EXPANSION * max(size, 1024)):
+        raise ValueError(f"{path}: {what} would hold {n:,} elements from a file of {size:,} "
+                         f"bytes (limit {min(_MAX_ELEMENTS, _EXPANSION * max(size, 1024)):,}): "
+                         "refusing a file that expands far beyond its size")
+
+
+def _check_sparse(obj, path: Path) -> None:
+    """Refuse a scipy sparse matrix whose index arrays are inconsistent (making such a matrix
+    dense reads and writes out of bounds: a crash, or silently wrong rows)."""
+    fmt = obj.format
+    rows, cols = obj.shape
+    bad = None
+    if fmt in ("csr", "csc"):
+        major, minor = (rows, cols) if fmt == "csr" else (cols, rows)
+        ip, ix = np.asarray(obj.indptr), np.asarray(obj.indices)
+        if ip.dtype.kind not in "iu" or ix.dtype.kind not in "iu":
+            bad = "index arrays are not integers"
+        elif ip.shape != (major + 1,) or ip[0] != 0 or np.any(np.diff(ip) < 0):
+            bad = f"indptr must be {major + 1} non-decreasing offsets from 0"
+        elif ip[-1] != len(ix) or len(ix) != len(obj.data):
+            bad = f"indptr ends at {ip[-1]} but there are {len(ix)} indices, {len(obj.data)} values"
+        elif len(ix) and (ix.min() < 0 or ix.max() >= minor):
+            bad = f"column indices in [{ix.min()}, {ix.max()}] outside [0, {minor})"
+    elif fmt == "coo":
+        r, c = np.asarray(obj.row), np.asarray(obj.col)
+        if len(r) != len(c) or len(r) != len(obj.data):
+            bad = "row, col and data lengths differ"
+        elif len(r) and (r.min() < 0 or r.max() >= rows or c.min() < 0 or c.max() >= cols):
+            bad = f"entries outside the shape {obj.shape}"
+    else:
+        bad = f"{fmt} matrices are not used by Planetoid files"
+    if bad:
+        raise ValueError(f"{path}: corrupt sparse matrix of shape {obj.shape}: {bad}")
+
+
 def _as_matrix(obj, path: Path, suffix: str) -> np.ndarray:
     import scipy.sparse
 
     if scipy.sparse.issparse(obj):
+        _check_sparse(obj, path)
+        _check_expansion(obj.shape[0] * obj.shape[1], path, "the dense matrix")
         obj = obj.toarray()
     if not isinstance(obj, np.ndarray) or obj.ndim != 2:
         got = (f"array of shape {obj.shape}" if isinstance(obj, np.ndarray)
                else type(obj).__name__)
         raise ValueError(f"{path}: expected {_EXPECTED[suffix]}, got {got}")
+    if obj.dtype.kind not in "biuf":
+        raise ValueError(f"{path}: expected a numeric matrix, got dtype {obj.dtype}")
+    if obj.dtype.kind == "f" and not np.isfinite(obj).all():
+        raise ValueError(f"{path}: the matrix holds NaN or infinite values")
     return obj
 
 
@@ -186,6 +236,85 @@ def _find_dir(root: Path, name: str) -> Path:
 _DISPLAY = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
 
 
+def _read_files(paths: dict) -> tuple[dict, dict, np.ndarray]:
+    """The six matrices, the graph dict and the test ids, each checked for its type."""
+    mats = {s: _as_matrix(_unpickle(paths[s], s), paths[s], s)
+            for s in ("x", "y", "tx", "ty", "allx", "ally")}
+    graph = _unpickle(paths["graph"], "graph")
+    if not isinstance(graph, dict):
+        raise ValueError(f"{paths['graph']}: expected {_EXPECTED['graph']}, "
+                         f"got {type(graph).__name__}")
+    return mats, graph, _read_test_index(paths["test.index"])
+
+
+def _assemble_nodes(mats: dict, paths: dict, test_index: np.ndarray):
+    """(features (N, F) float32, one-hot labels (N, C)) in node-id order, shapes checked."""
+    x, y, tx, ty, allx, ally = (mats[s] for s in ("x", "y", "tx", "ty", "allx", "ally"))
+    n_all, F, C = allx.shape[0], allx.shape[1], ally.shape[1]
+    for s, rows, cols in (("x", y.shape[0], F), ("y", x.shape[0], C), ("ally", n_all, C),
+                          ("tx", len(test_index), F), ("ty", len(test_index), C)):
+        m = mats[s]
+        if m.shape != (rows, cols):
+            raise ValueError(
+                f"{paths[s]}: shape {m.shape} disagrees with the other files; expected "
+                f"({rows}, {cols}) (allx is {allx.shape}, ally {ally.shape}, "
+                f"{len(test_index)} ids in test.index)"
+            )
+    if len(y) + 500 > n_all:
+        raise ValueError(f"{paths['allx']}: {n_all} rows leave no room for {len(y)} training "
+                         "plus 500 validation nodes")
+    lo, hi = int(test_index.min()), int(test_index.max())
+    if lo < n_all or len(np.unique(test_index)) != len(test_index):
+        raise ValueError(
+            f"{paths['test.index']}: test ids must be distinct and >= len(allx)={n_all}, got "
+            f"range [{lo}, {hi}]"
+        )
+    if lo != n_all:
+        raise ValueError(f"{paths['test.index']}: smallest test id {lo} should be "
+                         f"len(allx)={n_all} (ids are contiguous after the non-test nodes)")
+    span = hi - lo + 1
+    _check_expansion(span * F, paths["test.index"], "the test features")
+    # ids in [lo, hi] absent from test.index are featureless nodes (CiteSeer): zero rows; row i
+    # of tx belongs to node test_index[i] (the canonical assembly's reordering, done as a direct
+    # placement)
+    tx_ext = np.zeros((span, F), dtype=np.float32)
+    ty_ext = np.zeros((span, C), dtype=ty.dtype)
+    tx_ext[test_index - lo] = tx
+    ty_ext[test_index - lo] = ty
+    return (np.concatenate([allx.astype(np.float32), tx_ext], 0),
+            np.concatenate([ally, ty_ext], 0))
+
+
+def _edges(graph: dict, N: int, path: Path) -> Tensor:
+    """The graph dict as an undirected ``edge_index`` (2, E) without self loops or duplicates,
+    ordered by (target, source) as PyG's coalesce."""
+    total = 0
+    for k, v in graph.items():
+        if not isinstance(v, (list, tuple)):
+            raise ValueError(f"{path}: entry {k!r} is {type(v).__name__}; expected "
+                             f"{_EXPECTED['graph']}")
+        total += len(v)
+    # counted before anything is built: shared lists in a pickle multiply edges for free
+    _check_expansion(total, path, "the edge list")
+    rows, cols = [], []
+    for k, v in graph.items():
+        rows.extend([k] * len(v))
+        cols.extend(v)
+    try:
+        r = np.asarray(rows, dtype=np.int64)
+        c = np.asarray(cols, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{path}: node ids must be integers; expected "
+                         f"{_EXPECTED['graph']}") from None
+    if len(r) and (min(r.min(), c.min()) < 0 or max(r.max(), c.max()) >= N):
+        raise ValueError(f"{path}: node ids in [{min(r.min(), c.min())}, "
+                         f"{max(r.max(), c.max())}] but the features give N={N} nodes")
+    r, c = np.concatenate([r, c]), np.concatenate([c, r])
+    keep = r != c
+    key = np.unique(c[keep] * N + r[keep])
+    return torch.from_numpy(np.stack([key % N, key // N]))
+
+
 def normalize_rows(x: Tensor) -> Tensor:
     """Each row divided by its sum (rows summing to 0 stay 0), as PyG's ``NormalizeFeatures``."""
     s = x.sum(1, keepdim=True)
@@ -215,71 +344,12 @@ def load_planetoid(root: str | os.PathLike, name: str, *,
             f"{_DISPLAY[name]} cannot be loaded from {d}: missing file(s) {', '.join(missing)}"
         )
 
-    mats = {s: _as_matrix(_unpickle(paths[s], s), paths[s], s)
-            for s in ("x", "y", "tx", "ty", "allx", "ally")}
-    graph = _unpickle(paths["graph"], "graph")
-    if not isinstance(graph, dict):
-        raise ValueError(f"{paths['graph']}: expected {_EXPECTED['graph']}, "
-                         f"got {type(graph).__name__}")
-    test_index = _read_test_index(paths["test.index"])
-
-    x, y, tx, ty, allx, ally = (mats[s] for s in ("x", "y", "tx", "ty", "allx", "ally"))
-    n_all, F, C = allx.shape[0], allx.shape[1], ally.shape[1]
-    for s, rows, cols in (("x", y.shape[0], F), ("y", x.shape[0], C), ("ally", n_all, C),
-                          ("tx", len(test_index), F), ("ty", len(test_index), C)):
-        m = mats[s]
-        if m.shape != (rows, cols):
-            raise ValueError(
-                f"{paths[s]}: shape {m.shape} disagrees with the other files; expected "
-                f"({rows}, {cols}) (allx is {allx.shape}, ally {ally.shape}, "
-                f"{len(test_index)} ids in test.index)"
-            )
-    if len(y) + 500 > n_all:
-        raise ValueError(f"{paths['allx']}: {n_all} rows leave no room for {len(y)} training "
-                         "plus 500 validation nodes")
-    lo, hi = int(test_index.min()), int(test_index.max())
-    if lo < n_all or len(np.unique(test_index)) != len(test_index):
-        raise ValueError(
-            f"{paths['test.index']}: test ids must be distinct and >= len(allx)={n_all}, got "
-            f"range [{lo}, {hi}]"
-        )
-    # ids in [lo, hi] absent from test.index are featureless nodes (CiteSeer): zero rows
-    span = hi - lo + 1
-    tx_ext = np.zeros((span, F), dtype=np.float32)
-    ty_ext = np.zeros((span, C), dtype=ty.dtype)
-    tx_ext[test_index - lo] = tx
-    ty_ext[test_index - lo] = ty
-    if lo != n_all:
-        raise ValueError(f"{paths['test.index']}: smallest test id {lo} should be "
-                         f"len(allx)={n_all} (ids are contiguous after the non-test nodes)")
-    # row i of tx belongs to node test_index[i] (the canonical assembly's reordering, done as
-    # a direct placement)
-    feats = np.concatenate([allx.astype(np.float32), tx_ext], 0)
-    labels = np.concatenate([ally, ty_ext], 0)
+    mats, graph, test_index = _read_files(paths)
+    feats, labels = _assemble_nodes(mats, paths, test_index)
     N = feats.shape[0]
     yv = labels.argmax(1)
-
-    rows, cols = [], []
-    for k, v in graph.items():
-        if not isinstance(v, (list, tuple)):
-            raise ValueError(f"{paths['graph']}: entry {k!r} is {type(v).__name__}; expected "
-                             f"{_EXPECTED['graph']}")
-        rows.extend([k] * len(v))
-        cols.extend(v)
-    try:
-        r = np.asarray(rows, dtype=np.int64)
-        c = np.asarray(cols, dtype=np.int64)
-    except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{paths['graph']}: node ids must be integers; expected "
-                         f"{_EXPECTED['graph']}") from None
-    if len(r) and (min(r.min(), c.min()) < 0 or max(r.max(), c.max()) >= N):
-        raise ValueError(f"{paths['graph']}: node ids in [{min(r.min(), c.min())}, "
-                         f"{max(r.max(), c.max())}] but the features give N={N} nodes")
-    # undirected, no self loops, no duplicates; ordered by (target, source) as PyG's coalesce
-    r, c = np.concatenate([r, c]), np.concatenate([c, r])
-    keep = r != c
-    key = np.unique(c[keep] * N + r[keep])
-    edge_index = torch.from_numpy(np.stack([key % N, key // N]))
+    edge_index = _edges(graph, N, paths["graph"])
+    y, C = mats["y"], labels.shape[1]
 
     def mask(idx):
         m = torch.zeros(N, dtype=torch.bool)

@@ -1,0 +1,68 @@
+"""Hostile and corrupt input, generated here: refused with a clear error, never a crash.
+
+(The start of issue 13's adversarial module: data files, weights, configs, run names.)
+"""
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from structconv.data.planetoid import _as_matrix, _edges, _unpickle
+
+
+def _pickled(tmp_path: Path, obj, name="ind.cora.x") -> Path:
+    p = tmp_path / name
+    p.write_bytes(pickle.dumps(obj, protocol=2))
+    return p
+
+
+def _csr():
+    return sp.csr_matrix(np.eye(4, 6, dtype=np.float32))
+
+
+@pytest.mark.parametrize("corrupt,match", [
+    (lambda m: m.indices.__setitem__(0, 2**30), r"column indices in \[1, 1073741824\]"),
+    (lambda m: m.indices.__setitem__(0, -1), r"column indices in \[-1, 3\]"),
+    (lambda m: m.indices.__setitem__(3, 6), r"column indices in \[0, 6\] outside \[0, 6\)"),
+    (lambda m: m.indptr.__setitem__(2, 0), "non-decreasing"),
+    (lambda m: m.indptr.__setitem__(4, 9), "indptr ends at 9"),
+])
+def test_inconsistent_sparse_matrices_are_refused(tmp_path, corrupt, match):
+    m = _csr()
+    corrupt(m)  # scipy does not check when arrays are edited in place
+    p = _pickled(tmp_path, m)
+    with pytest.raises(ValueError, match=rf"ind\.cora\.x: corrupt sparse matrix.*{match}"):
+        _as_matrix(_unpickle(p, "x"), p, "x")
+
+
+def test_consistent_sparse_matrix_loads():
+    m = _csr()
+    p = Path(__file__)  # any real file: its size bounds the expansion
+    np.testing.assert_array_equal(_as_matrix(m, p, "x"), np.eye(4, 6, dtype=np.float32))
+
+
+def test_a_matrix_far_larger_than_its_file_is_refused(tmp_path):
+    m = sp.csr_matrix((40000, 30000), dtype=np.float32)  # 1.2e9 elements, no entries
+    p = tmp_path / "ind.cora.x"
+    p.write_bytes(b"x" * 300_000)  # what a 300 KB file may expand to is bounded by its size
+    with pytest.raises(ValueError, match=r"would hold 1,200,000,000 elements from a file of "
+                                         r"300,000 bytes"):
+        _as_matrix(m, p, "x")
+
+
+def test_nan_features_are_refused(tmp_path):
+    p = _pickled(tmp_path, np.full((3, 3), np.nan, np.float32))
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        _as_matrix(_unpickle(p, "x"), p, "x")
+
+
+def test_graph_of_shared_references_is_refused_before_it_expands(tmp_path):
+    big = list(range(5000))
+    graph = {i: big for i in range(20000)}  # 1e8 edges; the pickle stores the list once
+    p = _pickled(tmp_path, graph, "ind.cora.graph")
+    assert p.stat().st_size < 200_000
+    with pytest.raises(ValueError, match=r"the edge list would hold 100,000,000 elements"):
+        _edges(_unpickle(p, "graph"), 20000, p)
