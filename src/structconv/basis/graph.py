@@ -765,6 +765,64 @@ def _relation_values(src, dst, w, M, N, normalization):
     return _inv_sqrt(dout)[src] * w * _inv_sqrt(din)[dst]
 
 
+def _pair_nodes(num_nodes) -> tuple[int, int]:
+    """(M, N) from an int or a (num_sources, num_targets) pair."""
+    if isinstance(num_nodes, (tuple, list)):
+        if len(num_nodes) != 2:
+            raise ValueError(f"num_nodes must be an int or a (M, N) pair, got {num_nodes!r}")
+        return (_check_num_nodes(num_nodes[0], "num_nodes[0]"),
+                _check_num_nodes(num_nodes[1], "num_nodes[1]"))
+    M = _check_num_nodes(num_nodes)
+    return M, M
+
+
+def _check_edge_type(edge_type, E: int) -> None:
+    if not isinstance(edge_type, Tensor):
+        raise TypeError(f"edge_type must be a tensor, got {type(edge_type).__name__}")
+    if edge_type.dim() != 1 or edge_type.shape[0] != E:
+        raise ValueError(f"edge_type must be ({E},) to match edge_index (2, {E}), got "
+                         f"{tuple(edge_type.shape)}")
+    if edge_type.is_floating_point():
+        raise TypeError(f"edge_type must be an integer tensor, got {edge_type.dtype}")
+    if E and int(edge_type.min()) < 0:
+        raise ValueError(f"edge_type ids must be >= 0, got min {int(edge_type.min())}")
+
+
+def _num_relations(edge_type: Tensor, num_relations, sorts) -> int:
+    """The number of relations: given (and checked against the edge types) or inferred."""
+    et_max = int(edge_type.max()) if edge_type.numel() else -1
+    if num_relations is None:
+        num_relations = et_max + 1
+        if sorts is not None:
+            flat = [r for s in sorts for r in ((s,) if isinstance(s, int) else s)]
+            num_relations = max([num_relations, *(r + 1 for r in flat)])
+    elif et_max >= num_relations:
+        raise ValueError(f"edge_type ids must be < num_relations={num_relations}, got max "
+                         f"{et_max}")
+    return num_relations
+
+
+def _check_sorts(sorts, num_relations: int, identity: bool, M: int, N: int) -> list[tuple]:
+    """Sorts as tuples of relation ids (None: every relation alone), each checked."""
+    if sorts is None:
+        sorts = [(r,) for r in range(num_relations)]
+    out = []
+    for s in sorts:
+        s = (s,) if isinstance(s, int) else tuple(s)
+        if not s or any(isinstance(r, bool) or not isinstance(r, int) or not
+                        0 <= r < num_relations for r in s):
+            raise ValueError(f"each sort must be a non-empty tuple of relation ids in "
+                             f"[0, {num_relations - 1}], got {s!r}")
+        if len(s) > 1 and M != N:
+            raise ValueError(f"sort {s} of length {len(s)} needs M == N, got (M, N)=({M}, {N})")
+        out.append(s)
+    if identity and M != N:
+        raise ValueError(f"identity needs M == N, got (M, N)=({M}, {N})")
+    if not out and not identity:
+        raise ValueError("relational needs at least one sort or identity=True")
+    return out
+
+
 def relational(edge_index: Tensor, edge_type: Tensor, num_nodes, sorts=None,
                edge_weight: Tensor | None = None, normalization: str | None = "mean",
                identity: bool = False, *, num_relations: int | None = None,
@@ -776,50 +834,13 @@ def relational(edge_index: Tensor, edge_type: Tensor, num_nodes, sorts=None,
     that relation (R-GCN), ``"sym"`` by sqrt(out-degree · in-degree), or None. ``num_nodes`` is
     an int or a ``(num_sources, num_targets)`` pair (bipartite, 1-sorts only).
     """
-    if isinstance(num_nodes, (tuple, list)):
-        if len(num_nodes) != 2:
-            raise ValueError(f"num_nodes must be an int or a (M, N) pair, got {num_nodes!r}")
-        M = _check_num_nodes(num_nodes[0], "num_nodes[0]")
-        N = _check_num_nodes(num_nodes[1], "num_nodes[1]")
-    else:
-        M = N = _check_num_nodes(num_nodes)
+    M, N = _pair_nodes(num_nodes)
     _check_edges(edge_index, M, N, edge_weight=edge_weight)
     E = edge_index.shape[1]
-    if not isinstance(edge_type, Tensor):
-        raise TypeError(f"edge_type must be a tensor, got {type(edge_type).__name__}")
-    if edge_type.dim() != 1 or edge_type.shape[0] != E:
-        raise ValueError(f"edge_type must be ({E},) to match edge_index (2, {E}), got "
-                         f"{tuple(edge_type.shape)}")
-    if edge_type.is_floating_point():
-        raise TypeError(f"edge_type must be an integer tensor, got {edge_type.dtype}")
+    _check_edge_type(edge_type, E)
     _check_norm(normalization, (None, "mean", "sym"), "relational")
-    et_max = int(edge_type.max()) if E else -1
-    if E and int(edge_type.min()) < 0:
-        raise ValueError(f"edge_type ids must be >= 0, got min {int(edge_type.min())}")
-    if num_relations is None:
-        num_relations = et_max + 1
-        if sorts is not None:
-            flat = [r for s in sorts for r in ((s,) if isinstance(s, int) else s)]
-            num_relations = max([num_relations, *(r + 1 for r in flat)])
-    elif et_max >= num_relations:
-        raise ValueError(f"edge_type ids must be < num_relations={num_relations}, got max "
-                         f"{et_max}")
-    if sorts is None:
-        sorts = [(r,) for r in range(num_relations)]
-    norm_sorts = []
-    for s in sorts:
-        s = (s,) if isinstance(s, int) else tuple(s)
-        if not s or any(isinstance(r, bool) or not isinstance(r, int) or not
-                        0 <= r < num_relations for r in s):
-            raise ValueError(f"each sort must be a non-empty tuple of relation ids in "
-                             f"[0, {num_relations - 1}], got {s!r}")
-        if len(s) > 1 and M != N:
-            raise ValueError(f"sort {s} of length {len(s)} needs M == N, got (M, N)=({M}, {N})")
-        norm_sorts.append(s)
-    if identity and M != N:
-        raise ValueError(f"identity needs M == N, got (M, N)=({M}, {N})")
-    if not norm_sorts and not identity:
-        raise ValueError("relational needs at least one sort or identity=True")
+    num_relations = _num_relations(edge_type, num_relations, sorts)
+    norm_sorts = _check_sorts(sorts, num_relations, identity, M, N)
     opts = ("relational", M, N, tuple(norm_sorts), normalization, bool(identity),
             num_relations, dtype)
 
