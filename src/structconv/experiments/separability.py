@@ -208,56 +208,26 @@ _DEFAULTS = {
 }
 
 
-def run(args) -> int:
-    """Sweep the forms over seeds; print the table, write JSON and PNG."""
-    set_threads(args)
-    d = _DEFAULTS[args.model]
-    for k in ("forms", "epochs", "lr", "dataset"):
-        if getattr(args, k) is None:
-            setattr(args, k, d[k])
-    forms = [f.strip() for f in args.forms.split(",") if f.strip()]
-    for f in forms:
-        make_form(f, 2, 2, 2)  # validates the name before any training
-    if args.quick:
-        args.seeds, args.epochs = 1, 2
-        args.train_size = min(args.train_size, 500)
-    t_all = time.perf_counter()
+def _data_and_trainer(args):
+    """The dataset of ``args.model`` and the function that trains one form on it."""
     if args.model == "cnn":
         data = _images(args)
         if args.quick:
             data.splits = {k: (x[:200], y[:200]) for k, (x, y) in data.splits.items()}
-        trainer = train_cnn
-    else:
-        if args.dataset not in ("aifb", "mutag"):
-            raise ValueError(f"rgcn dataset must be aifb or mutag, got {args.dataset!r}")
-        from ..data.rgcn import load_entities
+        return data, train_cnn
+    if args.dataset not in ("aifb", "mutag"):
+        raise ValueError(f"rgcn dataset must be aifb or mutag, got {args.dataset!r}")
+    from ..data.rgcn import load_entities
 
-        root = Path(args.data) if args.data else (data_root() or Path("/nonexistent")) / \
-            "rgcn" / args.dataset
-        if not root.is_dir():
-            raise DatasetError(f"no R-GCN folder at {root}: pass --data DIR")
-        data = load_entities(root, args.dataset)
-        trainer = train_rgcn
-    rows = {}
-    for form in forms:
-        runs = [trainer(data, form, args.seed + i, args) for i in range(args.seeds)]
-        m, s = mean_std([r["test_acc"] for r in runs])
-        rows[form] = dict(test_acc_mean=m, test_acc_std=s, params=runs[0]["params"],
-                          form_params=runs[0]["form_params"],
-                          seconds_per_run=mean_std([r["seconds"] for r in runs])[0], runs=runs)
-        print(f"  {form:<10} test {m:6.2f} ± {s:4.2f}  form params {runs[0]['form_params']:>8}  "
-              f"total {runs[0]['params']:>8}  {rows[form]['seconds_per_run']:.1f}s/run",
-              flush=True)
-    wall = time.perf_counter() - t_all
-    print(f"{'form':<10} {'form params':>11} {'total params':>12} {'test acc (%)':>15}")
-    for f, r in rows.items():
-        print(f"{f:<10} {r['form_params']:>11} {r['params']:>12} "
-              f"{r['test_acc_mean']:>8.2f} ± {r['test_acc_std']:.2f}")
-    name = f"separability-{args.model}"
-    result = dict(experiment="separability", model=args.model, dataset=args.dataset,
-                  epochs=args.epochs, lr=args.lr, seeds=args.seeds, forms=rows,
-                  wall_seconds=wall, hardware=hardware())
-    write_result(args, name, result)
+    root = Path(args.data) if args.data else (data_root() or Path("/nonexistent")) / \
+        "rgcn" / args.dataset
+    if not root.is_dir():
+        raise DatasetError(f"no R-GCN folder at {root}: pass --data DIR")
+    return load_entities(root, args.dataset), train_rgcn
+
+
+def _plot(rows: dict, forms: list, args):
+    """Accuracy against the swept convolutions' parameter count, one marker per form."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.8))
     hs = [f for f in forms if f.startswith("H")]
@@ -278,5 +248,44 @@ def run(args) -> int:
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(f"{args.model} on {args.dataset}: accuracy vs parameters ({args.seeds} seeds)")
     ax.legend()
+    return fig
+
+
+def run(args) -> int:
+    """Sweep the forms over seeds; print the table, write JSON and PNG."""
+    set_threads(args)
+    d = _DEFAULTS[args.model]
+    for k in ("forms", "epochs", "lr", "dataset"):
+        if getattr(args, k) is None:
+            setattr(args, k, d[k])
+    forms = [f.strip() for f in args.forms.split(",") if f.strip()]
+    for f in forms:
+        make_form(f, 2, 2, 2)  # validates the name before any training
+    if args.quick:
+        args.seeds, args.epochs = 1, 2
+        args.train_size = min(args.train_size, 500)
+    t_all = time.perf_counter()
+    data, trainer = _data_and_trainer(args)
+    rows = {}
+    for form in forms:
+        runs = [trainer(data, form, args.seed + i, args) for i in range(args.seeds)]
+        m, s = mean_std([r["test_acc"] for r in runs])
+        rows[form] = dict(test_acc_mean=m, test_acc_std=s, params=runs[0]["params"],
+                          form_params=runs[0]["form_params"],
+                          seconds_per_run=mean_std([r["seconds"] for r in runs])[0], runs=runs)
+        print(f"  {form:<10} test {m:6.2f} ± {s:4.2f}  form params {runs[0]['form_params']:>8}  "
+              f"total {runs[0]['params']:>8}  {rows[form]['seconds_per_run']:.1f}s/run",
+              flush=True)
+    wall = time.perf_counter() - t_all
+    print(f"{'form':<10} {'form params':>11} {'total params':>12} {'test acc (%)':>15}")
+    for f, r in rows.items():
+        print(f"{f:<10} {r['form_params']:>11} {r['params']:>12} "
+              f"{r['test_acc_mean']:>8.2f} ± {r['test_acc_std']:.2f}")
+    name = f"separability-{args.model}"
+    result = dict(experiment="separability", model=args.model, dataset=args.dataset,
+                  epochs=args.epochs, lr=args.lr, seeds=args.seeds, forms=rows,
+                  wall_seconds=wall, hardware=hardware())
+    write_result(args, name, result)
+    fig = _plot(rows, forms, args)
     save_figure(fig, args, name)
     return 0
