@@ -159,30 +159,59 @@ class MultiheadAttention(nn.Module):
                 attn_mask: Tensor | None = None, average_attn_weights: bool = True,
                 is_causal: bool = False) -> tuple[Tensor, Tensor | None]:
         """(out, weights) exactly as torch: (L, B, E) or (B, L, E) (batch_first) or (L, E)."""
-        E, H, D = self.embed_dim, self.num_heads, self.head_dim
-        same_qkv, same_kv = query is key and key is value, key is value
         batched = query.dim() == 3
+        same_qkv, same_kv = query is key and key is value, key is value
+        query, key, value, key_padding_mask = self._batch_first(query, key, value,
+                                                                key_padding_mask)
+        q, k, v = self._project(query, key, value, same_qkv, same_kv)
+        mask, causal = self._mask(query, key.shape[1], key_padding_mask, attn_mask, is_causal,
+                                  need_weights)
+        p = self.dropout if self.training else 0.0
+        # the basis A_k = softmax(k_k q_kᵀ / √D + H) of head k, applied to the value heads by
+        # SDPA; the output map Θ_O closes the LowRank theta (the paper's eq. transformer-theta)
+        basis = DotProductAttention(q, k, sdpa_mask=mask, causal=causal, dropout_p=p)
+        # the weights, when asked for, are built block by block beside SDPA's output (torch
+        # builds B x K x N x M scores, probabilities and their copies)
+        if need_weights:
+            out, weights = basis.propagate_heads_and_weights(v, average_attn_weights)
+        else:
+            out, weights = basis.propagate_heads(v), None  # (B, N, K, D)
+        B, L = query.shape[:2]
+        out = F.linear(out.reshape(B, L, self.embed_dim), self.out_proj.weight,
+                       self.out_proj.bias)
+        if not batched:
+            return out[0], (None if weights is None else weights[0])
+        if not self.batch_first:
+            out = out.transpose(0, 1)
+        return out, weights
+
+    def _batch_first(self, query, key, value, key_padding_mask):
+        """The inputs as (B, L, E) / (B, S, kdim) / (B, S, vdim), shapes checked."""
         if query.dim() not in (2, 3) or key.dim() != query.dim() or value.dim() != query.dim():
             raise ValueError(f"query, key, value must all be 2-d (unbatched) or 3-d, got "
                              f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
-        if not batched:
+        if query.dim() == 2:
             query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
             if key_padding_mask is not None:
                 key_padding_mask = key_padding_mask.unsqueeze(0)
         elif not self.batch_first:
             query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
-        B, L, Eq = query.shape
-        S = key.shape[1]
-        if Eq != E or key.shape[2] != self.kdim or value.shape[2] != self.vdim \
+        E, B = self.embed_dim, query.shape[0]
+        if query.shape[2] != E or key.shape[2] != self.kdim or value.shape[2] != self.vdim \
                 or value.shape[:2] != key.shape[:2] or key.shape[0] != B:
             raise ValueError(
                 f"expected query (.., L, {E}), key (.., S, {self.kdim}), value (.., S, "
                 f"{self.vdim}) with one batch size, got {tuple(query.shape)}, "
                 f"{tuple(key.shape)}, {tuple(value.shape)} (batch first)")
-        dtype = query.dtype
-        # in-projections: one GEMM for self-attention with packed weights
+        return query, key, value, key_padding_mask
+
+    def _project(self, query, key, value, same_qkv: bool, same_kv: bool):
+        """Head-major q (B, K, L, D), k (B, K, S', D) and the value heads z (B, S', K, D)."""
+        E, H, D = self.embed_dim, self.num_heads, self.head_dim
+        B, dtype = query.shape[0], query.dtype
         Wq, Wk, Wv = self._weights()
         bq, bk, bv = self._biases()
+        # in-projections: one GEMM for self-attention with packed weights
         if same_qkv and self._qkv_same_embed_dim:
             q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, -1)
         elif same_kv and self._qkv_same_embed_dim:
@@ -196,14 +225,20 @@ class MultiheadAttention(nn.Module):
             v = torch.cat([v, self.bias_v.to(dtype).expand(B, 1, E)], 1)
         # head-major copies: the attention kernels run ~15% faster on dense (B, K, L, D) inputs
         # than on strided slices of the packed projection, for a copy of B*L*E elements
-        q = q.reshape(B, L, H, D).transpose(1, 2).contiguous()  # (B, K, N, D): queries n
-        k = k.reshape(B, k.shape[1], H, D).transpose(1, 2).contiguous()  # (B, K, M, D): keys
-        v = v.reshape(B, v.shape[1], H, D).transpose(1, 2).contiguous()  # (B, K, M, C)
+        q = q.reshape(B, q.shape[1], H, D).transpose(1, 2).contiguous()
+        k = k.reshape(B, k.shape[1], H, D).transpose(1, 2).contiguous()
+        v = v.reshape(B, v.shape[1], H, D).transpose(1, 2).contiguous()
         if self.add_zero_attn:
             k = torch.cat([k, k.new_zeros(B, H, 1, D)], 2)
             v = torch.cat([v, v.new_zeros(B, H, 1, D)], 2)
-        v = v.transpose(1, 2)  # the bundle's heads z (B, M, K, C), as a view
-        # masks, in torch's (query, key) orientation, as additive floats
+        return q, k, v.transpose(1, 2)  # the bundle's heads z (B, M, K, C), as a view
+
+    def _mask(self, query, S: int, key_padding_mask, attn_mask, is_causal: bool,
+              need_weights: bool):
+        """One additive (B|1, K|1, L, S') float mask (or None) and whether SDPA's causal flag
+        replaces it, in torch's (query, key) orientation and rules."""
+        B, L = query.shape[:2]
+        H, dtype = self.num_heads, query.dtype
         kpm = _float_mask(key_padding_mask, dtype, "key_padding_mask")
         causal = False
         if is_causal and kpm is None and not need_weights:
@@ -228,22 +263,7 @@ class MultiheadAttention(nn.Module):
         if extra:  # the appended keys are never masked
             am = None if am is None else F.pad(am, (0, extra))
             kpm = None if kpm is None else F.pad(kpm, (0, extra))
-        mask = am if kpm is None else (kpm if am is None else am + kpm)
-        p = self.dropout if self.training else 0.0
-        basis = DotProductAttention(q, k, sdpa_mask=mask, causal=causal, dropout_p=p)
-        weights = None
-        # the output always goes through SDPA; the weights, when asked for, are built block by
-        # block beside it (torch builds B x K x N x M scores, probabilities and their copies)
-        if need_weights:
-            out, weights = basis.propagate_heads_and_weights(v, average_attn_weights)
-        else:
-            out, weights = basis.propagate_heads(v), None  # (B, N, K, D)
-        out = F.linear(out.reshape(B, L, E), self.out_proj.weight, self.out_proj.bias)
-        if not batched:
-            return out[0], (None if weights is None else weights[0])
-        if not self.batch_first:
-            out = out.transpose(0, 1)
-        return out, weights
+        return (am if kpm is None else (kpm if am is None else am + kpm)), causal
 
 
 @register_torch(nn.MultiheadAttention)
