@@ -332,13 +332,7 @@ def _cmd_reproduce(args) -> int:
 
 
 def _cmd_plot(args) -> int:
-    try:
-        plots = importlib.import_module("structconv.plots")
-    except ModuleNotFoundError as e:
-        if e.name == "structconv.plots":
-            raise UsageError("plot-basis needs structconv.plots, which is not installed") \
-                from None
-        raise
+    from . import plots
     p = _Parser(prog=f"{PROG} plot-basis", conflict_handler="resolve",
                 description="plot the matrices of a basis")
     p.add_argument("--out", default="plots", help="output directory (default plots)")
@@ -384,11 +378,13 @@ _COMMANDS = {"demo": _cmd_demo, "train": _cmd_train, "eval": _cmd_eval, "bench":
 
 
 def _user_errors() -> tuple:
+    from ._extras import MissingExtra
     from .checkpoint import CheckpointError
     from .distributed import SpawnError
 
     # ValueError covers ConfigError, DatasetError, TrainingError, CheckpointError, UsageError
-    return (ValueError, TypeError, OSError, CheckpointError, SpawnError)
+    # and KindError; MissingExtra names the extra to install
+    return (ValueError, TypeError, OSError, CheckpointError, SpawnError, MissingExtra)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ._extras import require
 from .basis.base import Basis, as_basis
 from .io import atomic_write_bytes
 
@@ -49,8 +50,9 @@ def plot_basis(basis: Basis | Tensor, path, max_k: int | None = None,
     shown = K if max_k is None else min(K, max_k)
     A = basis.to_dense()[:shown].detach().to("cpu", torch.float64)
 
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    FigureCanvasAgg = require("matplotlib.backends.backend_agg", "plots",
+                              "plotting").FigureCanvasAgg
+    Figure = require("matplotlib.figure", "plots", "plotting").Figure
 
     cols = min(shown, 3 if shown <= 9 else math.ceil(math.sqrt(shown)))
     rows = math.ceil(shown / cols)

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -24,6 +25,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from . import distributed as D
+from ._extras import MissingExtra, require
 from .checkpoint import (
     CHECKPOINT_JSON,
     CheckpointError,
@@ -198,11 +200,12 @@ def _write_metrics(run: Path, history: list[dict]) -> None:
 
 
 def plot_curves(run: Path, history: list[dict]) -> None:
-    """Learning curves (loss and accuracy per epoch) as ``curves.png``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
+    """Learning curves (loss and accuracy per epoch) as ``curves.png`` (with the plots extra)."""
+    try:
+        Figure = require("matplotlib.figure", "plots", "curves.png").Figure
+    except MissingExtra as e:  # the run's results stand without its picture
+        warnings.warn(f"{e}; curves.png skipped", stacklevel=2)
+        return
 
     fig = Figure(figsize=(9, 3.5))
     ax1, ax2 = fig.subplots(1, 2)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .._extras import require
 from .registry import GraphData, register_dataset
 
 __all__ = ["from_networkx", "karate_club"]
@@ -54,7 +55,7 @@ def from_networkx(name: str, g, label_attr: str, train_per_class: int = 4, val: 
 def karate_club(root=None, train_per_class: int = 4, val: float = 0.3, seed: int = 0,
                 features: str = "identity") -> GraphData:
     """Zachary's karate club: predict each member's club from the friendship graph."""
-    import networkx as nx
+    nx = require("networkx", "graph", "the networkx graphs (karate, davis)")
 
     return from_networkx("karate", nx.karate_club_graph(), "club", train_per_class, val, seed,
                          features)
@@ -63,7 +64,7 @@ def karate_club(root=None, train_per_class: int = 4, val: float = 0.3, seed: int
 @register_dataset("davis", None, "Davis southern women (networkx), bipartite, 2 node kinds")
 def _davis(root=None, train_per_class: int = 3, val: float = 0.3, seed: int = 0,
            features: str = "degree"):
-    import networkx as nx
+    nx = require("networkx", "graph", "the networkx graphs (karate, davis)")
 
     return from_networkx("davis", nx.davis_southern_women_graph(), "bipartite",
                          train_per_class, val, seed, features)

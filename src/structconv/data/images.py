@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .._extras import require
 from .registry import DatasetError, ImageData, register_dataset
 
 __all__ = ["read_idx", "load_digits", "load_idx_images"]
@@ -98,7 +99,7 @@ def _fashion(root, val=10000, limit=None, seed=0):
 def load_digits(root=None, val: float = 0.15, test: float = 0.15, seed: int = 0,
                 limit: int | None = None) -> ImageData:
     """The 1797 8x8 digits, pixels scaled to [0, 1], split train/val/test by a seeded shuffle."""
-    from sklearn.datasets import load_digits as sk_digits
+    sk_digits = require("sklearn.datasets", "demo", "the digits dataset").load_digits
 
     d = sk_digits()
     x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0

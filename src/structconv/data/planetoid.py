@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._extras import require
 from .registry import GraphData, data_root, register_dataset
 
 __all__ = ["PlanetoidData", "load_planetoid", "PLANETOID_NAMES", "PLANETOID_FILES",
@@ -110,10 +111,9 @@ class _SafeUnpickler(pickle.Unpickler):
 
     def find_class(self, module, name):
         if module.startswith("scipy.sparse") and name in self._SPARSE:
-            import scipy.sparse
-
+            sparse = require("scipy.sparse", "graph", "loading Planetoid files")
             # the files name the private module scipy.sparse.csr; the class is public
-            return getattr(scipy.sparse, name)
+            return getattr(sparse, name)
         if (module, name) in self._ALLOWED:
             mod = {"__builtin__": "builtins", "copy_reg": "copyreg"}.get(module, module)
             if mod == "numpy.core.multiarray" and not hasattr(np, "core"):
@@ -189,9 +189,8 @@ def _check_sparse(obj, path: Path) -> None:
 
 
 def _as_matrix(obj, path: Path, suffix: str) -> np.ndarray:
-    import scipy.sparse
-
-    if scipy.sparse.issparse(obj):
+    sparse = require("scipy.sparse", "graph", "loading Planetoid files")
+    if sparse.issparse(obj):
         _check_sparse(obj, path)
         _check_expansion(obj.shape[0] * obj.shape[1], path, "the dense matrix")
         obj = obj.toarray()

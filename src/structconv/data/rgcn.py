@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .._extras import require
 from ..io import atomic_write_bytes, atomic_write_json
 from .registry import GraphData, register_dataset
 
@@ -110,7 +111,8 @@ class _Sink:
 
 
 def _parse_nt(path: Path):
-    from rdflib.plugins.parsers.ntriples import ParseError, W3CNTriplesParser
+    nt = require("rdflib.plugins.parsers.ntriples", "graph", "loading R-GCN N-Triples")
+    ParseError, W3CNTriplesParser = nt.ParseError, nt.W3CNTriplesParser
 
     sink = _Sink()
     parser = W3CNTriplesParser(sink)
@@ -188,7 +190,7 @@ def _sha256(paths) -> str:
 
 
 def _build(d: Path, name: str, nt: Path, train_tsv: Path, test_tsv: Path):
-    from rdflib.term import URIRef
+    URIRef = require("rdflib.term", "graph", "loading R-GCN N-Triples").URIRef
 
     # the small split files first: a bad header fails before the slow graph parse
     splits = {"train": _read_tsv(train_tsv, name), "test": _read_tsv(test_tsv, name)}

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from .._extras import require
 from ..io import atomic_write_bytes, atomic_write_json
 
 __all__ = ["hardware", "mean_std", "write_result", "save_figure", "set_threads", "fmt_pm",
@@ -92,8 +93,7 @@ def save_figure(fig, args, name: str) -> Path:
     """Save a matplotlib figure as ``--plot`` (if given) or ``<out>/<name>.png``, atomically."""
     import io
 
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     path = Path(getattr(args, "plot", None) or Path(args.out) / f"{name}.png")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
@@ -104,10 +104,6 @@ def save_figure(fig, args, name: str) -> Path:
 
 
 def pyplot():
-    """matplotlib.pyplot on the non-interactive Agg backend."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    """matplotlib.pyplot on the non-interactive Agg backend (the plots extra)."""
+    require("matplotlib", "plots", "the experiment plots").use("Agg")
+    return require("matplotlib.pyplot", "plots", "the experiment plots")
