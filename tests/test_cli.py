@@ -111,7 +111,18 @@ def test_bench_and_plot_basis(tmp_path):
     r = run("bench", "routes", "--quick", "--repeats", "1", "--big-n", "200", "--out",
             str(tmp_path / "b"))
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "b" / "routes.json").is_file()
+    res = json.loads((tmp_path / "b" / "routes.json").read_text())
+    # every result records the conditions it was measured under
+    c = res["conditions"]
+    assert {"cpu", "cores", "torch_threads", "load_average_1min", "load_average_1min_end"} <= set(c)
+    assert isinstance(c["torch_threads"], int) and c["cpu"]
+    assert "conditions:" in r.stdout
+    env = dict(os.environ, STRUCTCONV_COSTS=str(tmp_path / "costs"))
+    r = subprocess.run([sys.executable, "-m", "structconv.cli", "bench", "routes", "--calibrate",
+                        "--quick", "--repeats", "1", "--out", str(tmp_path / "b")],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "grid_shift" in r.stdout and (tmp_path / "costs" / "costs.json").is_file()
     assert main(["plot-basis", "grid", "--in-shape", "3", "4", "--kernel", "2", "--out",
                  str(tmp_path / "p.png")]) == 0
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"

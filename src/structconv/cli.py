@@ -292,8 +292,9 @@ def _run_suites(package: str, names, rest, args, out_default) -> int:
 
             resolve_device(ns.device)
         if package == "bench":
-            from .bench._util import steady_allocator
+            from .bench._util import begin, steady_allocator
 
+            begin()
             if steady_allocator():
                 print("allocator: glibc mmap threshold 32 MiB, trim threshold 1 GiB "
                       "(steady timings; see structconv.bench._util.steady_allocator)")

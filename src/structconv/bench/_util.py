@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import gc
 import multiprocessing as mp
+import os
+import platform
 import resource
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -191,3 +194,50 @@ def peak_memory(make: Callable[[], Callable[[], object]], timeout: float = 600,
 
 def fmt_ratio(x: float) -> str:
     return f"{x:.2f}x"
+
+
+# -- the conditions a figure was measured under ------------------------------------------------
+_START: dict | None = None
+
+
+def conditions() -> dict:
+    """The machine now: CPU model, cores, torch threads and version, 1-minute load average."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return dict(cpu=cpu, cores=os.cpu_count(), torch_threads=torch.get_num_threads(),
+                torch=torch.__version__, python=platform.python_version(),
+                load_average_1min=load)
+
+
+def begin() -> dict:
+    """Record the conditions before a suite runs; warn on stderr when the machine is loaded.
+
+    Memory-bound kernels slow far more than GEMMs when other jobs share the cores, so ratios
+    taken under load mislead: the warning says so with the figures.
+    """
+    global _START
+    _START = c = conditions()
+    load = c["load_average_1min"]
+    print(f"conditions: {c['cpu']}, {c['cores']} cores, {c['torch_threads']} torch threads, "
+          f"1-minute load {load if load is None else round(load, 2)}")
+    if load is not None and load > c["torch_threads"]:
+        print(f"warning: the 1-minute load {load:.2f} exceeds the {c['torch_threads']} threads "
+              "in use: other jobs share the cores, and figures taken under load mislead "
+              "(memory-bound kernels slow far more than GEMMs); measure on a quiet machine",
+              file=sys.stderr)
+    return c
+
+
+def record() -> dict:
+    """The conditions to store with a result: those at the start, and the load at the end."""
+    out = dict(_START or conditions())
+    out["load_average_1min_end"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return out

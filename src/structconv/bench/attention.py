@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..io import atomic_write_json
-from ._util import ALLOCATOR, fwd_bwd, interleaved_times, peak_memory
+from ._util import ALLOCATOR, fwd_bwd, interleaved_times, peak_memory, record
 
 NAME = "attention"
 
@@ -331,7 +331,7 @@ def run(args) -> int:
     except ValueError as e:
         print(f"attention bench: {e}", file=sys.stderr)
         return 2
-    result = dict(suite=NAME, allocator=dict(ALLOCATOR),
+    result = dict(suite=NAME, allocator=dict(ALLOCATOR), conditions=record(),
                   quick=bool(args.quick), repeats=args.repeats, seed=args.seed,
                   torch=torch.__version__, threads=torch.get_num_threads(),
                   machine=platform.machine(), targets={k: list(v) for k, v in TARGETS.items()})

@@ -23,7 +23,7 @@ import torch
 
 from ..basis.base import csr_matmul, to_csr
 from ..io import atomic_write_json
-from ._util import ALLOCATOR, fwd_bwd, interleaved_times, peak_memory
+from ._util import ALLOCATOR, fwd_bwd, interleaved_times, peak_memory, record
 
 NAME = "graph"
 LAYERS = ("gcn", "cheb", "tag", "sgc", "rgcn")
@@ -272,7 +272,7 @@ def run(args) -> int:
     n_hand = sum(max(r["fwd_ratio_hand"], r["fwd_bwd_ratio_hand"]) <= 1.10 for r in rows)
     print(f"never slower than PyG (fwd and fwd+bwd): {n_ok}/{len(rows)}; within 1.10x of the "
           f"hand-ordered contraction: {n_hand}/{len(rows)}")
-    result = dict(suite=NAME, allocator=dict(ALLOCATOR),
+    result = dict(suite=NAME, allocator=dict(ALLOCATOR), conditions=record(),
                   machine=platform.machine(), threads=torch.get_num_threads(),
                   torch=torch.__version__, quick=bool(args.quick), repeats=args.repeats,
                   copy_bytes_per_s=rates[0], gemm_madds_per_s=rates[1], cases=rows)

@@ -22,7 +22,7 @@ from torch import nn
 from ..io import atomic_write_json
 from ..nn.grid import GridConv
 from ..params import ControlledSeparable
-from ._util import ALLOCATOR, interleaved_samples
+from ._util import ALLOCATOR, interleaved_samples, record
 
 NAME = "grid"
 DISPATCH_TARGET = 1.10
@@ -207,7 +207,7 @@ def run(args) -> int:
     for k, (ok, n) in summary.items():
         tgt = DISPATCH_TARGET if k.startswith("dispatch") else SHIFT_TARGET
         print(f"{k}: {ok}/{n} (target <= {tgt}x)")
-    result = dict(suite=NAME, allocator=dict(ALLOCATOR),
+    result = dict(suite=NAME, allocator=dict(ALLOCATOR), conditions=record(),
                   quick=bool(args.quick), repeats=repeats, seed=args.seed,
                   device=getattr(args, "device", "cpu") or "cpu",
                   torch=torch.__version__, threads=torch.get_num_threads(),

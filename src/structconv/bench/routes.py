@@ -19,7 +19,7 @@ import torch
 from .. import engine
 from ..basis.base import Dense, Sparse
 from ..io import atomic_write_json
-from ._util import ALLOCATOR, interleaved_times, median_time, peak_memory
+from ._util import ALLOCATOR, interleaved_times, median_time, peak_memory, record
 
 NAME = "routes"
 
@@ -31,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="density of the sparse-vs-dense comparison (default 0.01)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="measure this machine's cost weights and write them to the planner's "
+                        "cache file ($STRUCTCONV_COSTS or ~/.cache/structconv/costs.json)")
 
 
 def random_basis(K: int, M: int, N: int, density: float, gen: torch.Generator):
@@ -119,9 +122,22 @@ def sparse_vs_dense(n: int, density: float, repeats: int, quick: bool):
     return out
 
 
+def _calibrate(args) -> int:
+    from .calibrate import calibrate
+
+    out = calibrate(device=args.device, quick=args.quick, repeats=max(3, args.repeats))
+    print(f"{'weight':<14} {'measured':>10} {'default':>10}")
+    for k, v in out["weights"].items():
+        print(f"{k:<14} {v:>10.3g} {out['defaults'][k]:>10.3g}")
+    print(f"wrote {out['path']} ({out['device_type']}; the planner reads it from now on)")
+    return 0
+
+
 def run(args) -> int:
     if getattr(args, "threads", 0):
         torch.set_num_threads(args.threads)
+    if args.calibrate:
+        return _calibrate(args)
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
     repeats = max(3, args.repeats)
@@ -151,7 +167,7 @@ def run(args) -> int:
           f"{(big['sparse_peak_bytes'] or 0) / 2**20:.0f} MiB vs "
           f"{(big['dense_peak_bytes'] or 0) / 2**20:.0f} MiB ({big['memory_ratio']:.1f}x smaller; "
           "target >= 10x)")
-    result = dict(suite=NAME, allocator=dict(ALLOCATOR),
+    result = dict(suite=NAME, allocator=dict(ALLOCATOR), conditions=record(),
                   machine=platform.machine(), threads=torch.get_num_threads(),
                   torch=torch.__version__, seconds=time.time() - t0, cases=rows,
                   auto_within_1_10=within / len(rows),

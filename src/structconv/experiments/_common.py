@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import platform
 import statistics
 from pathlib import Path
 
 import torch
 
 from .._extras import require
+from ..bench._util import conditions
 from ..io import atomic_write_bytes, atomic_write_json
 
 __all__ = ["hardware", "mean_std", "write_result", "save_figure", "set_threads", "fmt_pm",
@@ -18,19 +17,7 @@ __all__ = ["hardware", "mean_std", "write_result", "save_figure", "set_threads",
 
 def hardware() -> dict:
     """The machine a result was measured on: CPU, cores, torch threads, load at the start."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return dict(cpu=cpu, cores=os.cpu_count(), torch_threads=torch.get_num_threads(),
-                torch=torch.__version__, python=platform.python_version(),
-                load_average_1min=load)
+    return conditions()
 
 
 def set_threads(args) -> None:
