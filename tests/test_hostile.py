@@ -61,8 +61,8 @@ def test_nan_features_are_refused(tmp_path):
 
 def test_graph_of_shared_references_is_refused_before_it_expands(tmp_path):
     big = list(range(5000))
-    graph = {i: big for i in range(20000)}  # 1e8 edges; the pickle stores the list once
+    graph = {i: big for i in range(25000)}  # 1.25e8 edges; the pickle stores the list once
     p = _pickled(tmp_path, graph, "ind.cora.graph")
     assert p.stat().st_size < 200_000
-    with pytest.raises(ValueError, match=r"the edge list would hold 100,000,000 elements"):
-        _edges(_unpickle(p, "graph"), 20000, p)
+    with pytest.raises(ValueError, match=r"the edge list would hold 125,000,000 elements"):
+        _edges(_unpickle(p, "graph"), 25000, p)

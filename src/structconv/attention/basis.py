@@ -23,6 +23,7 @@ from torch import Tensor
 
 from .._checks import check_index_tensor
 from ..basis.base import Basis, Sparse
+from ..sparse import SparseMatrix
 from .masks import dead_columns, edge_softmax
 
 __all__ = ["AttentionBasis", "DotProductAttention", "GraphAttention", "GraphStructure",
@@ -389,13 +390,34 @@ class GraphStructure:
     def __init__(self, edge_index: Tensor, M: int, N: int, K: int):
         check_index_tensor(edge_index, 2, "edge_index")
         ei = edge_index.long()
-        if ei.numel() and (int(ei.min()) < 0 or int(ei[0].max()) >= M or int(ei[1].max()) >= N):
+        if ei.numel() and not torch.compiler.is_compiling() and \
+                (int(ei.min()) < 0 or int(ei[0].max()) >= M or int(ei[1].max()) >= N):
             raise ValueError(f"edge_index has node ids outside [0, {M}) x [0, {N}) "
                              f"(sources < M={M}, targets < N={N})")
         self.edge_index, self.M, self.N, self.K = ei, M, N, K
         self.E = ei.shape[1]
-        self.crow, self.col, self.gather = self._layout(ei[1], ei[0], N, M, K)
-        self.crow_t, self.col_t, self.gather_t = self._layout(ei[0], ei[1], M, N, K)
+        self._layouts = None
+
+    def _csr_layouts(self):
+        # built on the first eager use (a compiled graph applies the entries directly)
+        if self._layouts is None:
+            ei, M, N, K = self.edge_index, self.M, self.N, self.K
+            self._layouts = (self._layout(ei[1], ei[0], N, M, K),
+                             self._layout(ei[0], ei[1], M, N, K))
+        return self._layouts
+
+    @property
+    def gather(self) -> Tensor:
+        return self._csr_layouts()[0][2]
+
+    def entries(self, alpha: Tensor) -> SparseMatrix:
+        """The (N*K, M*K) operator of edge-major weights ``alpha`` (E*K,) as COO entries: row
+        (n, k), column (m, k) for edge m -> n and head k."""
+        src, dst = self.edge_index
+        k = torch.arange(self.K, device=src.device)
+        rows = (dst.unsqueeze(1) * self.K + k).reshape(-1)
+        cols = (src.unsqueeze(1) * self.K + k).reshape(-1)
+        return SparseMatrix(rows, cols, alpha, (self.N * self.K, self.M * self.K))
 
     @staticmethod
     def _layout(rows: Tensor, cols: Tensor, R: int, C: int, K: int):
@@ -419,12 +441,13 @@ class GraphStructure:
 
     def csr(self, values: Tensor, transpose: bool = False) -> Tensor:
         """The operator (N*K, M*K) (or its transpose) with edge-major weights ``values`` (E*K,)."""
+        (crow, col, gather), (crow_t, col_t, gather_t) = self._csr_layouts()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # CSR is flagged beta; SpMM is stable
             if transpose:
-                return torch.sparse_csr_tensor(self.crow_t, self.col_t, values[self.gather_t],
+                return torch.sparse_csr_tensor(crow_t, col_t, values[gather_t],
                                                (self.M * self.K, self.N * self.K))
-            return torch.sparse_csr_tensor(self.crow, self.col, values[self.gather],
+            return torch.sparse_csr_tensor(crow, col, values[gather],
                                            (self.N * self.K, self.M * self.K))
 
 
@@ -532,6 +555,12 @@ class GraphAttention(_Batched):
         if st.E == 0:
             return z.new_zeros(B, self.N, K, C)
         alpha = self.alpha.to(z.dtype)
+        if torch.compiler.is_compiling():
+            # the one sparse operator's traceable path on the same entries (differentiable in
+            # alpha through the gather)
+            outs = [st.entries(alpha[min(b, self.batch - 1)].reshape(-1)).matmul(
+                z[b].reshape(M * K, C)) for b in range(B)]
+            return torch.stack(outs).reshape(B, self.N, K, C)
         if self.batch == 1:
             # all items share the weights: one SpMM with the batch folded into the columns
             Z = z.permute(1, 2, 0, 3).reshape(M * K, B * C)

@@ -15,7 +15,6 @@ how many multiply-adds one channel of one batch item costs, for the planner.
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Sequence
 
 import torch
@@ -23,6 +22,10 @@ from torch import Tensor
 
 from .. import costs
 from .._checks import check_index_tensor
+from ..sparse import SparseMatrix, build_csr, csr_matmul  # noqa: F401  (re-exported)
+
+#: the former names of the sparse helpers, now in ``structconv.sparse``
+to_csr = build_csr
 
 __all__ = ["Basis", "Dense", "Sparse", "Stack", "Product", "as_basis"]
 
@@ -54,22 +57,20 @@ class Basis:
                 raise ValueError(f"basis size {name} must be an int >= 1, got {v!r}")
         self.K, self.M, self.N = int(K), int(M), int(N)
 
-    def __setattr__(self, name, value):
-        object.__setattr__(self, name, value)
-        if not name.startswith("_"):
-            # a new public attribute may change the tensors held or the costs: forget derived state
-            cache = self.__dict__.get("_cache")
-            if cache:
-                cache.clear()
-
     @property
     def _memo(self) -> dict:
-        """Derived state (casts, plans, held-tensor summary), dropped when the basis changes."""
+        """Derived state: casts, plans, the held-tensor summary (see ``clear_cache``)."""
         d = self.__dict__.get("_cache")
         if d is None:
-            d = {}
-            object.__setattr__(self, "_cache", d)
+            d = self._cache = {}
         return d
+
+    def clear_cache(self) -> None:
+        """Forget derived state (casts, plans). A basis is treated as fixed once built; call
+        this after changing one in place (its tensors' values may change freely: plans and
+        casts depend only on shapes, dtypes and devices, and casts of tensors that require
+        grad are never cached)."""
+        self.__dict__.pop("_cache", None)
 
     # -- shape --------------------------------------------------------------------------------
     @property
@@ -203,9 +204,9 @@ class Basis:
 
         new = self._apply(move)
         if dtype is not None:
-            object.__setattr__(new, "_to_dtype", dtype)
+            new._to_dtype = dtype
         if device is not None:
-            object.__setattr__(new, "_to_device", device)
+            new._to_device = device
         return new
 
     def cast_like(self, t: Tensor) -> Basis:
@@ -319,41 +320,6 @@ class Dense(Basis):
 
 
 # ------------------------------------------------------------------------------------------------
-class _CSRMatmul(torch.autograd.Function):
-    """y = S @ X for a constant CSR matrix S, with the CSR of Sᵀ for the backward pass.
-
-    ``St`` may be a callable that builds (and caches) the transpose: it then costs memory only
-    once a gradient is actually needed.
-    """
-
-    @staticmethod
-    def forward(ctx, S, St, X):
-        ctx.St = St
-        return S @ X
-
-    @staticmethod
-    def backward(ctx, gy):
-        St = ctx.St() if callable(ctx.St) else ctx.St
-        return None, None, St @ gy.contiguous()
-
-
-def to_csr(rows: Tensor, cols: Tensor, values: Tensor, shape) -> Tensor:
-    """A coalesced CSR matrix from COO triplets (duplicates summed)."""
-    with warnings.catch_warnings():
-        # torch flags CSR as beta; the kernels used here (CSR @ dense) are stable
-        warnings.simplefilter("ignore", UserWarning)
-        coo = torch.sparse_coo_tensor(torch.stack([rows, cols]), values, tuple(shape),
-                                      check_invariants=False)
-        return coo.coalesce().to_sparse_csr()
-
-
-def csr_matmul(S: Tensor, St, X: Tensor) -> Tensor:
-    """S @ X with S a constant sparse CSR matrix (St its transpose, or a callable giving it)."""
-    if X.requires_grad:
-        return _CSRMatmul.apply(S, St, X)
-    return S @ X
-
-
 class Sparse(Basis):
     """A sparse basis from COO ``indices`` (3, nnz) rows [k, m, n], ``values`` (nnz,), ``size``.
 
@@ -377,7 +343,7 @@ class Sparse(Basis):
                 f"Sparse basis values must be ({nnz},) to match indices (3, {nnz}), "
                 f"got {tuple(values.shape)}"
             )
-        if nnz:
+        if nnz and not torch.compiler.is_compiling():  # (value checks need concrete data)
             lim = torch.tensor(self.shape, device=indices.device).unsqueeze(1)
             bad = ((indices < 0) | (indices >= lim)).any(1)
             if bad.any():
@@ -410,41 +376,31 @@ class Sparse(Basis):
         k, m, n = self.indices
         return out.index_add(0, (k * M + m) * N + n, self.values).reshape(K, M, N)
 
-    def _csr(self, layout: str, transpose: bool = False) -> Tensor:
-        """CSR of a 2-d arrangement of Aᵀ (or of its transpose), built once and cached.
+    def _layout(self, layout: str) -> SparseMatrix:
+        """One 2-d arrangement of Aᵀ as a sparse matrix:
 
         ``tall``:  rows (n, k), cols m       -> propagate
         ``wide``:  rows n,      cols (m, k)  -> propagate_sum
         ``diag``:  rows (n, k), cols (m, k)  -> propagate_heads
-
-        The transpose serves only backward passes, so it is built on a gradient's first need.
         """
-        key = (layout, transpose)
-        if key not in self._cache:
-            r, c, shp = self._layout(layout)
-            if transpose:
-                r, c, shp = c, r, shp[::-1]
-            self._cache[key] = to_csr(r, c, self.values.detach(), shp)
-        return self._cache[key]
-
-    def _layout(self, layout: str) -> tuple[Tensor, Tensor, tuple[int, int]]:
-        """Row and column indices and the 2-d shape of one arrangement (see ``_csr``)."""
         K, M, N = self.shape
         k, m, n = self.indices
         if layout == "tall":
-            return n * K + k, m, (N * K, M)
-        if layout == "wide":
-            return n, m * K + k, (N, M * K)
-        return n * K + k, m * K + k, (N * K, M * K)
+            r, c, shp = n * K + k, m, (N * K, M)
+        elif layout == "wide":
+            r, c, shp = n, m * K + k, (N, M * K)
+        else:
+            r, c, shp = n * K + k, m * K + k, (N * K, M * K)
+        return SparseMatrix(r, c, self.values, shp)
 
     def _mm(self, layout: str, X: Tensor) -> Tensor:
-        if self.values.requires_grad:
-            # differentiable in the values: COO sparse @ dense has autograd for both operands
-            r, c, shp = self._layout(layout)
-            S = torch.sparse_coo_tensor(torch.stack([r, c]), self.values, shp,
-                                        check_invariants=False)
-            return torch.sparse.mm(S, X)
-        return csr_matmul(self._csr(layout), lambda: self._csr(layout, transpose=True), X)
+        if torch.compiler.is_compiling():  # no cache while tracing: the compiler folds it
+            return self._layout(layout).matmul(X)
+        memo = self._memo
+        key = ("layout", layout)
+        if key not in memo:  # built once per layout; its CSRs per dtype and device inside
+            memo[key] = self._layout(layout)
+        return memo[key].matmul(X)
 
     @staticmethod
     def _to_cols(t: Tensor, lead: int) -> tuple[Tensor, int]:

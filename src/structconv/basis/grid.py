@@ -9,6 +9,7 @@ flattened row-major (the canonical bijection), channels last in the bundle ``(B,
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 from collections.abc import Sequence
@@ -110,6 +111,12 @@ def _pad_spec(pads, trailing: int) -> list[int]:
     for b, a in reversed(pads):
         spec += [b, a]
     return spec
+
+
+def _row_major_ints(shape: Sequence[int]) -> list[tuple[int, ...]]:
+    """The coordinates of ``shape``, row-major, as plain ints (``torch.compile`` traces the
+    layouts built from them; a tensor's ``.tolist()`` would be data-dependent there)."""
+    return list(itertools.product(*(range(s) for s in shape)))
 
 
 def _row_major(shape: Sequence[int]) -> Tensor:
@@ -255,7 +262,7 @@ class Grid(_GridGeometry, Basis):
         """
         if self._taps is None:
             taps = []
-            for k, off in enumerate(self.offsets.tolist()):
+            for k, off in enumerate(_row_major_ints(self.kernel_size)):
                 n_sl, m_sl = [], []
                 for o, dl, s, (b, _), n_in, n_out in zip(off, self.dilation, self.stride,
                                                           self.padding, self.in_shape,
@@ -695,24 +702,29 @@ def conv_weight(theta, kernel_size: Sequence[int]) -> tuple[Tensor, int]:
     return th.permute(2, 1, 0).reshape(Q, P, *kernel_size).contiguous(), 1
 
 
+#: each shift kernel's adjoint (a module constant: torch.compile traces the backward)
+_ADJOINT = {"im2col": "col2im", "col2im": "im2col", "heads": "heads_T", "heads_T": "heads",
+            "psum": "psum_T", "psum_T": "psum"}
+
+
 class _GridOp(torch.autograd.Function):
     """A grid shift kernel whose backward is its adjoint kernel (itself a _GridOp, so twice
     differentiable): im2col <-> col2im, heads <-> heads_T, psum <-> psum_T."""
-
-    ADJOINT = {"im2col": "col2im", "col2im": "im2col", "heads": "heads_T",
-               "heads_T": "heads", "psum": "psum_T", "psum_T": "psum"}
 
     @staticmethod
     def forward(ctx, grid, op, t):
         ctx.grid, ctx.op = grid, op
         out = grid._apply_op(op, t)
         # a 1-tap unpadded grid can return a view of t: hand autograd a tensor of its own
+        # (while compiling, storage pointers are not there: copy whenever it can be a view)
+        if torch.compiler.is_compiling():
+            return out.clone() if grid.K == 1 else out
         return out.clone() if out.untyped_storage().data_ptr() == \
             t.untyped_storage().data_ptr() else out
 
     @staticmethod
     def backward(ctx, g):
-        return None, None, _GridOp.apply(ctx.grid, _GridOp.ADJOINT[ctx.op], g)
+        return None, None, _GridOp.apply(ctx.grid, _ADJOINT[ctx.op], g)
 
 
 #: bytes of input plus output per batch chunk of the tap loops: small enough to stay in cache
@@ -751,15 +763,16 @@ class _TapLayout:
         self.V = math.prod(self.phase_shape)
         phases: list[tuple[int, ...]] = []
         taps = []  # (k, phase, flat row offset in the phase image)
+        kernel = _row_major_ints(grid.kernel_size)
         for k, _, _ in grid.taps:
-            off = [o * dl for o, dl in zip(grid.offsets[k].tolist(), grid.dilation)]
+            off = [o * dl for o, dl in zip(kernel[k], grid.dilation)]
             r = tuple(o % s for o, s in zip(off, grid.stride))
             if r not in phases:
                 phases.append(r)
             qv = tuple(o // s for o, s in zip(off, grid.stride))
             taps.append((k, phases.index(r), sum(q * st for q, st in zip(qv, strides))))
         self.phases, self.taps = phases, taps
-        self.tail = max((q for _, _, q in taps), default=0)
+        self.tail = max([q for _, _, q in taps] or [0])
         # the last row any output reads from, per image: the rest of the phase image is margin
         self.last = sum((o - 1) * st for o, st in zip(grid.out_shape, strides))
         self.crop = tuple(slice(0, o) for o in grid.out_shape)

@@ -324,9 +324,13 @@ class GATConv(nn.Module):
                 f"concat={self.concat}")
 
     def _graph(self, edge_index: Tensor, M: int, N: int, size) -> tuple[Tensor, GraphStructure]:
-        key = (edge_index.data_ptr(), edge_index._version, tuple(edge_index.shape),
-               edge_index.device, M, N, size, self.add_self_loops, self.heads)
-        if self._cache is not None and self._cache[0] == key:
+        compiling = torch.compiler.is_compiling()
+        key = (tuple(edge_index.shape), edge_index.device, M, N, size, self.add_self_loops,
+               self.heads)
+        # the cache is checked against the content (an edit through another view or .numpy()
+        # bumps no version counter): one O(E) comparison, against the O(E log E) build
+        if not compiling and self._cache is not None and self._cache[0] == key and \
+                torch.equal(self._cache[3], edge_index):
             return self._cache[1], self._cache[2]
         ei = edge_index.long()
         if self.add_self_loops:
@@ -335,7 +339,8 @@ class GATConv(nn.Module):
             loop = torch.arange(n, device=ei.device)
             ei = torch.cat([ei, torch.stack([loop, loop])], 1)
         st = GraphStructure(ei, M, N, self.heads)
-        self._cache = (key, ei, st)
+        if not compiling:
+            self._cache = (key, ei, st, edge_index.clone())
         return ei, st
 
     def mechanism(self, edge_index: Tensor) -> Softmax:

@@ -203,7 +203,7 @@ class GridConv(_GridLayer):
     def _route_for(self, grid: Grid, B: int, x: Tensor) -> str:
         if self.route != "auto":
             return self.route
-        key = (grid, B, x.dtype, x.device.type, id(self.param))
+        key = (grid._key(), grid.native, B, x.dtype, x.device.type, id(self.param))
         if key not in self._routes:
             if len(self._routes) > 4 * _CACHE_SIZE:
                 self._routes.clear()

@@ -1,0 +1,126 @@
+"""The one sparse operator: a constant-structure matrix from COO entries, applied to dense blocks.
+
+``SparseMatrix(rows, cols, values, shape)`` is what every sparse basis applies (``Sparse``, the
+graph bases; graph attention's compiled path). Applied eagerly as CSR @ dense with torch's SpMM:
+the CSR is built once per dtype and device with one sort (duplicates summed), and the CSR of the
+transpose, which only a backward pass needs, on its first use. Values that require grad go
+through the differentiable COO product. While ``torch.compile`` traces, it applies itself as a
+gather and an ``index_add`` over the entries, which the compiler fuses (sparse tensors are not
+traceable).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor
+
+__all__ = ["SparseMatrix", "build_csr", "csr_matmul"]
+
+
+def build_csr(rows: Tensor, cols: Tensor, vals: Tensor, shape: tuple[int, int]) -> Tensor:
+    """A coalesced (R, C) CSR matrix from COO triplets (duplicates summed), with one sort.
+
+    A single sort of the linear index plus a segment sum is about twice as fast on 10M-edge
+    graphs as COO ``coalesce`` followed by ``to_sparse_csr``.
+    """
+    R, C = shape
+    key, perm = torch.sort(rows * C + cols)
+    uniq, inv = torch.unique_consecutive(key, return_inverse=True)
+    v = torch.zeros(uniq.shape[0], dtype=vals.dtype, device=vals.device).index_add_(
+        0, inv, vals[perm])
+    counts = torch.bincount(uniq // C, minlength=R)
+    crow = torch.zeros(R + 1, dtype=torch.long, device=rows.device)
+    torch.cumsum(counts, 0, out=crow[1:])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch flags CSR as beta; SpMM is stable
+        return torch.sparse_csr_tensor(crow, uniq % C, v, (R, C), check_invariants=False)
+
+
+class _CSRMatmul(torch.autograd.Function):
+    """y = S @ X for a constant CSR matrix S, with the CSR of Sᵀ for the backward pass.
+
+    ``St`` may be a callable that builds (and caches) the transpose: it then costs memory only
+    once a gradient is actually needed.
+    """
+
+    @staticmethod
+    def forward(ctx, S, St, X):
+        ctx.St = St
+        return S @ X
+
+    @staticmethod
+    def backward(ctx, gy):
+        St = ctx.St() if callable(ctx.St) else ctx.St
+        return None, None, St @ gy.contiguous()
+
+
+def csr_matmul(S: Tensor, St, X: Tensor) -> Tensor:
+    """S @ X with S a constant sparse CSR matrix (St its transpose, or a callable giving it)."""
+    if X.requires_grad:
+        return _CSRMatmul.apply(S, St, X)
+    return S @ X
+
+
+class SparseMatrix:
+    """A sparse (R, C) matrix of constant structure from COO ``rows``, ``cols``, ``values``.
+
+    ``matmul(X)``: (C, F) -> (R, F). Duplicate entries add up.
+    """
+
+    def __init__(self, rows: Tensor, cols: Tensor, values: Tensor, shape: tuple[int, int]):
+        self.rows, self.cols, self.values = rows, cols, values
+        self.shape = (int(shape[0]), int(shape[1]))
+        self._csr: dict = {}
+
+    @property
+    def nnz(self) -> int:
+        return int(self.rows.shape[0])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.values.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.values.device
+
+    def _apply(self, fn) -> SparseMatrix:
+        """The same matrix with ``fn`` applied to its tensors (how a Basis moves it)."""
+        return SparseMatrix(fn(self.rows), fn(self.cols), fn(self.values), self.shape)
+
+    def transpose(self) -> SparseMatrix:
+        """Sᵀ, (C, R), sharing the entries."""
+        return SparseMatrix(self.cols, self.rows, self.values, self.shape[::-1])
+
+    def csr(self, dtype: torch.dtype, device: torch.device, transpose: bool = False) -> Tensor:
+        """S (or Sᵀ) as CSR in ``dtype`` on ``device``, built once and cached."""
+        key = (dtype, device, transpose)
+        if key not in self._csr:
+            v = self.values.detach().to(device=device, dtype=dtype)
+            r, c = self.rows.to(device), self.cols.to(device)
+            if transpose:
+                r, c = c, r
+            self._csr[key] = build_csr(r, c, v, self.shape[::-1] if transpose else self.shape)
+        return self._csr[key]
+
+    def matmul(self, X: Tensor) -> Tensor:
+        """S @ X: (C, F) -> (R, F), differentiable in X (and in the values where they
+        require grad)."""
+        if torch.compiler.is_compiling():
+            vals = self.values.to(X.dtype)
+            out = X.new_zeros(self.shape[0], X.shape[1])
+            return out.index_add(0, self.rows, X[self.cols] * vals.unsqueeze(1))
+        if self.values.requires_grad and torch.is_grad_enabled():
+            S = torch.sparse_coo_tensor(torch.stack([self.rows, self.cols]),
+                                        self.values.to(X.dtype), self.shape,
+                                        check_invariants=False)
+            return torch.sparse.mm(S, X)
+        S = self.csr(X.dtype, X.device)
+        return csr_matmul(S, lambda: self.csr(X.dtype, X.device, transpose=True), X)
+
+    def to_dense(self) -> Tensor:
+        out = torch.zeros(self.shape[0] * self.shape[1], dtype=self.dtype, device=self.device)
+        flat = self.rows * self.shape[1] + self.cols
+        return out.index_add(0, flat, self.values).reshape(self.shape)
