@@ -44,7 +44,13 @@ def _cases():
                                (SEQ, SEQ, SEQ)),
         "TransformerEncoderLayer": (lambda: sc.nn.TransformerEncoderLayer(
             16, 4, 32, dropout=0.0, batch_first=True), (SEQ,)),
+        "TransformerDecoderLayer": (lambda: sc.nn.TransformerDecoderLayer(
+            16, 4, 32, dropout=0.0, batch_first=True), (SEQ, SEQ[:, :7])),
         "MixedAttention": (lambda: sc.nn.MixedAttention(16, 4), (SEQ,)),
+        "GridConv-shift-channelwise": (lambda: sc.nn.GridConv(
+            3, 3, (3, 3), padding=1, groups=3, native=False), (IMG,)),
+        "GridConv-shift-depthwise": (lambda: sc.nn.GridConv(
+            3, 6, (3, 3), padding=1, native=False, param="depthwise"), (IMG,)),
     }
 
 
