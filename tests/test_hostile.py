@@ -66,3 +66,50 @@ def test_graph_of_shared_references_is_refused_before_it_expands(tmp_path):
     assert p.stat().st_size < 200_000
     with pytest.raises(ValueError, match=r"the edge list would hold 125,000,000 elements"):
         _edges(_unpickle(p, "graph"), 25000, p)
+
+
+# -------------------------------------------------------------------- caches never go stale
+def _edit(kind, ei):
+    if kind == "numpy":
+        ei.numpy()[0, 0] = 2
+    elif kind == "data":
+        ei.data[1, 1] = 0
+    else:  # through another tensor on the same storage (its own version counter)
+        import torch
+
+        torch.from_numpy(ei.numpy()).view(-1)[3] = 1
+
+
+@pytest.mark.parametrize("kind", ["numpy", "data", "view"])
+@pytest.mark.parametrize("layer", ["GCNConv", "GATConv", "ChebConv"])
+def test_layer_caches_see_edits_that_bump_no_version(kind, layer):
+    import torch
+
+    import structconv as sc
+
+    torch.manual_seed(0)
+    ei = torch.tensor([[0, 1, 2, 3, 4], [1, 2, 3, 4, 0]])
+    x = torch.randn(5, 3)
+    conv = {"GCNConv": lambda: sc.nn.GCNConv(3, 2), "GATConv": lambda: sc.nn.GATConv(3, 2),
+            "ChebConv": lambda: sc.nn.ChebConv(3, 2, 2)}[layer]().eval()
+    before = conv(x, ei)
+    version = ei._version
+    _edit(kind, ei)
+    assert ei._version == version  # the edit went around the version counter
+    after = conv(x, ei)
+    fresh = conv(x, ei.clone())  # a new tensor: built from scratch
+    torch.testing.assert_close(after, fresh)
+    assert not torch.allclose(before, after)
+
+
+def test_structure_cache_fingerprint_changes_with_content():
+    import torch
+
+    from structconv.basis.graph import _GraphCache
+
+    ei = torch.randint(0, 50, (2, 5000))
+    fp = _GraphCache._fingerprint((ei, None))
+    for i, j in [(0, 1), (7, 3000), (100, 4999)]:
+        e = ei.clone()
+        e[0, i], e[0, j] = ei[0, j] + 1, ei[0, i]
+        assert _GraphCache._fingerprint((e, None)) != fp

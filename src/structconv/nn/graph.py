@@ -230,9 +230,13 @@ class TAGConv(GraphConvolution):
 class SGConv(GraphConvolution):
     """PyG's SGConv: y = S^K x Θ + b with S the GCN-normalised adjacency.
 
-    With ``cached=True`` the propagated features S^K x are also kept (as PyG's ``cached``), but
-    keyed on the identity and version of ``x``, ``edge_index`` and ``edge_weight``, so a new
-    input is never answered from a stale cache.
+    With ``cached=True`` (asked for explicitly, PyG's semantics: the propagated features are
+    kept for the graph and features seen first, which PyG never recomputes) the features S^K x
+    are kept, keyed on the identity and version counter of ``x``, ``edge_index`` and
+    ``edge_weight``: a new tensor or an in-place edit through the tensor recomputes them, but an
+    edit that bypasses the version counter (``.numpy()``, ``.data``) is not seen, as in PyG;
+    ``reset_cache()`` drops them. The structure cache that every graph layer uses by default is
+    checked against the content and never goes stale.
     """
 
     def __init__(self, in_channels: int, out_channels: int, K: int = 1, cached: bool = False,
@@ -261,6 +265,10 @@ class SGConv(GraphConvolution):
             ei = edge_index.flip(0) if t2s else edge_index
             return G.sgc(ei, n, self.K, edge_weight, self.add_self_loops, dtype=x.dtype)
         return G._cached(self.cached, (edge_index, edge_weight), opts, build)
+
+    def reset_cache(self) -> None:
+        """Drop the kept features (``cached=True``)."""
+        self._feat = None
 
     def forward(self, x, edge_index, edge_weight=None):
         if not self.cache_features:
