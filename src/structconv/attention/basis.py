@@ -70,17 +70,6 @@ class AttentionBasis(_Batched):
         """The dense basis ``mechanism(x1, x2)`` (see ``sc.attention.attention_basis``)."""
         return cls(mechanism(x1, x2))
 
-    @property
-    def dtype(self):
-        return self.A.dtype
-
-    @property
-    def device(self):
-        return self.A.device
-
-    def to(self, device=None, dtype=None):
-        return AttentionBasis(self.A.to(device=device, dtype=dtype))
-
     def to_dense(self):
         return self._dense_out(self.A)
 
@@ -159,27 +148,6 @@ class DotProductAttention(_Batched):
                 sdpa_mask = sdpa_mask | dead if sdpa_mask.dtype == torch.bool else \
                     sdpa_mask.masked_fill(dead, 0.0)
         self.sdpa_mask = sdpa_mask
-
-    @property
-    def dtype(self):
-        return self.query.dtype
-
-    @property
-    def device(self):
-        return self.query.device
-
-    def to(self, device=None, dtype=None):
-        m = self.sdpa_mask
-        if m is not None and m.dtype != torch.bool:
-            m = m.to(device=device, dtype=dtype)
-        elif m is not None:
-            m = m.to(device)
-        out = DotProductAttention(self.query.to(device=device, dtype=dtype),
-                                  self.key.to(device=device, dtype=dtype), causal=self.causal,
-                                  scale=self.scale, dropout_p=self.dropout_p, sdpa_mask=m)
-        if self.dead is not None:  # the stored mask was already unmasked on dead rows
-            out.dead = self.dead.to(device)
-        return out
 
     def apply_flops(self):
         return float(self.K * self.M * self.N)
@@ -398,6 +366,10 @@ class GraphStructure:
         self.E = ei.shape[1]
         self._layouts = None
 
+    def _apply(self, fn) -> GraphStructure:
+        """The same structure with ``fn`` applied to its edges (how a basis moves it)."""
+        return GraphStructure(fn(self.edge_index), self.M, self.N, self.K)
+
     def _csr_layouts(self):
         # built on the first eager use (a compiled graph applies the entries directly)
         if self._layouts is None:
@@ -487,7 +459,7 @@ class GraphAttention(_Batched):
     CSR kernel in O(E*K) memory, never M x N.
     """
 
-    flop_weight = 6.0
+    cost_kernel = "graph_attention"
 
     def __init__(self, edge_index: Tensor, alpha: Tensor, M: int, N: int | None = None, *,
                  structure: GraphStructure | None = None):
@@ -518,21 +490,6 @@ class GraphAttention(_Batched):
     @property
     def edge_index(self) -> Tensor:
         return self.structure.edge_index
-
-    @property
-    def dtype(self):
-        return self.alpha.dtype
-
-    @property
-    def device(self):
-        return self.alpha.device
-
-    def to(self, device=None, dtype=None):
-        st = self.structure
-        if device is not None and torch.device(device) != st.edge_index.device:
-            st = GraphStructure(st.edge_index.to(device), self.M, self.N, self.K)
-        return GraphAttention(st.edge_index, self.alpha.to(device=device, dtype=dtype), self.M,
-                              self.N, structure=st)
 
     def apply_flops(self):
         return float(max(1, self.structure.E) * self.K)

@@ -275,14 +275,6 @@ class _GraphBasis(Basis):
         super().__init__(K, op.M, op.N)
         self.op = op
 
-    @property
-    def dtype(self):
-        return self.op.dtype
-
-    @property
-    def device(self):
-        return self.op.device
-
     def cast_like(self, t):
         # the operator casts its CSR lazily (cached per dtype/device), so no copy is needed
         return self
@@ -312,9 +304,6 @@ class PowerBasis(_GraphBasis):
 
     def __repr__(self):
         return f"PowerBasis(powers={self.powers}, N={self.N}, nnz={self.op.nnz})"
-
-    def to(self, device=None, dtype=None):
-        return PowerBasis(self.op.to(device, dtype), self.powers)
 
     def apply_flops(self):
         return float(self.powers[-1] * max(self.op.nnz, 1) + (self.K - 1) * self.N)
@@ -375,9 +364,6 @@ class ChebyshevBasis(_GraphBasis):
 
     def __repr__(self):
         return f"ChebyshevBasis(K={self.K}, N={self.N}, nnz={self.op.nnz})"
-
-    def to(self, device=None, dtype=None):
-        return ChebyshevBasis(self.op.to(device, dtype), self.K)
 
     def apply_flops(self):
         return float((self.K - 1) * max(self.op.nnz, 1) + 2 * max(self.K - 2, 0) * self.N)
@@ -440,7 +426,6 @@ class RelationalBasis(Basis):
         flat_k, idx, vals = [], [], []
         dev = next(iter(ops.values())).device if ops else torch.device("cpu")
         dtype = next(iter(ops.values())).dtype if ops else torch.get_default_dtype()
-        self._dtype, self._device = dtype, dev
         if self.identity:
             ar = torch.arange(M, device=dev)
             idx.append(torch.stack([torch.zeros_like(ar), ar, ar]))
@@ -466,27 +451,6 @@ class RelationalBasis(Basis):
     def __repr__(self):
         return (f"RelationalBasis(K={self.K}, sorts={self.sorts}, identity={self.identity}, "
                 f"M={self.M}, N={self.N})")
-
-    @property
-    def dtype(self):
-        return self._dtype
-
-    @property
-    def device(self):
-        return self._device
-
-    def to(self, device=None, dtype=None):
-        ops = {r: op.to(device, dtype) for r, op in self.ops.items()}
-        return RelationalBasis(ops, self.sorts, self.identity, self.M, self.N)
-
-    def _matching(self, t):
-        if t.dtype == self.dtype and t.device == self.device:
-            return self
-        key = (t.dtype, t.device)
-        cache = self.__dict__.setdefault("_casts", {})
-        if key not in cache:
-            cache[key] = self.to(t.device, t.dtype)
-        return cache[key]
 
     def _walk_nnz(self) -> int:
         return sum(self.ops[r].nnz for _, s in self._walks for r in s)
