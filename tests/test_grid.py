@@ -543,7 +543,7 @@ def test_flat_depthwise_taps_gradchecks_and_chunks(monkeypatch, kernel):
     whole images per chunk, channel blocks of every image, one plane at a time (an even
     kernel has no centre tap: columns its first tap leaves unwritten must stay set across
     channel blocks)."""
-    import structconv.basis.grid as grid_mod
+    import structconv.kernels.flat as grid_mod
 
     g = Grid((5, 6), kernel, padding="same", dilation=(1, 2))
     torch.manual_seed(4)
@@ -655,7 +655,7 @@ def test_flat_taps_equal_dense(geom, B, C, planes, seed):
     """Property: on any stride-1 grid whose output has the input's shape (any N-d kernel,
     dilation and split of the padding), the flat-offset depthwise kernel on channels-first
     planes equals the dense basis, in values and in both gradients, for any chunk size."""
-    import structconv.basis.grid as grid_mod
+    import structconv.kernels.flat as grid_mod
 
     in_shape, k, dl, share = geom
     pads = []

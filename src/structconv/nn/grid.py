@@ -19,8 +19,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from ..basis.grid import AvgPool, Grid, _pad_pairs, _per_dim, _shape, conv_weight, same_padding
+from ..basis.grid import AvgPool, Grid, conv_weight, same_padding
 from ..engine import convolve, plan
+from ..kernels.geometry import as_shape, pad_pairs, per_dim
 from ..params import DepthwiseSeparable, Grouped, Parameterization, make_param
 from .convert import register_to_torch, register_torch
 
@@ -32,7 +33,7 @@ _CACHE_SIZE = 16
 
 def _ndim(kernel_size, dim, in_shape, name) -> int:
     if in_shape is not None:
-        d = len(_shape(in_shape, f"{name} in_shape"))
+        d = len(as_shape(in_shape, f"{name} in_shape"))
     elif isinstance(kernel_size, Sequence):
         d = len(kernel_size)
     elif dim is not None:
@@ -57,7 +58,7 @@ class _GridLayer(nn.Module):
         if layout == "bundle" and in_shape is None:
             raise ValueError("layout='bundle' needs in_shape (the grid of the (B, M, C) bundle)")
         self.ndim = d
-        self.in_shape = None if in_shape is None else _shape(in_shape, "in_shape")
+        self.in_shape = None if in_shape is None else as_shape(in_shape, "in_shape")
         if self.in_shape is not None and len(self.in_shape) != d:
             raise ValueError(f"in_shape {self.in_shape} has {len(self.in_shape)} dims but the "
                              f"kernel has {d}")
@@ -149,10 +150,10 @@ class GridConv(_GridLayer):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"GridConv {name} must be a positive int, got {v!r}")
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
-        self.kernel_size = _per_dim(kernel_size, d, "GridConv kernel_size")
-        self.stride = _per_dim(stride, d, "GridConv stride")
-        self.dilation = _per_dim(dilation, d, "GridConv dilation")
-        self.padding = _pad_pairs(padding, d, self.kernel_size, self.stride, self.dilation)
+        self.kernel_size = per_dim(kernel_size, d, "GridConv kernel_size")
+        self.stride = per_dim(stride, d, "GridConv stride")
+        self.dilation = per_dim(dilation, d, "GridConv dilation")
+        self.padding = pad_pairs(padding, d, self.kernel_size, self.stride, self.dilation)
         self.route = route
         K = math.prod(self.kernel_size)
         if groups > 1:
@@ -282,10 +283,10 @@ class GridAvgPool(_GridLayer):
                  route: str = "auto"):
         super().__init__()
         d = _ndim(kernel_size, dim, in_shape, "GridAvgPool")
-        self.kernel_size = _per_dim(kernel_size, d, "GridAvgPool kernel_size")
-        self.stride = self.kernel_size if stride is None else _per_dim(stride, d,
+        self.kernel_size = per_dim(kernel_size, d, "GridAvgPool kernel_size")
+        self.stride = self.kernel_size if stride is None else per_dim(stride, d,
                                                                         "GridAvgPool stride")
-        self.padding = _pad_pairs(padding, d, self.kernel_size, self.stride, (1,) * d)
+        self.padding = pad_pairs(padding, d, self.kernel_size, self.stride, (1,) * d)
         self.ceil_mode, self.count_include_pad = bool(ceil_mode), bool(count_include_pad)
         self.divisor_override = divisor_override
         if route not in ("auto", "native", "basis"):
