@@ -21,7 +21,7 @@ from torch.nn import functional as F
 
 from . import basis as B
 from . import params as P
-from .engine import convolve
+from .engine import convolve, featureless
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -307,10 +307,7 @@ class FixedConv(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.identity_input:
-            theta = self.param()  # (K, M, Q): row m of Θ_k is I[m]·Θ_k
-            basis = self.basis.cast_like(theta)
-            y = basis.propagate_sum(theta.permute(1, 0, 2).unsqueeze(0))
-            y = y.expand(x.shape[0], -1, -1)
+            y = featureless(self.basis, self.param).expand(x.shape[0], -1, -1)
         else:
             y = convolve(x, self.basis, self.param, route=self.route)
         return y if self.bias is None else y + self.bias

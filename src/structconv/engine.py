@@ -30,7 +30,7 @@ from .basis.base import Basis, Stack, as_basis
 from .costs import Route
 from .params import as_theta
 
-__all__ = ["convolve", "plan", "explain", "ROUTES", "Plan", "Route"]
+__all__ = ["convolve", "plan", "explain", "featureless", "ROUTES", "Plan", "Route"]
 
 ROUTES = ("input_param", "basis_input", "basis_param")
 
@@ -260,3 +260,20 @@ def convolve(x: Tensor, basis, theta, *, route: str = "auto",
     basis = basis.cast_like(xb)
     y = _cached_plan(xb, basis, th, route).run(xb, th, bias)
     return y.squeeze(0) if added else y
+
+
+def featureless(basis, theta, *, bias: Tensor | None = None) -> Tensor:
+    """``convolve(I, basis, theta)`` for featureless entries (one-hot inputs) without forming I.
+
+    With x = I (M, M) the input-side product x·Θ_k is Θ_k itself, so only the propagation
+    remains: y = Σ_k A_kᵀ Θ_k, one ``propagate_sum``. theta (K, M, Q) -> y (N, Q) (+ bias).
+    """
+    basis = as_basis(basis)
+    th = as_theta(theta)
+    if th.K != basis.K or th.P != basis.M:
+        raise ValueError(f"featureless input needs theta (K, M, Q) with K={basis.K} and "
+                         f"M={basis.M} (basis (K, M, N)={basis.shape}), got (K, P, Q)="
+                         f"({th.K}, {th.P}, {th.Q})")
+    t = th()
+    y = basis.cast_like(t).propagate_sum(t.permute(1, 0, 2).unsqueeze(0))[0]
+    return y if bias is None else y + _check_bias(bias, th.Q, y.dtype)

@@ -1,4 +1,4 @@
-"""Graph models built from ``sc.nn.Convolution``: GCN, ChebNet, SGC, GAT and R-GCN.
+"""Recipes of graph models over ``sc.nn`` layers: GCN, ChebNet, SGC, GAT and R-GCN.
 
 Each model is built for one graph (transductive node classification): the basis is computed
 once from ``edge_index`` in the constructor, and ``forward(x)`` maps node features (N, F) to
@@ -16,9 +16,11 @@ from torch import Tensor, nn
 
 from .. import basis as _basis
 from .._checks import check_index_tensor
-from ..basis.base import Basis, Product, Sparse, csr_matmul, to_csr
+from ..basis.base import Basis, Product, Sparse
+from ..engine import featureless
+from ..nn.attention import GATConv
 from ..nn.layers import Convolution
-from ..params import ControlledSeparable, Full, LowRank
+from ..params import ControlledSeparable, Full
 
 __all__ = ["GCN", "ChebNet", "SGC", "GAT", "RGCN", "gcn_basis", "chebyshev_basis",
            "relational_basis", "identity_basis", "glorot_", "featureless_convolve", "InputDropout"]
@@ -47,94 +49,30 @@ def identity_basis(num_nodes: int, dtype=None) -> Sparse:
 
 
 def gcn_basis(edge_index: Tensor, num_nodes: int, edge_weight: Tensor | None = None) -> Basis:
-    """(1, N, N) D^-1/2 (A + I) D^-1/2 as PyG's ``gcn_norm`` (degrees on targets).
-
-    Uses ``sc.basis.gcn`` where the library provides it.
-    """
+    """(1, N, N) D^-1/2 (A + I) D^-1/2 as PyG's ``gcn_norm`` (``sc.basis.gcn``)."""
     _check_graph(edge_index, num_nodes)
-    if hasattr(_basis, "gcn"):
-        return _basis.gcn(edge_index, num_nodes, edge_weight=edge_weight)
-    src, dst = edge_index.long()
-    w = (torch.ones(src.shape[0], dtype=torch.get_default_dtype()) if edge_weight is None
-         else edge_weight.to(torch.get_default_dtype()))
-    # PyG's add_remaining_self_loops: an existing self loop keeps its weight, others get 1
-    loop = src == dst
-    loop_w = torch.ones(num_nodes, dtype=w.dtype)
-    loop_w[src[loop]] = w[loop]
-    i = torch.arange(num_nodes)
-    src, dst = torch.cat([src[~loop], i]), torch.cat([dst[~loop], i])
-    w = torch.cat([w[~loop], loop_w])
-    deg = torch.zeros(num_nodes, dtype=w.dtype).index_add_(0, dst, w)
-    dis = deg.pow(-0.5).masked_fill(deg == 0, 0.0)
-    return _sparse(src, dst, dis[src] * w * dis[dst], num_nodes)
-
-
-def _cheb_lhat(edge_index: Tensor, num_nodes: int, edge_weight=None, lambda_max=2.0):
-    """COO (rows, cols, vals) of the scaled Laplacian 2 L / lambda_max - I, sym normalisation."""
-    src, dst = edge_index.long()
-    w = (torch.ones(src.shape[0], dtype=torch.get_default_dtype()) if edge_weight is None
-         else edge_weight.to(torch.get_default_dtype()))
-    keep = src != dst  # ChebConv drops self loops before normalising
-    src, dst, w = src[keep], dst[keep], w[keep]
-    deg = torch.zeros(num_nodes, dtype=w.dtype).index_add_(0, src, w)
-    dis = deg.pow(-0.5).masked_fill(deg == 0, 0.0)
-    s = 2.0 / lambda_max
-    i = torch.arange(num_nodes)
-    vals = torch.cat([-s * dis[src] * w * dis[dst], torch.full((num_nodes,), s - 1.0,
-                                                                dtype=w.dtype)])
-    return torch.cat([src, i]), torch.cat([dst, i]), vals
+    return _basis.gcn(edge_index, num_nodes, edge_weight=edge_weight)
 
 
 def chebyshev_basis(edge_index: Tensor, num_nodes: int, K: int,
                     edge_weight: Tensor | None = None) -> Basis:
-    """(K, N, N) Chebyshev polynomials T_0..T_{K-1} of the scaled Laplacian (PyG's ChebConv).
-
-    Uses ``sc.basis.chebyshev`` where the library provides it; otherwise multiplies the sparse
-    matrices out (fine for the small K of the recipes).
-    """
+    """(K, N, N) Chebyshev polynomials T_0..T_{K-1} of the scaled Laplacian (PyG's ChebConv)."""
     _check_graph(edge_index, num_nodes)
     if not isinstance(K, int) or K < 1:
         raise ValueError(f"K (number of Chebyshev terms) must be a positive int, got {K!r}")
-    if hasattr(_basis, "chebyshev"):
-        return _basis.chebyshev(edge_index, num_nodes, K, edge_weight=edge_weight)
-    N = num_nodes
-    r, c, v = _cheb_lhat(edge_index, N, edge_weight)
-    L = torch.sparse_coo_tensor(torch.stack([r, c]), v, (N, N),
-                                check_invariants=True).coalesce()
-    eye = torch.sparse_coo_tensor(torch.arange(N).repeat(2, 1), torch.ones(N, dtype=v.dtype),
-                                  (N, N), check_invariants=True).coalesce()
-    Ts = [eye, L][:K]
-    while len(Ts) < K:
-        Ts.append((2 * torch.sparse.mm(Ts[-1], L) - Ts[-2]).coalesce())
-    ks, rows, cols, vals = [], [], [], []
-    for k, T in enumerate(Ts):
-        idx = T.indices()
-        ks.append(torch.full((idx.shape[1],), k))
-        rows.append(idx[0])
-        cols.append(idx[1])
-        vals.append(T.values())
-    return _sparse(torch.cat(rows), torch.cat(cols), torch.cat(vals), N, torch.cat(ks), K)
+    return _basis.chebyshev(edge_index, num_nodes, K, edge_weight=edge_weight)
 
 
 def relational_basis(edge_index: Tensor, edge_type: Tensor, num_nodes: int,
-                     num_relations: int) -> Sparse:
+                     num_relations: int) -> Basis:
     """(R, N, N): A[r, m, n] = 1 / |{edges of type r into n}| for each edge m -> n of type r.
 
     The mean-normalised neighbourhood of R-GCN (PyG's RGCNConv, ``aggr="mean"``), duplicates
-    counted as PyG counts them.
+    counted as PyG counts them (``sc.basis.relational``).
     """
     _check_graph(edge_index, num_nodes)
-    if edge_type.dim() != 1 or edge_type.shape[0] != edge_index.shape[1]:
-        raise ValueError(f"edge_type must be ({edge_index.shape[1]},) to match edge_index "
-                         f"{tuple(edge_index.shape)}, got {tuple(edge_type.shape)}")
-    t = edge_type.long()
-    if t.numel() and (t.min() < 0 or t.max() >= num_relations):
-        raise ValueError(f"edge_type values in [{int(t.min())}, {int(t.max())}] but "
-                         f"num_relations={num_relations}")
-    src, dst = edge_index.long()
-    key = t * num_nodes + dst
-    cnt = torch.bincount(key, minlength=num_relations * num_nodes).to(torch.get_default_dtype())
-    return _sparse(src, dst, 1.0 / cnt[key], num_nodes, t, num_relations)
+    return _basis.relational(edge_index, edge_type, num_nodes, None, normalization="mean",
+                             num_relations=num_relations)
 
 
 def glorot_(t: Tensor) -> Tensor:
@@ -158,29 +96,9 @@ def _reset(conv: Convolution) -> Convolution:
 
 
 def featureless_convolve(conv: Convolution) -> Tensor:
-    """``conv(I)`` for one-hot node features without forming I: (N, Q) = Σ_k A_kᵀ Θ_k (+ bias).
+    """``conv(I)`` for one-hot node features without forming I (``sc.engine.featureless``)."""
+    return featureless(conv.basis, conv.param, bias=conv.bias)
 
-    With X = I the input-side product X·Θ is Θ itself, so only the propagation remains; for a
-    ``Sparse`` basis it is one SpMM of Aᵀ arranged (N, K*M) with theta viewed as (K*M, Q).
-    """
-    theta = conv.param()  # (K, N, Q)
-    K, M, Q = theta.shape
-    if M != conv.basis.M:
-        raise ValueError(f"featureless input needs in_channels == num_nodes={conv.basis.M}, "
-                         f"got theta {tuple(theta.shape)}")
-    basis = conv.basis
-    if isinstance(basis, Sparse) and not basis.values.requires_grad:
-        key = (theta.dtype, theta.device)
-        cache = conv.__dict__.setdefault("_featureless_csr", {})
-        if key not in cache:
-            k, m, n = basis.indices.to(theta.device)
-            v = basis.values.detach().to(device=theta.device, dtype=theta.dtype)
-            cache[key] = (to_csr(n, k * M + m, v, (basis.N, K * M)),
-                          to_csr(k * M + m, n, v, (K * M, basis.N)))
-        y = csr_matmul(*cache[key], theta.reshape(K * M, Q))
-    else:
-        y = basis._matching(theta).propagate_sum(theta.permute(1, 0, 2).unsqueeze(0))[0]
-    return y if conv.bias is None else y + conv.bias
 
 class InputDropout(nn.Module):
     """Dropout on the non-zero entries of a fixed, mostly-zero input x (N, F) (sparse dropout).
@@ -275,69 +193,10 @@ class SGC(nn.Module):
         return list(self.conv.parameters())
 
 
-class _GATLayer(nn.Module):
-    """GAT attention (Veličković et al.) as a content-computed sparse basis, one matrix per head.
-
-    A[k, m, n] = softmax over m in N(n) ∪ {n} of LeakyReLU(a_src_k·W_k x_m + a_dst_k·W_k x_n),
-    applied with ``LowRank`` theta (value W_k, output the head's block: concat or mean).
-    """
-
-    def __init__(self, src: Tensor, dst: Tensor, num_nodes: int, in_channels: int,
-                 out_per_head: int, heads: int, concat: bool, dropout: float,
-                 negative_slope: float = 0.2):
-        super().__init__()
-        self.register_buffer("src", src, persistent=False)
-        self.register_buffer("dst", dst, persistent=False)
-        self.N, self.H, self.C, self.concat = num_nodes, heads, out_per_head, concat
-        self.dropout, self.negative_slope = dropout, negative_slope
-        Q = heads * out_per_head if concat else out_per_head
-        self.param = LowRank(heads, in_channels, Q, out_per_head)
-        self.param.value.requires_grad_(True)
-        # W_k: PyG's lin is glorot on (in, heads*out); the output map is a fixed selector
-        b = math.sqrt(6.0 / (in_channels + heads * out_per_head))
-        with torch.no_grad():
-            self.param.value.uniform_(-b, b)
-            sel = torch.zeros(heads, out_per_head, Q)
-            for k in range(heads):
-                cols = slice(k * out_per_head, (k + 1) * out_per_head) if concat else slice(None)
-                sel[k, :, cols] = torch.eye(out_per_head) / (1.0 if concat else heads)
-            self.param.out.copy_(sel)
-        self.param.out.requires_grad_(False)
-        self.att_src = nn.Parameter(glorot_(torch.empty(heads, out_per_head)))
-        self.att_dst = nn.Parameter(glorot_(torch.empty(heads, out_per_head)))
-        self.bias = nn.Parameter(torch.zeros(Q))
-
-    def basis(self, x: Tensor) -> Sparse:
-        """The attention basis (heads, N, N) for features x (N, F)."""
-        h = (x @ self.param.value.permute(1, 0, 2).reshape(x.shape[1], -1))
-        h = h.reshape(self.N, self.H, self.C)
-        a_s = (h * self.att_src).sum(-1)  # (N, H)
-        a_d = (h * self.att_dst).sum(-1)
-        e = F.leaky_relu(a_s[self.src] + a_d[self.dst], self.negative_slope)  # (E, H)
-        # softmax over the incoming edges of each target node
-        idx = self.dst[:, None].expand(-1, self.H)
-        e = e - torch.zeros(self.N, self.H, dtype=e.dtype).scatter_reduce(
-            0, idx, e.detach(), "amax", include_self=False)[self.dst]
-        w = e.exp()
-        den = torch.zeros(self.N, self.H, dtype=w.dtype).index_add_(0, self.dst, w)
-        alpha = F.dropout(w / den[self.dst], self.dropout, self.training)
-        E = self.src.shape[0]
-        k = torch.arange(self.H).repeat(E)
-        return Sparse(torch.stack([k, self.src.repeat_interleave(self.H),
-                                   self.dst.repeat_interleave(self.H)]),
-                      alpha.reshape(-1), (self.H, self.N, self.N))
-
-    def forward(self, x: Tensor) -> Tensor:
-        from ..engine import convolve
-
-        return convolve(x, self.basis(x), self.param, route="lowrank_heads") + self.bias
-
-
 class GAT(nn.Module):
     """2-layer GAT: ``heads`` × ``hidden`` concatenated, ELU, ``out_heads`` averaged; (N, C).
 
-    Uses ``sc.nn.attention.GATConv`` (attention basis applied edge-wise) where the library has
-    it, otherwise this module's ``_GATLayer``; both equal PyG's GATConv.
+    Two ``sc.nn.GATConv`` layers (the attention basis applied edge-wise), equal to PyG's.
     """
 
     def __init__(self, edge_index: Tensor, num_nodes: int, in_channels: int, hidden: int,
@@ -348,35 +207,21 @@ class GAT(nn.Module):
         keep = src != dst
         i = torch.arange(num_nodes)
         src, dst = torch.cat([src[keep], i]), torch.cat([dst[keep], i])  # self loops, as PyG
-        try:
-            from ..nn.attention import GATConv
-        except ImportError:
-            GATConv = None
-        if GATConv is not None:
-            self.conv1 = GATConv(in_channels, hidden, heads=heads, dropout=dropout,
-                                 add_self_loops=False)
-            self.conv2 = GATConv(heads * hidden, out_channels, heads=out_heads, concat=False,
-                                 dropout=dropout, add_self_loops=False)
-            for conv in (self.conv1, self.conv2):
-                glorot_(conv.lin.weight)  # PyG initialises the projection with Glorot
-            self.register_buffer("edge_index", torch.stack([src, dst]), persistent=False)
-        else:
-            self.conv1 = _GATLayer(src, dst, num_nodes, in_channels, hidden, heads, True,
-                                   dropout)
-            self.conv2 = _GATLayer(src, dst, num_nodes, heads * hidden, out_channels, out_heads,
-                                   False, dropout)
-            self.edge_index = None
+        self.conv1 = GATConv(in_channels, hidden, heads=heads, dropout=dropout,
+                             add_self_loops=False)
+        self.conv2 = GATConv(heads * hidden, out_channels, heads=out_heads, concat=False,
+                             dropout=dropout, add_self_loops=False)
+        for conv in (self.conv1, self.conv2):
+            glorot_(conv.lin.weight)  # PyG initialises the projection with Glorot
+        self.register_buffer("edge_index", torch.stack([src, dst]), persistent=False)
         self.dropout = dropout
         self.input_dropout = InputDropout(dropout)
 
-    def _conv(self, conv, x):
-        return conv(x) if self.edge_index is None else conv(x, self.edge_index)
-
     def forward(self, x: Tensor) -> Tensor:
         x = self.input_dropout(x)
-        x = F.elu(self._conv(self.conv1, x))
+        x = F.elu(self.conv1(x, self.edge_index))
         x = F.dropout(x, self.dropout, self.training)
-        return self._conv(self.conv2, x)
+        return self.conv2(x, self.edge_index)
 
     def first_layer_parameters(self):
         return list(self.conv1.parameters())
