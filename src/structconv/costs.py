@@ -152,7 +152,10 @@ class Route:
     ``run(x, theta, bias)`` takes the batched input x (B, M, P), the adapted parameter form
     (``theta()`` is the (K, P, Q) tensor) and a (Q,) bias or None, and returns (B, N, Q).
     ``fuses_bias``: the runner adds the bias inside its kernel; otherwise the engine adds it
-    after, and passes None. A route without a runner (a plan made from shapes) only explains.
+    after, and passes None. ``reads``: the layout of x it runs best on, ``"contiguous"`` (B, M,
+    C) rows or ``"channels_first"`` (an image's (B, C, *grid) memory seen as (B, M, C), as
+    F.convNd and the tap kernels read it): a layer holding images hands it that view. A route
+    without a runner (a plan made from shapes) only explains.
     """
 
     name: str
@@ -161,6 +164,7 @@ class Route:
     run: Callable[[Tensor, object, Tensor | None], Tensor] | None = None
     fuses_bias: bool = False
     device_type: str = "cpu"
+    reads: str = "contiguous"
 
     @property
     def cost(self) -> float:

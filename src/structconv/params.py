@@ -185,7 +185,8 @@ class Grouped(Parameterization):
                                              bias)
 
             routes.append(Route("grouped_taps", basis.channelwise_flops(Q, B), B * N * Q,
-                                taps, fuses_bias=True, device_type=dev))
+                                taps, fuses_bias=True, device_type=dev,
+                                reads="channels_first"))
         return routes
 
 
@@ -226,7 +227,7 @@ class DepthwiseSeparable(Parameterization):
             Route("depthwise_basis", B * (basis.propagate_flops(P) + N * K * P + N * P * Q),
                   B * N * K * P, basis_side, device_type=dev),
             Route("depthwise_taps", basis.channelwise_flops(P, B) + B * N * P * Q,
-                  B * N * P, taps, device_type=dev),
+                  B * N * P, taps, device_type=dev, reads="channels_first"),
         ]
 
 

@@ -286,14 +286,16 @@ class Grid(GridGeometry, Basis):
         slow = max(1.0, self.weight("tap_full_rate_p") / P)
         copy = self.weight("tap_copy") * (1.0 if is_channels_first(x) else
                                           1.0 + self.weight("tap_short_rows") / P)
+        cf = "channels_first"
         routes = [Route("tap_gemm", R * T * (slow * P * Q + 6 * Q + 2 * P), temp, gemm,
-                        fuses_bias=True, device_type=dev),
+                        fuses_bias=True, device_type=dev, reads=cf),
                   Route("tap_im2col", R * (T * P * Q + copy * T * P + 2 * Q), temp, im2col,
-                        fuses_bias=True, device_type=dev)]
+                        fuses_bias=True, device_type=dev, reads=cf)]
         form = self._native_form(theta)
         if form is not None:
             routes.insert(0, Route("native", self._native_flops(B, P, Q, theta, form), 0.0,
-                                   self._native_run, fuses_bias=True, device_type=dev))
+                                   self._native_run, fuses_bias=True, device_type=dev,
+                                   reads=cf))
         return routes
 
     def channelwise_flops(self, C: int, B: int = 1) -> float:

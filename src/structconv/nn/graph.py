@@ -129,8 +129,7 @@ class GraphConvolution(nn.Module):
     def forward(self, x: Tensor, edge_index: Tensor, *args, **kwargs) -> Tensor:
         x = self._check_x(x)
         b = self.basis(x, edge_index, *args, **kwargs)
-        y = convolve(x, b, self.param, route=self.route)
-        return y if self.bias is None else y + self.bias
+        return convolve(x, b, self.param, route=self.route, bias=self.bias)
 
     def plan(self, x: Tensor, edge_index: Tensor, *args, **kwargs):
         """The planner's decision for this call (see ``sc.plan``)."""

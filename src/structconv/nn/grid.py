@@ -201,9 +201,8 @@ class GridConv(_GridLayer):
         return Grid(in_shape, self.kernel_size, self.stride, self.padding, self.dilation,
                     native=self._native)
 
-    def _route_for(self, grid: Grid, B: int, x: Tensor) -> str:
-        if self.route != "auto":
-            return self.route
+    def _route_for(self, grid: Grid, B: int, x: Tensor):
+        """(route name, the layout it reads) for this call, planned once per shape."""
         key = (grid._key(), grid.native, B, x.dtype, x.device.type, id(self.param))
         if key not in self._routes:
             if len(self._routes) > 4 * _CACHE_SIZE:
@@ -212,47 +211,41 @@ class GridConv(_GridLayer):
             # an image is planned as what forward hands the engine: its channels-first view
             meta = (torch.empty(shape, device="meta") if x.dim() != self.ndim + 2 else
                     torch.empty((B, self.in_channels, grid.M), device="meta").transpose(1, 2))
-            self._routes[key] = plan(meta, grid, self.param).route
+            p = plan(meta, grid, self.param, route=self.route)
+            self._routes[key] = (p.route, p.chosen.reads)
         return self._routes[key]
 
     def forward(self, x: Tensor) -> Tensor:
         layout = self._which(x, self.in_channels)
         if layout == "bundle":
             grid = self._last = self.basis_for(self.in_shape)
-            route = self._route_for(grid, x.shape[0] if x.dim() == 3 else 1, x)
+            route, _ = self._route_for(grid, x.shape[0] if x.dim() == 3 else 1, x)
             return convolve(x, grid, self.param, route=route, bias=self.bias)
         unbatched = x.dim() == self.ndim + 1
         if unbatched:
             x = x.unsqueeze(0)
         grid = self._last = self.basis_for(x.shape[2:])
-        B = x.shape[0]
-        route = self._route_for(grid, B, x)
-        if route == "native":
-            y = grid.conv_image(x, self.param, self.bias)  # bias fused into F.convNd
-        elif route in _CHANNELS_FIRST_ROUTES:
-            # these routes read channels-first planes and write channels-first outputs
-            xb = x.flatten(2).transpose(1, 2)  # (B, M, P) view of the image
-            # channels-first already for the tap routes (then no copy); a depthwise multiplier
-            # goes channels-last inside its route and comes back here in one copy
-            # the bias goes into the kernel where it can (the tap and depthwise kernels)
-            y = convolve(xb, grid, self.param, route=route, bias=self.bias)
-            y = y.transpose(1, 2).contiguous().view(B, self.out_channels, *grid.out_shape)
+        B, Q = x.shape[0], self.out_channels
+        route, reads = self._route_for(grid, B, x)
+        if reads == "channels_first":
+            # F.convNd and the tap kernels read the image's memory as it is (no copy), add the
+            # bias inside, and write channels-first outputs
+            y = convolve(x.flatten(2).transpose(1, 2), grid, self.param, route=route,
+                         bias=self.bias)
+            # a contiguous image always (free where the kernel wrote channels-first; a depthwise
+            # multiplier comes back channels-last and is copied once)
+            y = y.transpose(1, 2).contiguous().view(B, Q, *grid.out_shape)
         else:
             # one copy to channels-last: the shift kernels read channel runs contiguously
             xb = x.movedim(1, -1).reshape(B, grid.M, self.in_channels).contiguous()
             y = convolve(xb, grid, self.param, route=route)
             # back to channels-first in one copy, then the bias in place on that fresh tensor
-            img = y.new_empty(B, self.out_channels, *grid.out_shape)
-            img.copy_(y.reshape(B, *grid.out_shape, self.out_channels).movedim(-1, 1))
+            img = y.new_empty(B, Q, *grid.out_shape)
+            img.copy_(y.reshape(B, *grid.out_shape, Q).movedim(-1, 1))
             if self.bias is not None:
                 img.add_(self.bias.to(y.dtype).reshape(-1, *(1,) * self.ndim))
             y = img
         return y.squeeze(0) if unbatched else y
-
-
-#: routes that take an image's channels-first view as it is (no copy to channels-last): the
-#: Grid's tap routes and the depthwise/grouped tap kernels
-_CHANNELS_FIRST_ROUTES = ("tap_gemm", "tap_im2col", "grouped_taps", "depthwise_taps")
 
 
 # ------------------------------------------------------------------------------------------------
