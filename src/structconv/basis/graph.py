@@ -240,19 +240,19 @@ class SparseOperator:
 
     @property
     def nnz(self) -> int:
-        return int(self.src.shape[0])
+        return self.t.nnz
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.value.dtype
+        return self.t.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.value.device
+        return self.t.device
 
     def to(self, device=None, dtype=None) -> SparseOperator:
-        return SparseOperator(self.src.to(device), self.dst.to(device),
-                              self.value.to(device=device, dtype=dtype), self.M, self.N)
+        return self._apply(lambda t: t.to(device=device, dtype=dtype if t.is_floating_point()
+                                          else None))
 
     def _apply(self, fn) -> SparseOperator:
         """The same operator with ``fn`` applied to its tensors (how a Basis moves it)."""
