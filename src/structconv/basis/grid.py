@@ -116,13 +116,6 @@ class Grid(GridGeometry, Basis):
                       self.shape)
 
     # -- primitives ---------------------------------------------------------------------------
-    def _check(self, t: Tensor, dims: int, what: str) -> None:
-        if t.dim() != dims or t.shape[1] != self.M or (dims == 4 and t.shape[2] != self.K):
-            exp = "(B, M, C)" if dims == 3 else "(B, M, K, C)"
-            raise ValueError(
-                f"Grid.{what} expects {exp} with M={self.M} (in_shape {self.in_shape})"
-                + (f", K={self.K}" if dims == 4 else "") + f", got shape {tuple(t.shape)}")
-
     @property
     def taps(self) -> list[tuple[int, tuple[slice, ...], tuple[slice, ...]]]:
         """Per kernel tap k with any in-range read: ``(k, out_slices, in_slices)`` over the grid.
