@@ -36,6 +36,8 @@ ROUTES = ("input_param", "basis_input", "basis_param")
 
 #: a materialised Φ (M, N, P, Q) larger than this many elements is never planned automatically
 PHI_LIMIT = 2**26
+#: plans kept per basis (one per call shape, dtype, device and parameter form)
+_MAX_PLANS = 64
 
 
 @dataclass
@@ -212,6 +214,10 @@ def _cached_plan(x: Tensor, basis: Basis, theta, route: str) -> Plan:
     memo = basis._memo
     p = memo.get(key)
     if p is None:
+        if sum(1 for k in memo if k[0] == "plan") >= _MAX_PLANS:
+            # a basis called on ever new shapes (varying batch sizes) keeps a bounded cache
+            for k in [k for k in memo if k[0] == "plan"]:
+                del memo[k]
         p = memo[key] = _make_plan(x, basis, theta, route)
     return p
 
