@@ -117,3 +117,44 @@ def test_structure_cache_fingerprint_changes_with_content():
             assert not _GraphCache._same(_GraphCache._fingerprint((e, None)), fp)
         e[1, i] += 1  # one entry changed
         assert not _GraphCache._same(_GraphCache._fingerprint((e, None)), fp)
+
+
+# ------------------------------------------------------- converters never silently differ
+def test_converter_refuses_what_it_cannot_reproduce():
+    import torch
+
+    import structconv as sc
+
+    pyg = pytest.importorskip("torch_geometric.nn")
+    with pytest.raises(ValueError, match=r"flow='target_to_source' is not supported"):
+        sc.nn.from_pyg(pyg.GATConv(4, 2, flow="target_to_source"))
+    with pytest.raises(ValueError, match=r"aggr='mean' is not supported"):
+        sc.nn.from_pyg(pyg.GATConv(4, 2, aggr="mean"))
+
+    class Doubled(torch.nn.Conv2d):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    with pytest.raises(ValueError, match="Doubled subclasses Conv2d and overrides forward"):
+        sc.nn.from_torch(Doubled(3, 4, 3))
+
+    class MyGCN(pyg.GCNConv):
+        def message(self, x_j, edge_weight):
+            return 0.5 * super().message(x_j, edge_weight)
+
+    with pytest.raises(ValueError, match="MyGCN subclasses GCNConv and overrides message"):
+        sc.nn.from_pyg(MyGCN(4, 2))
+
+    class Plain(torch.nn.Conv2d):  # a subclass that computes as its parent still converts
+        pass
+
+    m = Plain(3, 4, 3)
+    x = torch.randn(1, 3, 6, 6)
+    torch.testing.assert_close(sc.nn.from_torch(m)(x), m(x), rtol=1e-5, atol=1e-5)
+
+    class PlainGCN(pyg.GCNConv):
+        pass
+
+    g = PlainGCN(4, 2).eval()
+    xg, ei = torch.randn(5, 4), torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])
+    torch.testing.assert_close(sc.nn.from_pyg(g)(xg, ei), g(xg, ei), rtol=1e-5, atol=1e-5)

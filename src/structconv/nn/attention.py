@@ -399,6 +399,14 @@ class GATConv(nn.Module):
 def _from_pyg_gat(m) -> GATConv:
     if getattr(m, "edge_dim", None) is not None:
         raise ValueError("from_pyg(GATConv): edge_dim (edge features) is not supported")
+    # options sc.nn.GATConv does not reproduce are refused by name, never converted wrongly
+    flow, aggr = getattr(m, "flow", "source_to_target"), getattr(m, "aggr", "add")
+    if flow != "source_to_target":
+        raise ValueError(f"from_pyg(GATConv): flow={flow!r} is not supported (only "
+                         "'source_to_target')")
+    if aggr not in ("add", "sum"):
+        raise ValueError(f"from_pyg(GATConv): aggr={aggr!r} is not supported (GAT's attention "
+                         "weights are summed: only 'add')")
     ref = m.att_src
     out = GATConv(m.in_channels, m.out_channels, m.heads, m.concat, m.negative_slope,
                   m.dropout, m.add_self_loops, None, getattr(m, "fill_value", "mean"),

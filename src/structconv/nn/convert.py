@@ -52,11 +52,30 @@ def register_to_torch(fn):
     return fn
 
 
+#: the methods whose override in a subclass changes what a converted layer computes (PyG
+#: writes a ``propagate`` into every subclass itself, so that one is not a sign)
+_OWN_COMPUTATION = ("forward", "_conv_forward", "message", "aggregate", "update",
+                    "message_and_aggregate", "edge_update")
+
+
+def _refuse_overrides(module: nn.Module, cls: type, who: str) -> None:
+    """A subclass of a convertible layer that computes in its own way is refused, never
+    converted as its parent (which would silently drop the override)."""
+    mro = type(module).__mro__
+    for sub in mro[:mro.index(cls)]:
+        own = [m for m in _OWN_COMPUTATION if m in sub.__dict__]
+        if own:
+            raise ValueError(f"{who}: {type(module).__name__} subclasses {cls.__name__} and "
+                             f"overrides {', '.join(own)}; only {cls.__name__}'s own computation "
+                             "converts")
+
+
 def from_torch(module: nn.Module) -> nn.Module:
     """A structconv module with the same call signature and outputs as a torch.nn module."""
     _load()
     for cls in type(module).__mro__:
         if cls in _TORCH:
+            _refuse_overrides(module, cls, "from_torch")
             return _TORCH[cls](module)
     raise TypeError(
         f"from_torch does not know {type(module).__name__}; supported: "
@@ -69,6 +88,7 @@ def from_pyg(module: nn.Module) -> nn.Module:
     _load()
     for cls in type(module).__mro__:
         if cls.__name__ in _PYG and cls.__module__.startswith("torch_geometric"):
+            _refuse_overrides(module, cls, "from_pyg")
             return _PYG[cls.__name__](module)
     raise TypeError(
         f"from_pyg does not know {type(module).__name__}; supported: {sorted(_PYG)}"
