@@ -158,3 +158,41 @@ def test_converter_refuses_what_it_cannot_reproduce():
     g = PlainGCN(4, 2).eval()
     xg, ei = torch.randn(5, 4), torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])
     torch.testing.assert_close(sc.nn.from_pyg(g)(xg, ei), g(xg, ei), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------- smaller
+def test_masked_softmax_never_nan():
+    import torch
+
+    from structconv.attention.masks import masked_softmax
+
+    s = torch.tensor([[1.0, float("inf"), 2.0], [float("-inf")] * 3, [float("inf")] * 2 + [0.0],
+                      [0.0, 1.0, 2.0]], requires_grad=True)
+    p = masked_softmax(s, -1)
+    assert torch.isfinite(p).all()
+    torch.testing.assert_close(p[0], torch.tensor([0.0, 1.0, 0.0]))
+    torch.testing.assert_close(p[1], torch.zeros(3))
+    torch.testing.assert_close(p[2], torch.tensor([0.5, 0.5, 0.0]))
+    torch.testing.assert_close(p[3], torch.softmax(s[3].detach(), -1))
+    p.sum().backward()
+    assert torch.isfinite(s.grad).all()
+
+
+def test_atomic_writes_get_an_ordinary_file_mode(tmp_path):
+    import os
+
+    from structconv.io import atomic_write_json
+
+    atomic_write_json(tmp_path / "a.json", {"x": 1})
+    (tmp_path / "b.json").write_text("{}")
+    assert os.stat(tmp_path / "a.json").st_mode & 0o777 == os.stat(tmp_path / "b.json").st_mode \
+        & 0o777
+
+
+def test_negative_limit_is_refused():
+    from structconv.data.images import _check_limit
+    from structconv.data.registry import DatasetError
+
+    with pytest.raises(DatasetError, match="limit must be an int >= 1"):
+        _check_limit(-5)
+    assert _check_limit(None) is False and _check_limit(3) is True

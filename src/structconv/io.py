@@ -8,12 +8,26 @@ import tempfile
 from pathlib import Path
 
 
+def _umask() -> int:
+    um = os.umask(0)
+    os.umask(um)
+    return um
+
+
+#: the mode an ordinary ``open`` gives a new file (mkstemp's temp files are 0600)
+_FILE_MODE = 0o666 & ~_umask()
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same folder, fsync, then rename."""
+    """Write ``data`` to ``path`` via a temp file in the same folder, fsync, then rename.
+
+    The file gets the mode an ordinary write would give it (0644 under the usual umask).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, _FILE_MODE)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

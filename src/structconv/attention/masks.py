@@ -67,13 +67,28 @@ def from_torch_mask(mask: Tensor, dtype=None) -> Tensor:
 
 
 def masked_softmax(scores: Tensor, dim: int) -> Tensor:
-    """softmax along ``dim`` where a slice that is entirely -inf gives zeros, not NaN."""
+    """softmax along ``dim`` where a slice that is entirely -inf gives zeros, never NaN.
+
+    A slice holding +inf scores puts its whole mass on them, equally (softmax's limit); its
+    gradient is zero there.
+    """
+    pos = torch.isposinf(scores)
+    has_pos = pos.any(dim, keepdim=True)
+    # +inf entries would make exp give inf / inf: take them out of the ordinary path (always
+    # while compiling, where the test below is data-dependent)
+    fix = torch.compiler.is_compiling() or bool(has_pos.any())
+    if fix:
+        scores = scores.masked_fill(pos, 0.0)
     mx = scores.detach().amax(dim, keepdim=True)
     # an all -inf slice has max -inf: shift by 0 instead, so exp gives exact zeros
     mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
     ex = torch.exp(scores - mx)
     den = ex.sum(dim, keepdim=True)
-    return ex / torch.where(den > 0, den, torch.ones_like(den))
+    out = ex / torch.where(den > 0, den, torch.ones_like(den))
+    if not fix:
+        return out
+    limit = pos.to(out.dtype) / pos.sum(dim, keepdim=True).clamp_min(1).to(out.dtype)
+    return torch.where(has_pos, limit, out)
 
 
 def softmax_inputs(scores: Tensor) -> Tensor:

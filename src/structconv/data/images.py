@@ -56,6 +56,15 @@ def _split_val(x, y, val: int, seed: int):
     return (x[perm[val:]], y[perm[val:]]), (x[perm[:val]], y[perm[:val]])
 
 
+def _check_limit(limit) -> bool:
+    """Whether ``data.options.limit`` asks for a subset (an int >= 1; None: everything)."""
+    if limit is None:
+        return False
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise DatasetError(f"data.options.limit must be an int >= 1 (or absent), got {limit!r}")
+    return True
+
+
 def load_idx_images(root: Path, name: str, val: int = 10000, limit: int | None = None,
                     seed: int = 0, mean: float | None = None, std: float | None = None):
     """MNIST-style folder -> ImageData with train/val/test; pixels scaled to [0, 1], normalised."""
@@ -80,7 +89,7 @@ def load_idx_images(root: Path, name: str, val: int = 10000, limit: int | None =
             raise ValueError(f"val={val} must be smaller than the {out['train'][0].shape[0]} "
                              "training images")
         out["train"], out["val"] = _split_val(*out["train"], val, seed)
-    if limit:
+    if _check_limit(limit):
         out = {k: (x[:limit], y[:limit]) for k, (x, y) in out.items()}
     return ImageData(name, {k: out[k] for k in ("train", "val", "test") if k in out}, 10)
 
@@ -104,7 +113,7 @@ def load_digits(root=None, val: float = 0.15, test: float = 0.15, seed: int = 0,
     d = sk_digits()
     x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
     y = torch.tensor(d.target, dtype=torch.int64)
-    if limit:
+    if _check_limit(limit):
         x, y = x[:limit], y[:limit]
     n = x.shape[0]
     n_val, n_test = int(round(val * n)), int(round(test * n))
