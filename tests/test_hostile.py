@@ -196,3 +196,20 @@ def test_negative_limit_is_refused():
     with pytest.raises(DatasetError, match="limit must be an int >= 1"):
         _check_limit(-5)
     assert _check_limit(None) is False and _check_limit(3) is True
+
+
+def test_graph_argument_types():
+    import numpy as np
+    import torch
+
+    import structconv as sc
+
+    ei = torch.tensor([[0, 1, 2], [1, 2, 3]])
+    ref = sc.basis.gcn(ei, 4).to_dense()
+    for n in (np.int64(4), torch.tensor(4), 4):
+        torch.testing.assert_close(sc.basis.gcn(ei, n).to_dense(), ref)
+    with pytest.raises(TypeError, match="integer tensor, got dtype torch.bool"):
+        sc.basis.gcn(ei.bool(), 4)
+    for bad in (True, 4.0, torch.tensor(4.0), 0):
+        with pytest.raises(ValueError, match="num_nodes must be a positive int"):
+            sc.basis.gcn(ei, bad)

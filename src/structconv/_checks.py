@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 
@@ -16,7 +17,7 @@ def check_index_tensor(t, rows: int, what: str) -> None:
         raise TypeError(f"{what} must be a tensor, got {type(t).__name__}")
     if t.dim() != 2 or t.shape[0] != rows:
         raise shape_error(what, f"({rows}, E)", t.shape)
-    if t.is_floating_point() or t.is_complex():
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise TypeError(f"{what} must be an integer tensor, got dtype {t.dtype}")
 
 

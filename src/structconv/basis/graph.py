@@ -18,6 +18,7 @@ every option. Keying on identity costs O(1) per call, where a content hash would
 
 from __future__ import annotations
 
+import numbers
 import threading
 import weakref
 from collections import OrderedDict
@@ -42,9 +43,14 @@ _INF = float("inf")
 # ------------------------------------------------------------------------------------------------
 # validation
 def _check_num_nodes(num_nodes, what: str = "num_nodes") -> int:
-    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+    # any integer: a Python int, a NumPy integer, a 0-d integer tensor (never a bool)
+    if isinstance(num_nodes, Tensor) and num_nodes.dim() == 0 and \
+            not num_nodes.is_floating_point() and num_nodes.dtype != torch.bool:
+        num_nodes = int(num_nodes)
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, numbers.Integral) or \
+            num_nodes < 1:
         raise ValueError(f"{what} must be a positive int, got {num_nodes!r}")
-    return num_nodes
+    return int(num_nodes)
 
 
 def _check_edges(edge_index: Tensor, num_src: int, num_dst: int | None = None,
