@@ -213,3 +213,41 @@ def test_graph_argument_types():
     for bad in (True, 4.0, torch.tensor(4.0), 0):
         with pytest.raises(ValueError, match="num_nodes must be a positive int"):
             sc.basis.gcn(ei, bad)
+
+
+def _idx(path, arr, code):
+    import gzip
+    import struct
+
+    import numpy as np
+
+    arr = np.asarray(arr)
+    head = bytes([0, 0, code, arr.ndim]) + b"".join(struct.pack(">I", d) for d in arr.shape)
+    dt = {0x08: ">u1", 0x09: ">i1", 0x0D: ">f4"}[code]
+    path.write_bytes(gzip.compress(head + arr.astype(dt).tobytes()))
+
+
+@pytest.mark.parametrize("kind", ["nan_pixels", "label_minus_one", "label_ten"])
+def test_mnist_values_are_checked(tmp_path, kind):
+    import numpy as np
+
+    from structconv.data.images import load_idx_images
+    from structconv.data.registry import DatasetError
+
+    for prefix, n in (("train", 30), ("t10k", 10)):
+        imgs = np.zeros((n, 4, 4), np.float32)
+        labels = np.arange(n) % 10
+        if kind == "nan_pixels":
+            imgs[1, 2, 2] = np.nan
+            _idx(tmp_path / f"{prefix}-images-idx3-ubyte.gz", imgs, 0x0D)
+        else:
+            _idx(tmp_path / f"{prefix}-images-idx3-ubyte.gz", imgs.astype(np.uint8), 0x08)
+        if kind == "label_minus_one":
+            labels[3] = -1
+            _idx(tmp_path / f"{prefix}-labels-idx1-ubyte.gz", labels, 0x09)
+        else:
+            labels[3] = 10 if kind == "label_ten" else labels[3]
+            _idx(tmp_path / f"{prefix}-labels-idx1-ubyte.gz", labels, 0x08)
+    match = "NaN or infinite pixels" if kind == "nan_pixels" else "labels must be integers 0..9"
+    with pytest.raises(DatasetError, match=match):
+        load_idx_images(tmp_path, "mnist", val=5)

@@ -76,8 +76,15 @@ def load_idx_images(root: Path, name: str, val: int = 10000, limit: int | None =
             raise DatasetError(
                 f"{root}: {prefix}-images has {imgs.shape[0]} images but {prefix}-labels has "
                 f"{labels.shape[0]} labels")
-        if labels.size and labels.max() > 9:
-            raise DatasetError(f"{root}/{prefix}-labels-idx1-ubyte.gz: label {labels.max()} > 9")
+        # the format's values: labels 0..9 (a signed or float label type could hold -1 or 2.5),
+        # pixels finite (a float image type could hold NaN)
+        lab = root / f"{prefix}-labels-idx1-ubyte.gz"
+        if labels.size and (labels.min() < 0 or labels.max() > 9 or
+                            (labels.dtype.kind == "f" and not np.all(labels == np.round(labels)))):
+            raise DatasetError(f"{lab}: labels must be integers 0..9, got values in "
+                               f"[{labels.min()}, {labels.max()}]")
+        if imgs.dtype.kind == "f" and not np.isfinite(imgs).all():
+            raise DatasetError(f"{root}/{prefix}-images-idx3-ubyte.gz: NaN or infinite pixels")
         x = torch.from_numpy(imgs.astype(np.float32) / 255.0).unsqueeze(1)
         y = torch.from_numpy(labels.astype(np.int64))
         out[split] = (x, y)
