@@ -251,3 +251,17 @@ def test_mnist_values_are_checked(tmp_path, kind):
     match = "NaN or infinite pixels" if kind == "nan_pixels" else "labels must be integers 0..9"
     with pytest.raises(DatasetError, match=match):
         load_idx_images(tmp_path, "mnist", val=5)
+
+
+@pytest.mark.parametrize("override,match", [
+    (["train.lr=1e300"], "train.lr must be at most 1e+30"),
+    (["model.layers.0.channels=1000000000"], "parameters do not fit in this machine's memory"),
+    (["model.readout=none", "model.classifier=false"], "an image task needs one per image"),
+])
+def test_absurd_configs_exit_2_with_one_line(tmp_path, capsys, override, match):
+    from structconv.cli import main
+
+    rc = main(["train", "--config", "cnn_digits", "train.epochs=1", *override, "--out",
+               str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and match in err[0], err

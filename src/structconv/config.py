@@ -186,6 +186,10 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
     for k in ("lr", "weight_decay", "momentum", "grad_clip", "checkpoint_seconds"):
         _need(isinstance(t[k], (int, float)) and not isinstance(t[k], bool) and t[k] >= 0
               and math.isfinite(t[k]), f"{source}: train.{k} must be a number >= 0, got {t[k]!r}")
+    # beyond these a float32 optimizer state overflows (3.4e38) or momentum diverges by
+    # definition: no training run can mean them
+    for k, top in (("lr", 1e30), ("weight_decay", 1e30), ("momentum", 1.0)):
+        _need(t[k] <= top, f"{source}: train.{k} must be at most {top:g}, got {t[k]!r}")
     _need(t["optimizer"] in ("adam", "adamw", "sgd"),
           f"{source}: train.optimizer must be adam, adamw or sgd, got {t['optimizer']!r}")
     _need(t["monitor"] in ("val_acc", "val_loss"),
@@ -532,6 +536,9 @@ class StructNet(nn.Module):
         readout = m["readout"]
         if readout == "auto":
             readout = "flatten" if self.task == "image" else "none"
+        _need(not (self.task == "image" and readout == "none"),
+              "model.readout=none leaves one output per grid cell, but an image task needs one "
+              "per image: use flatten, mean, sum or max")
         self.readout = readout
         feat = channels * (math.prod(ctx.grid) if readout == "flatten" and ctx.grid else 1)
         clf = m["classifier"]
@@ -579,9 +586,14 @@ def build_model(cfg: dict, data) -> StructNet:
     """The model described by ``cfg['model']`` for ``data`` (a registry dataset)."""
     try:
         model = StructNet(cfg, data_info(data, cfg))
+        return model.to(getattr(torch, cfg["model"]["dtype"]))
     except ConfigError:
         raise
     except (ValueError, TypeError) as e:
         raise ConfigError(f"cannot build the model: {e}") from None
-    dtype = getattr(torch, cfg["model"]["dtype"])
-    return model.to(dtype)
+    except (MemoryError, RuntimeError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if isinstance(e, MemoryError) or "allocate" in msg:
+            raise ConfigError(f"cannot build the model: its parameters do not fit in this "
+                              f"machine's memory ({msg})") from None
+        raise
