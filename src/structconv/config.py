@@ -533,6 +533,10 @@ class StructNet(nn.Module):
             blocks.append(Block(conv, layer, channels, pool))
             channels = Q
         self.blocks = nn.ModuleList(blocks)
+        self._set_readout(m, channels, ctx.grid)
+
+    def _set_readout(self, m: dict, channels: int, grid) -> None:
+        """The readout over entries and the classifier after it, checked against the task."""
         readout = m["readout"]
         if readout == "auto":
             readout = "flatten" if self.task == "image" else "none"
@@ -540,7 +544,7 @@ class StructNet(nn.Module):
               "model.readout=none leaves one output per grid cell, but an image task needs one "
               "per image: use flatten, mean, sum or max")
         self.readout = readout
-        feat = channels * (math.prod(ctx.grid) if readout == "flatten" and ctx.grid else 1)
+        feat = channels * (math.prod(grid) if readout == "flatten" and grid else 1)
         clf = m["classifier"]
         if clf == "auto":
             clf = channels != self.classes or readout == "flatten"
