@@ -265,3 +265,15 @@ def test_absurd_configs_exit_2_with_one_line(tmp_path, capsys, override, match):
                str(tmp_path / "r")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and match in err[0], err
+
+
+def test_polynomial_order_is_bounded_in_configs(tmp_path, capsys):
+    from structconv.cli import main
+
+    cfg = tmp_path / "cheb.toml"
+    cfg.write_text('name = "cheb"\n[data]\nname = "karate"\n[[model.layers]]\n'
+                   'basis = { kind = "chebyshev", K = 1000000 }\nchannels = "classes"\n')
+    rc = main(["train", "--config", str(cfg), "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert "K must be an int in [1, 1000], got 1000000" in err[0]

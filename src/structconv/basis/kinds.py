@@ -55,6 +55,18 @@ def _graph(structure: Structure, kind: str):
     return structure.edge_index, structure.num_nodes
 
 
+#: polynomial orders a config may ask for: each is one sparse product per step, and past a
+#: few dozen the powers of a normalised adjacency have long converged (over-smoothing)
+MAX_ORDER = 1000
+
+
+def _order(spec: dict, key: str, default: int, low: int = 1) -> int:
+    v = spec.get(key, default)
+    _need(isinstance(v, int) and not isinstance(v, bool) and low <= v <= MAX_ORDER,
+          f"{key} must be an int in [{low}, {MAX_ORDER}], got {v!r}")
+    return v
+
+
 @register("grid")
 def _grid(spec, s: Structure) -> Basis:
     _need(s.grid is not None, "a grid basis needs grid-shaped input (images or sequences)")
@@ -86,19 +98,20 @@ def _gcn(spec, s: Structure) -> Basis:
 def _sgc(spec, s: Structure) -> Basis:
     # SGC: the single matrix S^hops of the GCN-normalised adjacency, K = 1
     ei, n = _graph(s, "sgc")
-    return sgc(ei, n, int(spec.get("hops", 2)))
+    return sgc(ei, n, _order(spec, "hops", 2))
 
 
 @register("chebyshev")
 def _chebyshev(spec, s: Structure) -> Basis:
     ei, n = _graph(s, "chebyshev")
-    return chebyshev(ei, n, int(spec.get("K", 3)), normalization=spec.get("normalization", "sym"))
+    return chebyshev(ei, n, _order(spec, "K", 3), normalization=spec.get("normalization", "sym"))
 
 
 @register("diffusion")
 def _diffusion(spec, s: Structure) -> Basis:
     ei, n = _graph(s, "diffusion")
-    return diffusion(ei, n, int(spec.get("K", 2)), normalization=spec.get("normalization", "sym"))
+    return diffusion(ei, n, _order(spec, "K", 2, low=0),
+                     normalization=spec.get("normalization", "sym"))
 
 
 @register("relational")
