@@ -78,3 +78,13 @@ def test_compiles_whole_and_equals_eager(name):
     torch.testing.assert_close(yc, y, rtol=1e-4, atol=1e-5)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_gcn_compiles_in_float64_with_self_loops():
+    # the traced structure (static-shape self loops) takes the input's dtype, as eager does
+    layer = sc.nn.GCNConv(6, 4).double()
+    x = X.double()
+    torch._dynamo.reset()
+    y = torch.compile(layer, fullgraph=True)(x, EI)
+    assert y.dtype == torch.float64
+    torch.testing.assert_close(y, layer(x, EI), rtol=1e-12, atol=1e-12)

@@ -181,3 +181,19 @@ def test_toml_config_with_the_user_kind_trains(tmp_path):
                        env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "run" / "result.json").exists()
+
+
+def test_cached_cast_follows_in_place_edits_and_weight_attributes_are_free():
+    w = torch.tensor([0.5, 2.0])
+    basis = CyclicShift(4, [0, 1], w)
+    x = torch.randn(4, 3, dtype=D)
+    first = basis.cast_like(x)
+    assert basis.cast_like(x) is first  # cached while nothing changes
+    w.mul_(3.0)  # an in-place edit of a held tensor renews the cast
+    assert torch.equal(basis.cast_like(x).w, w.to(D))
+    # a subclass may hold an attribute named "weight": the cost hooks do not use that name
+    basis.weight = torch.ones(2)
+    assert basis.channelwise_flops(3) > 0
+    # a Product of casting factors is rebuilt once per cast, so its plans are kept
+    p = Product(Dense(torch.randn(1, 4, 4)), basis)
+    assert p.cast_like(x) is p.cast_like(x)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from torch import Tensor
 
+from .io import atomic_write_text
+
 __all__ = ["Route", "weight", "table", "DEFAULTS", "cache_path", "save_calibration",
            "reload"]
 
@@ -125,7 +127,6 @@ def save_calibration(device_type: str, weights: dict[str, float], meta: dict | N
     Other device types' entries are kept. Returns the file's path.
     """
     p = path or cache_path()
-    p.parent.mkdir(parents=True, exist_ok=True)
     try:
         data = json.loads(p.read_text())
         if not isinstance(data, dict):
@@ -134,10 +135,7 @@ def save_calibration(device_type: str, weights: dict[str, float], meta: dict | N
         data = {}
     data.setdefault("weights", {})[device_type] = {k: float(v) for k, v in weights.items()}
     data.setdefault("meta", {})[device_type] = meta or {}
-    tmp = p.with_name(p.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, p)
+    atomic_write_text(p, json.dumps(data, indent=2, sort_keys=True))
     reload()
     return p
 

@@ -67,9 +67,10 @@ class Basis:
 
     def clear_cache(self) -> None:
         """Forget derived state (casts, plans). A basis is treated as fixed once built; call
-        this after changing one in place (its tensors' values may change freely: plans and
-        casts depend only on shapes, dtypes and devices, and casts of tensors that require
-        grad are never cached)."""
+        this after replacing one of its attributes. Its tensors' values may change in place
+        freely: plans depend only on shapes, dtypes and devices, a cached cast is rebuilt when
+        a held tensor's version counter moves, and casts of tensors that require grad are
+        never cached."""
         self.__dict__.pop("_cache", None)
 
     # -- shape --------------------------------------------------------------------------------
@@ -118,7 +119,7 @@ class Basis:
         """Relative cost of one multiply-add of this basis against one of a dense GEMM."""
         return costs.weight(self.cost_kernel, self.device.type)
 
-    def weight(self, kernel: str) -> float:
+    def cost_weight(self, kernel: str) -> float:
         """A cost-table weight for this basis's device (``sc.costs.weight``)."""
         return costs.weight(kernel, self.device.type)
 
@@ -136,7 +137,7 @@ class Basis:
 
     def channelwise_flops(self, C: int, B: int = 1) -> float:
         """Weighted cost of ``channelwise_sum`` on B items of C channels (temporary included)."""
-        return B * ((1.0 + self.weight("element")) * self.M * self.K * C
+        return B * ((1.0 + self.cost_weight("element")) * self.M * self.K * C
                     + self.propagate_sum_flops(C))
 
     def routes(self, x: Tensor, theta) -> list:
@@ -174,7 +175,7 @@ class Basis:
             for other in fl[1:]:
                 dt = torch.promote_types(dt, other)
             memo["held"] = (dt, found[0].device if found else None,
-                            any(t.requires_grad for t in found))
+                            any(t.requires_grad for t in found), found)
         return memo["held"][:2]
 
     @property
@@ -215,17 +216,29 @@ class Basis:
         dt, dev = self._held()
         if (dt is None or dt == t.dtype) and (dev is None or dev == t.device):
             return self
-        if self._memo["held"][2]:
+        memo = self._memo
+        if memo["held"][2] or torch.compiler.is_compiling():
             return self.to(device=t.device, dtype=t.dtype)
+        # the cast copies values: an in-place edit of a held tensor (its version) renews it
+        versions = tuple(h._version for h in memo["held"][3])
+        key = ("cast", t.dtype, t.device)
+        hit = memo.get(key)
+        if hit is None or hit[0] != versions:
+            hit = memo[key] = (versions, self.to(device=t.device, dtype=t.dtype))
+        return hit[1]
+
+    def _cast_parts(self, t: Tensor, parts: list, rebuild) -> Basis:
+        """A composite's cast: each part casts itself (a part that casts inside its kernels
+        stays as it is); the composite is rebuilt, once per set of cast parts."""
+        cast = [b.cast_like(t) for b in parts]
+        if all(a is b for a, b in zip(cast, parts)):
+            return self
         key = ("cast", t.dtype, t.device)
         memo = self._memo
-        if key not in memo:
-            memo[key] = self.to(device=t.device, dtype=t.dtype)
-        return memo[key]
-
-    def _matching(self, t: Tensor) -> Basis:
-        # the former name of ``cast_like``, kept for subclasses written against it
-        return self.cast_like(t)
+        hit = memo.get(key)
+        if hit is None or any(a is not b for a, b in zip(cast, hit[0])):
+            hit = memo[key] = (cast, rebuild(cast))
+        return hit[1]
 
 
 def _map_tensors(v, fn):
@@ -368,7 +381,7 @@ class Sparse(Basis):
     def propagate_sum_flops(self, C):
         # the wide layout gathers from a K-times larger operand (M*K rows) than ``propagate``
         # does (M rows): measured 10-60% slower at equal multiply-adds, so it breaks P == Q ties
-        return self.weight("sparse_wide") * super().propagate_sum_flops(C)
+        return self.cost_weight("sparse_wide") * super().propagate_sum_flops(C)
 
     def to_dense(self):
         K, M, N = self.shape
@@ -465,15 +478,7 @@ class Stack(Basis):
         return shapes.pop() if len(shapes) == 1 else None
 
     def cast_like(self, t):
-        # each part casts itself (a part that casts inside its kernels stays as it is)
-        parts = [b.cast_like(t) for b in self.parts]
-        if all(a is b for a, b in zip(parts, self.parts)):
-            return self
-        key = ("cast", t.dtype, t.device)
-        memo = self._memo
-        if key not in memo or any(a is not b for a, b in zip(parts, memo[key].parts)):
-            memo[key] = Stack(parts)
-        return memo[key]
+        return self._cast_parts(t, self.parts, Stack)
 
     def apply_flops(self):
         return sum(b.apply_flops() for b in self.parts)
@@ -523,8 +528,7 @@ class Product(Basis):
         return f"Product({self.first!r}, {self.second!r})"
 
     def cast_like(self, t):
-        a, b = self.first.cast_like(t), self.second.cast_like(t)
-        return self if (a is self.first and b is self.second) else Product(a, b)
+        return self._cast_parts(t, [self.first, self.second], lambda ab: Product(*ab))
 
     def apply_flops(self):
         return self.first.apply_flops() + self.first.K * self.second.apply_flops()

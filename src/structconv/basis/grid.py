@@ -276,9 +276,9 @@ class Grid(GridGeometry, Basis):
         # size runs slower (each tap rewrites its (rows, Q) output chunk for only P multiply-adds
         # per element); the im2col copy costs per element, more when channels-last rows are
         # short runs of P channels (an RGB stem)
-        slow = max(1.0, self.weight("tap_full_rate_p") / P)
-        copy = self.weight("tap_copy") * (1.0 if is_channels_first(x) else
-                                          1.0 + self.weight("tap_short_rows") / P)
+        slow = max(1.0, self.cost_weight("tap_full_rate_p") / P)
+        copy = self.cost_weight("tap_copy") * (1.0 if is_channels_first(x) else
+                                          1.0 + self.cost_weight("tap_short_rows") / P)
         cf = "channels_first"
         routes = [Route("tap_gemm", R * T * (slow * P * Q + 6 * Q + 2 * P), temp, gemm,
                         fuses_bias=True, device_type=dev, reads=cf),
@@ -295,8 +295,8 @@ class Grid(GridGeometry, Basis):
         """Weighted cost of ``channelwise_sum`` on B items of C channels: one fused
         multiply-add pass per tap over the virtual rows."""
         lay = self.tap_layout
-        return float(self.weight("tap_copy") * self.weight("tap_channelwise") * len(lay.taps)
-                     * lay.rows(B) * C)
+        return float(self.cost_weight("tap_copy") * self.cost_weight("tap_channelwise")
+                     * len(lay.taps) * lay.rows(B) * C)
 
     # -- costs ----------------------------------------------------------------------------------
     #: one element of ``propagate`` (im2col) or ``propagate_sum``: a strided copy into a
@@ -308,7 +308,7 @@ class Grid(GridGeometry, Basis):
 
     def propagate_sum_flops(self, C: int) -> float:
         # each tap reads and rewrites the output where propagate only copies
-        return self.weight("grid_sum") * self.flop_weight * self.apply_flops() * C
+        return self.cost_weight("grid_sum") * self.flop_weight * self.apply_flops() * C
 
     # -- fused kernel: F.conv1d/2d/3d ----------------------------------------------------------
     def _native_form(self, theta):
@@ -329,7 +329,7 @@ class Grid(GridGeometry, Basis):
             flops = B * N * (K * P + P * Q)
         else:
             flops = B * N * K * P * Q + (K * P * Q if form == "module" else 0)
-        return float(self.weight("native_conv") * flops)
+        return float(self.cost_weight("native_conv") * flops)
 
     def conv_weight(self, theta) -> tuple[Tensor, int]:
         """The torch weight (Q, P/groups, *kernel_size) and groups equal to a theta / module."""
