@@ -32,51 +32,61 @@ def test_grid_cnn_matches_torch(f64, native):
 
 
 # -- shift heads ------------------------------------------------------------------------------
-def test_shift_heads_are_causal_shifts(f64):
-    """Shift-only heads: y[n] = sum_s x[n - s] V_s O_s (shifts 0..S-1, zero before the start)."""
+def test_window_losses_score_the_right_positions(f64):
     torch.manual_seed(1)
-    E, H, S, L = 8, 2, 3, 7
-    layer = shift_heads.HeadAttention(E, H, S)
-    x = torch.randn(2, L, E)
-    grid = layer.grid(L)
-    th = layer.theta()  # (H + S, E, E); the grid's tap k reads position n - (S - 1) + k
-    y = shift_heads.convolve(x, grid, th[H:])
-    ref = torch.zeros_like(y)
-    for k in range(S):
-        s = S - 1 - k
-        ref[:, s:] += x[:, : L - s] @ th[H + k]
-    torch.testing.assert_close(y, ref)
+    m = shift_heads.TransformerLM(11, 8, 1, 2, "alibi").double().eval()
+    ids = torch.randint(0, 11, (41,))
+    L = 8
+    # non-overlapping: every position of each whole window once
+    want = torch.cat([torch.nn.functional.cross_entropy(m(ids[s:s + L][None])[0],
+                                                        ids[s + 1:s + L + 1], reduction="none")
+                      for s in range(0, 40 - L + 1, L)]).mean()
+    assert math.isclose(shift_heads.window_loss(m, ids, L), float(want), rel_tol=1e-12)
+    # sliding: windows advanced by 4, only their last 4 positions scored
+    want = torch.cat([torch.nn.functional.cross_entropy(m(ids[s:s + L][None])[0, -4:],
+                                                        ids[s + L - 3:s + L + 1],
+                                                        reduction="none")
+                      for s in range(0, 40 - L + 1, 4)]).mean()
+    assert math.isclose(shift_heads.window_loss(m, ids, L, 4), float(want), rel_tol=1e-12)
 
 
-@pytest.mark.parametrize("variant", shift_heads.VARIANTS)
-def test_lm_is_causal(f64, variant):
-    torch.manual_seed(2)
-    a = argparse.Namespace(context=10, width=8, layers=2, heads=2, shift_kernel=3)
-    m = shift_heads.build(variant, 11, a).eval()
-    ids = torch.randint(0, 11, (1, 10))
-    ids2 = ids.clone()
-    ids2[0, 6] = (ids[0, 6] + 1) % 11
-    y, y2 = m(ids), m(ids2)
-    torch.testing.assert_close(y[:, :6], y2[:, :6])  # the future never leaks
-    assert not torch.allclose(y[:, 6:], y2[:, 6:])
+def test_shift_likeness_of_uniform_attention(f64):
+    # zero queries and keys: every head attends uniformly to the past, so each offset gets
+    # the mean of 1/(n+1) over the measured queries
+    m = shift_heads.TransformerLM(11, 8, 2, 2, "none").double()
+    with torch.no_grad():
+        for b in m.blocks:
+            b.attn.in_proj.weight[:16].zero_()
+            b.attn.in_proj.bias[:16].zero_()
+    a = argparse.Namespace(context=24)
+    got = shift_heads.shift_likeness(m, torch.randint(0, 11, (500,)), a, windows=3)
+    want = float(torch.tensor([1 / (n + 1) for n in range(16, 24)]).mean())
+    assert len(got) == 2 and all(len(layer) == 2 for layer in got)
+    for layer in got:
+        for h in layer:
+            assert math.isclose(h["mass"], want, rel_tol=1e-9) and 0 <= h["offset"] <= 16
 
 
-def test_rotary_is_relative(f64):
-    q, k = torch.randn(1, 1, 1, 6).expand(1, 1, 9, 6), torch.randn(1, 1, 1, 6).expand(1, 1, 9, 6)
-    s = shift_heads.rotary(q) @ shift_heads.rotary(k).transpose(-1, -2)  # (1, 1, 9, 9)
-    # the score of the same vectors depends only on the offset i - j
-    torch.testing.assert_close(torch.diagonal(s[0, 0], 2), torch.diagonal(s[0, 0], 2)[:1].expand(7))
-    torch.testing.assert_close(shift_heads.rotary(q).norm(dim=-1), q.norm(dim=-1))
+def test_shift_heads_recipe_runs_and_resumes(tmp_path):
+    import os
+    import subprocess
+    import sys
 
-
-def test_parameter_budgets_equalised():
-    a = argparse.Namespace(context=16, width=16, layers=2, heads=2, shift_kernel=4)
-    budget = max(sum(p.numel() for p in shift_heads.build(v, 20, a).parameters())
-                 for v in shift_heads.VARIANTS)
-    for v in shift_heads.VARIANTS:
-        ffn = shift_heads.equalised_ffn(v, 20, a, budget)
-        n = sum(p.numel() for p in shift_heads.build(v, 20, a, ffn).parameters())
-        assert abs(n - budget) <= a.layers * (2 * a.width + 1)  # within one ffn unit per layer
+    root = os.environ.get("STRUCTCONV_DATA")
+    if not root or not os.path.isfile(os.path.join(root, "tinyshakespeare", "input.txt")):
+        pytest.skip("needs STRUCTCONV_DATA with tinyshakespeare")
+    cmd = [sys.executable, "-m", "structconv.cli", "reproduce", "shift-heads", "--quick",
+           "--kinds", "none,learned,shift", "--long-kinds", "shift", "--out", str(tmp_path)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "shift_heads.json").read_text())
+    assert set(res["kinds"]) == {"none", "learned", "shift"} and len(res["long_runs"]) == 1
+    assert res["kinds"]["learned"]["extrapolation"]["nonoverlap"].keys() == {"1"}
+    assert len(res["kinds"]["shift"]["extrapolation"]["sliding"]) == 5
+    runs = sorted(p.name for p in (tmp_path / "shift_heads_runs").iterdir())
+    assert "shift-s0-6.safetensors" in runs and "shift-s0-8.json" in runs
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # resumes: no training
+    assert r.returncode == 0 and "seed 0 (6 steps)" not in r.stdout
 
 
 # -- mixed heads: attention heads are GAT, index heads are GCN --------------------------------

@@ -43,7 +43,7 @@ DEFAULTS = {
     "data": {"name": "digits", "root": None, "options": {}, "batch_size": 64, "seq_len": 64,
              "eval_batch_size": 512, "batches_per_epoch": 0},
     "model": {"layers": [], "readout": "auto", "classifier": "auto", "embedding": 0,
-              "dtype": "float32"},
+              "dtype": "float32", "lm": {}},
     "train": {"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "momentum": 0.9,
               "epochs": 10, "patience": 0, "monitor": "val_acc", "grad_clip": 0.0,
               "checkpoint_every": 0, "checkpoint_seconds": 10.0},
@@ -211,15 +211,61 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
           f"{source}: model.classifier must be auto, true or false, got {m['classifier']!r}")
     _need(m["dtype"] in ("float32", "float64"),
           f"{source}: model.dtype must be float32 or float64, got {m['dtype']!r}")
+    _need(isinstance(m["lm"], dict), f"{source}: model.lm must be a table ([model.lm])")
+    if m["lm"]:
+        _check_lm(m, f"{source}: model.lm")
+        return _check_rest(cfg, source)
     _need(isinstance(m["layers"], list) and m["layers"],
           f"{source}: model.layers must be a non-empty list of [[model.layers]] tables")
     for i, layer in enumerate(m["layers"]):
         _need(isinstance(layer, dict), f"{source}: model.layers.{i} must be a table")
         _check_layer(layer, f"{source}: model.layers.{i}")
+    return _check_rest(cfg, source)
+
+
+def _check_rest(cfg: dict, source: str) -> dict:
+    m = cfg["model"]
     _need(m["readout"] in ("auto", "flatten", "mean", "sum", "max", "none"),
           f"{source}: model.readout must be auto, flatten, mean, sum, max or none, "
           f"got {m['readout']!r}")
     return cfg
+
+
+#: ``[model.lm]``: a ``sc.nn.TransformerLM`` instead of declared layers (text tasks)
+_LM_KEYS = {"width": 128, "layers": 4, "heads": 4, "position": "shift", "shifts": 4, "ffn": 0,
+            "dropout": 0.0, "context": 0, "bias": True, "tie_weights": True}
+
+
+def _check_lm(m: dict, where: str) -> None:
+    from .nn.lm import POSITIONS
+
+    lm = m["lm"]
+    for k in lm:
+        _need(k in _LM_KEYS, f"{where}: unknown key {k!r} (known: {', '.join(_LM_KEYS)})")
+    _need(not m["layers"], f"{where}: a [model.lm] model takes no [[model.layers]]")
+    spec = {**_LM_KEYS, **lm}
+    for k in ("width", "layers", "heads"):
+        v = spec[k]
+        _need(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1_000_000,
+              f"{where}.{k} must be an int in 1..1000000, got {v!r}")
+    for k in ("ffn", "context", "shifts"):
+        v = spec[k]
+        _need(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 1_000_000,
+              f"{where}.{k} must be an int in 0..1000000, got {v!r}")
+    _need(spec["position"] in POSITIONS, f"{where}.position must be one of "
+                                         f"{', '.join(POSITIONS)}, got {spec['position']!r}")
+    _need(spec["width"] % spec["heads"] == 0,
+          f"{where}: width={spec['width']} must be divisible by heads={spec['heads']}")
+    _need(not (spec["position"] == "rotary" and (spec["width"] // spec["heads"]) % 2),
+          f"{where}: rotary needs an even head size (width/heads), got "
+          f"{spec['width'] // spec['heads']}")
+    _need(not (spec["position"].startswith("shift") and spec["shifts"] < 1),
+          f"{where}: position={spec['position']!r} needs shifts >= 1")
+    dp = spec["dropout"]
+    _need(isinstance(dp, (int, float)) and not isinstance(dp, bool) and 0 <= dp < 1,
+          f"{where}.dropout must be in [0, 1), got {dp!r}")
+    for k in ("bias", "tie_weights"):
+        _need(isinstance(spec[k], bool), f"{where}.{k} must be true or false, got {spec[k]!r}")
 
 
 _LAYER_KEYS = {"type", "basis", "channels", "param", "groups", "H", "rank", "activation",
@@ -586,10 +632,25 @@ def data_info(data, cfg: dict) -> dict:
     return info
 
 
-def build_model(cfg: dict, data) -> StructNet:
+def build_lm(cfg: dict, data) -> nn.Module:
+    """The ``sc.nn.TransformerLM`` of a ``[model.lm]`` table, for a text dataset; a learned
+    position table covers ``context`` (default: the data's seq_len)."""
+    from .nn.lm import TransformerLM
+
+    _need(data.task == "text", f"model.lm builds a language model: it needs a text dataset, "
+                               f"got a {data.task} task ({cfg['data']['name']})")
+    s = {**_LM_KEYS, **cfg["model"]["lm"]}
+    return TransformerLM(len(data.vocab), s["width"], s["layers"], s["heads"], s["position"],
+                         s["shifts"], s["ffn"] or None, float(s["dropout"]),
+                         context=s["context"] or cfg["data"]["seq_len"], bias=s["bias"],
+                         tie_weights=s["tie_weights"])
+
+
+def build_model(cfg: dict, data) -> nn.Module:
     """The model described by ``cfg['model']`` for ``data`` (a registry dataset)."""
     try:
-        model = StructNet(cfg, data_info(data, cfg))
+        model = build_lm(cfg, data) if cfg["model"]["lm"] else \
+            StructNet(cfg, data_info(data, cfg))
         return model.to(getattr(torch, cfg["model"]["dtype"]))
     except ConfigError:
         raise

@@ -46,6 +46,13 @@ def describe_basis(cfg: dict) -> str:
             return f"{k}(K={spec.get('K')})"
         return k
 
+    lm = cfg["model"].get("lm")
+    if lm:
+        heads, pos = lm.get("heads", 4), lm.get("position", "shift")
+        extra = f"+shift({lm.get('shifts', 4)})" if pos.startswith("shift") else ""
+        bias = "+alibi" if pos.endswith("alibi") else \
+            ("" if pos.startswith("shift") else f", {pos} positions")
+        return f"attention({heads}){extra}{bias} x{lm.get('layers', 4)}"
     for layer in cfg["model"]["layers"]:
         if "basis" in layer:
             n = one(layer["basis"])

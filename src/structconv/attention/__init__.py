@@ -5,7 +5,15 @@ An attention convolution's basis is computed from auxiliary inputs, A_k = a(x', 
 ``sc.convolve`` like any other, and dispatch to SDPA or to per-edge sparse kernels.
 """
 
-from .basis import AttentionBasis, DotProductAttention, GraphAttention, GraphStructure, shift_basis
+from . import positions
+from .basis import (
+    AttentionBasis,
+    CausalShift,
+    DotProductAttention,
+    GraphAttention,
+    GraphStructure,
+    shift_basis,
+)
 from .biaffine import biaffine
 from .masks import (
     causal_mask,
@@ -36,5 +44,5 @@ __all__ = [
     "LeakyReLU", "Softmax", "attention_basis", "AttentionBasis", "DotProductAttention",
     "GraphAttention", "GraphStructure", "shift_basis", "log_mask", "causal_mask", "padding_mask",
     "graph_mask", "from_torch_mask", "masked_softmax", "softmax_inputs", "softmax_outputs",
-    "edge_softmax", "dead_columns",
+    "edge_softmax", "dead_columns", "CausalShift", "positions",
 ]

@@ -25,9 +25,10 @@ from .._checks import check_index_tensor
 from ..basis.base import Basis, Sparse
 from ..sparse import SparseMatrix
 from .masks import dead_columns, edge_softmax
+from .positions import causal_shift
 
 __all__ = ["AttentionBasis", "DotProductAttention", "GraphAttention", "GraphStructure",
-           "shift_basis"]
+           "shift_basis", "CausalShift"]
 
 
 def _check_z(basis: Basis, z: Tensor, batch: int) -> None:
@@ -540,10 +541,58 @@ def shift_basis(length: int, shifts: Sequence[int] = (1,), *, dtype=None, device
                          f"length={length}, shifts={shifts}")
     ks, ms, ns = [], [], []
     for k, s in enumerate(shifts):
-        n = torch.arange(max(0, s), min(length, length + s), device=device)
+        # a shift of the whole length or more leaves an all-zero matrix
+        lo = max(0, s)
+        n = torch.arange(lo, max(lo, min(length, length + s)), device=device)
         ks.append(torch.full_like(n, k))
         ms.append(n - s)
         ns.append(n)
     idx = torch.stack([torch.cat(ks), torch.cat(ms), torch.cat(ns)])
     vals = torch.ones(idx.shape[1], dtype=dtype or torch.get_default_dtype(), device=device)
     return Sparse(idx, vals, (len(shifts), length, length))
+
+
+class CausalShift(Basis):
+    """Causal shift heads as a basis: A_s[m, n] = 1 iff m = n + past − shifts[s]; (S, past + L, L).
+
+    Output n (of L) reads input n + past − shift_s: with ``past = 0`` input and output are the
+    same sequence (head s brings the entry s steps before, zero before the start); with
+    ``past = R`` the first R inputs are cached entries before the L outputs (generation).
+    ``propagate_heads`` is one copy (``sc.attention.positions.causal_shift``), never a matrix
+    product: K·N multiply-adds of cost, the same as ``shift_basis`` but without its SpMM.
+    """
+
+    cost_kernel = "element"
+
+    def __init__(self, length: int, shifts: Sequence[int], past: int = 0):
+        shifts = [int(s) for s in shifts]
+        if not shifts or min(shifts) < 0:
+            raise ValueError(f"CausalShift needs at least one shift, all >= 0, got {shifts}")
+        if past and past < max(shifts):
+            raise ValueError(f"CausalShift: past={past} cached entries cannot feed a shift of "
+                             f"{max(shifts)} (need past >= max(shifts) or past = 0)")
+        super().__init__(len(shifts), past + length, length)
+        self.shifts, self.past = shifts, int(past)
+
+    def __repr__(self):
+        return f"CausalShift(length={self.N}, shifts={self.shifts}, past={self.past})"
+
+    def apply_flops(self):
+        return float(self.K * self.N)
+
+    def propagate_heads(self, z):
+        if z.dim() != 4 or z.shape[1] != self.M or z.shape[2] != self.K:
+            raise ValueError(f"CausalShift.propagate_heads expects z (B, M={self.M}, "
+                             f"K={self.K}, C), got shape {tuple(z.shape)}")
+        if self.past:
+            return causal_shift(z[:, self.past:], self.shifts, past=z[:, :self.past])
+        return causal_shift(z, self.shifts)
+
+    def to_dense(self):
+        A = torch.zeros(self.K, self.M, self.N)
+        n = torch.arange(self.N)
+        for k, s in enumerate(self.shifts):
+            m = n + self.past - s
+            ok = m >= 0
+            A[k, m[ok], n[ok]] = 1.0
+        return A

@@ -1,173 +1,83 @@
-"""Shift-matrix heads instead of positional encoding: a character LM on Tiny Shakespeare.
+"""Shift-matrix heads instead of positional encodings, tested as the literature tests encodings.
 
-``structconv reproduce shift-heads --steps 300 --seeds 3 --out runs``. Five variants of one
-small causal Transformer (same depth, width, heads, steps, batches; parameter counts equalised
-through the feed-forward width): no position information, sinusoidal encoding, learned encoding,
-rotary embedding, and the paper's proposal (end of section "Attention in Transformer"):
-attention heads plus causal shift-matrix heads in the same layer with no positional encoding.
-Every layer is one structured convolution with a ``LowRank`` theta (value/out per head) over
-the basis ``DotProductAttention`` (content-based heads), for the proposal
-``sc.basis.Stack([DotProductAttention, Grid((L,), S, padding=(S-1, 0))])``: the causal 1-d grid
-adds S index-based heads (shifts 0..S-1). Validation loss (90/10 split) mean ± std over seeds,
-learning curves as PNG. Writes ``<out>/shift_heads.json``.
+``structconv reproduce shift-heads --out runs`` trains ``sc.nn.TransformerLM`` on Tiny
+Shakespeare in nanoGPT's CPU configuration (4 layers, 4 heads, width 128, context 64, batch 12,
+2,000 AdamW steps: lr 1e-3 with 100 warm-up steps and cosine decay to 1e-4, betas (0.9, 0.99),
+weight decay 0.1 on matrices, clipping 1.0, no dropout; 90/10 split) for every position kind
+and seed, parameters equalised to the ``none`` model through the feed-forward width. Then:
+
+1. validation loss mean ± std and learning curves (``shift_heads.png``);
+2. length extrapolation: every model evaluated at 1, 2, 4, 8, 16 x the training context on
+   non-overlapping windows and with a sliding window that scores only each window's last
+   ``--stride`` positions (``shift_heads_extrapolation.png``);
+3. how close each attention head is to a shift matrix: the largest mean attention mass on a
+   single relative offset, per head and layer (1.0 = a shift head);
+4. ``--long-kinds``: one longer run of the given kinds (``--long-steps``).
+
+Runs are independent: ``--jobs 2`` runs two at once with one thread each. Every run writes its
+result (JSON) and weights (safetensors) under ``<out>/shift_heads_runs/`` and is skipped when
+already there, so an interrupted reproduction resumes. Writes ``<out>/shift_heads.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import multiprocessing as mp
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
 
-from ..attention.basis import DotProductAttention
-from ..basis.base import Stack
-from ..basis.grid import Grid
 from ..data.registry import DatasetError, data_root
 from ..data.text import encode_text, load_text_file
-from ..engine import convolve
-from ..params import LowRank
-from ._common import (
-    hardware,
-    mean_std,
-    param_count,
-    pyplot,
-    save_figure,
-    set_threads,
-    write_result,
-)
+from ..io import atomic_write_bytes, atomic_write_json
+from ..nn.lm import POSITIONS, TransformerLM, equalised_ffn
+from ._common import hardware, mean_std, param_count, pyplot, save_figure, write_result
 
-__all__ = ["VARIANTS", "HeadAttention", "CharLM", "build", "add_arguments", "run"]
+__all__ = ["add_arguments", "run", "build", "train_one", "extrapolation", "shift_likeness"]
 
-VARIANTS = ("none", "sinusoidal", "learned", "rotary", "shift")
+FACTORS = (1, 2, 4, 8, 16)
 
 
-def rotary(t: Tensor, base: float = 10000.0) -> Tensor:
-    """Rotary embedding of t (B, H, L, D), D even: pairs (i, i + D/2) rotated by position."""
-    B, H, L, D = t.shape
-    if D % 2:
-        raise ValueError(f"rotary embedding needs an even head size, got D={D}")
-    half = D // 2
-    freq = base ** (-torch.arange(half, dtype=t.dtype, device=t.device) / half)
-    ang = torch.arange(L, dtype=t.dtype, device=t.device)[:, None] * freq  # (L, D/2)
-    cos, sin = ang.cos(), ang.sin()
-    a, b = t[..., :half], t[..., half:]
-    return torch.cat([a * cos - b * sin, a * sin + b * cos], -1)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", default=None, help="folder with input.txt")
+    parser.add_argument("--kinds", default=",".join(POSITIONS),
+                        help=f"comma list of position kinds ({', '.join(POSITIONS)})")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--batch", type=int, default=12)
+    parser.add_argument("--context", type=int, default=64)
+    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4, help="attention heads per layer")
+    parser.add_argument("--shifts", type=int, default=4,
+                        help="shift heads of the shift kinds (offsets 0..S-1)")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--val-batches", type=int, default=40)
+    parser.add_argument("--eval-chars", type=int, default=16384,
+                        help="validation characters scored per extrapolation length")
+    parser.add_argument("--sliding-chars", type=int, default=8192,
+                        help="validation characters scored by the sliding window")
+    parser.add_argument("--stride", type=int, default=0,
+                        help="sliding-window stride = scored positions (0: the context)")
+    parser.add_argument("--long-kinds", default="",
+                        help="comma list of kinds for one longer run each")
+    parser.add_argument("--long-steps", type=int, default=5000)
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once (one thread each)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads with --jobs 1 (0: torch's default)")
+    parser.add_argument("--plot", default=None, help="learning-curve PNG path")
 
 
-def sinusoidal(L: int, E: int) -> Tensor:
-    """The Transformer's fixed (L, E) sinusoidal position encoding."""
-    pos = torch.arange(L, dtype=torch.float32)[:, None]
-    div = torch.exp(torch.arange(0, E, 2, dtype=torch.float32) * (-math.log(10000.0) / E))
-    pe = torch.zeros(L, E)
-    pe[:, 0::2] = torch.sin(pos * div)
-    pe[:, 1::2] = torch.cos(pos * div)[:, : E // 2]
-    return pe
-
-
-class HeadAttention(nn.Module):
-    """Causal self-attention as one convolution: x (B, L, E) -> (B, L, E).
-
-    ``heads`` content-based heads (softmax(q kᵀ), SDPA) plus ``shift_heads`` index-based heads
-    (the causal 1-d grid's shift matrices, shifts 0..S-1) stacked along k, with one LowRank
-    theta of rank E/heads over all of them. ``use_rotary`` rotates q and k by position.
-    """
-
-    def __init__(self, E: int, heads: int, shift_heads: int = 0, use_rotary: bool = False):
-        super().__init__()
-        if E % heads:
-            raise ValueError(f"width E={E} must be divisible by heads={heads}")
-        self.E, self.H, self.S, self.D = E, heads, shift_heads, E // heads
-        self.use_rotary = use_rotary
-        self.q = nn.Linear(E, E)
-        self.k = nn.Linear(E, E)
-        self.theta = LowRank(heads + shift_heads, E, E, self.D)
-        self.bias = nn.Parameter(torch.zeros(E))
-        self._grids: dict[int, Grid] = {}
-
-    def grid(self, L: int) -> Grid:
-        """The causal 1-d grid on L positions: tap k reads position n - (S-1) + k."""
-        if L not in self._grids:
-            self._grids[L] = Grid((L,), (self.S,), padding=[(self.S - 1, 0)])
-        return self._grids[L]
-
-    def forward(self, x: Tensor) -> Tensor:
-        B, L, E = x.shape
-        q = self.q(x).reshape(B, L, self.H, self.D).transpose(1, 2)
-        k = self.k(x).reshape(B, L, self.H, self.D).transpose(1, 2)
-        if self.use_rotary:
-            q, k = rotary(q), rotary(k)
-        basis = DotProductAttention(q, k, causal=True)
-        if self.S:
-            basis = Stack([basis, self.grid(L)])
-        return convolve(x, basis, self.theta, route="lowrank_heads") + self.bias
-
-
-class Block(nn.Module):
-    """Pre-norm Transformer block: x + attn(ln x), then x + ffn(ln x); (B, L, E) -> (B, L, E)."""
-
-    def __init__(self, E: int, heads: int, ffn: int, shift_heads: int, use_rotary: bool):
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(E), nn.LayerNorm(E)
-        self.attn = HeadAttention(E, heads, shift_heads, use_rotary)
-        self.ffn = nn.Sequential(nn.Linear(E, ffn), nn.GELU(), nn.Linear(ffn, E))
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.ffn(self.ln2(x))
-
-
-class CharLM(nn.Module):
-    """Causal character LM: ids (B, L) -> logits (B, L, V); ``position`` picks the variant."""
-
-    def __init__(self, vocab: int, context: int, E: int, layers: int, heads: int, ffn: int,
-                 position: str, shift_kernel: int = 4):
-        super().__init__()
-        if position not in VARIANTS:
-            raise ValueError(f"unknown variant {position!r}: choose one of {VARIANTS}")
-        self.position, self.context = position, context
-        self.tok = nn.Embedding(vocab, E)
-        if position == "learned":
-            self.pos = nn.Parameter(torch.randn(context, E) * 0.02)
-        elif position == "sinusoidal":
-            self.register_buffer("pos", sinusoidal(context, E), persistent=False)
-        else:
-            self.pos = None
-        S = shift_kernel if position == "shift" else 0
-        self.blocks = nn.ModuleList(Block(E, heads, ffn, S, position == "rotary")
-                                    for _ in range(layers))
-        self.ln = nn.LayerNorm(E)
-        self.head = nn.Linear(E, vocab)
-
-    def forward(self, ids: Tensor) -> Tensor:
-        L = ids.shape[1]
-        if L > self.context:
-            raise ValueError(f"sequence length {L} exceeds the context {self.context}")
-        x = self.tok(ids)
-        if self.pos is not None:
-            x = x + self.pos[:L]
-        for b in self.blocks:
-            x = b(x)
-        return self.head(self.ln(x))
-
-
-def build(variant: str, vocab: int, args, ffn: int | None = None) -> CharLM:
-    """The variant's model with feed-forward width ``ffn`` (default 4 E)."""
-    return CharLM(vocab, args.context, args.width, args.layers, args.heads,
-                  ffn or 4 * args.width, variant, args.shift_kernel)
-
-
-def equalised_ffn(variant: str, vocab: int, args, budget: int) -> int:
-    """The feed-forward width whose model's parameter count is closest to ``budget``."""
-    E, n = args.width, args.layers
-    base = 4 * E
-    p0 = param_count(build(variant, vocab, args, base))
-    # each unit of ffn width costs 2E + 1 parameters per layer
-    ffn = max(1, base + round((budget - p0) / (n * (2 * E + 1))))
-    return ffn
+# -- the models and their training ---------------------------------------------------------------
+def build(kind: str, vocab: int, a, ffn: int | None = None) -> TransformerLM:
+    """The ``kind`` model of the run's shape (``ffn`` default 4·width)."""
+    return TransformerLM(vocab, a.width, a.layers, a.heads, kind, a.shifts, ffn,
+                         context=a.context)
 
 
 def _load(args):
@@ -178,131 +88,270 @@ def _load(args):
         raise DatasetError(f"no Tiny Shakespeare at {path}: pass --data DIR or set "
                            "STRUCTCONV_DATA")
     if args.quick:
-        return encode_text("tinyshakespeare", path.read_text(encoding="utf-8")[:50000],
+        return encode_text("tinyshakespeare", path.read_text(encoding="utf-8")[:60000],
                            val=0.1, test=0.0)
     return load_text_file(path, "tinyshakespeare", val=0.1, test=0.0)
 
 
-def _batch(ids: Tensor, B: int, L: int, gen: torch.Generator):
+def _batch(ids, B: int, L: int, gen: torch.Generator):
     start = torch.randint(0, ids.numel() - L - 1, (B,), generator=gen)
     off = torch.arange(L)
     return ids[start[:, None] + off], ids[start[:, None] + off + 1]
 
 
 @torch.no_grad()
-def evaluate(model: CharLM, batches) -> float:
-    """Mean cross-entropy (nats / character) over fixed validation batches."""
+def _val_loss(model, batches) -> float:
     model.eval()
     tot = sum(float(F.cross_entropy(model(x).flatten(0, 1), y.flatten())) for x, y in batches)
     model.train()
     return tot / len(batches)
 
 
-def train_one(variant: str, data, args, ffn: int, seed: int, val_batches) -> dict:
-    """Train one variant/seed for ``args.steps`` AdamW steps (warmup + cosine); the curve."""
+def _lr(step: int, a) -> float:
+    # nanoGPT's schedule: linear warm-up, cosine decay to a tenth at the last step
+    warm, lo = max(1, min(100, a.steps // 10)), a.lr / 10
+    if step < warm:
+        return a.lr * (step + 1) / warm
+    t = min(1.0, (step - warm) / max(1, a.steps - warm))
+    return lo + 0.5 * (1 + math.cos(math.pi * t)) * (a.lr - lo)
+
+
+def train_one(kind: str, seed: int, data, a, ffn: int) -> tuple[dict, TransformerLM]:
+    """Train one model for ``a.steps`` steps; (result with the learning curve, model)."""
     torch.manual_seed(seed)
-    model = build(variant, len(data.vocab), args, ffn)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01,
-                            betas=(0.9, 0.99))
-    warm = max(1, args.steps // 10)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (
-        1 + math.cos(math.pi * min(1.0, s / args.steps))))
-    # the same training batches for every variant of a seed
-    gen = torch.Generator().manual_seed(10_000 + seed)
+    model = build(kind, len(data.vocab), a, ffn)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": rest, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.99))
+    gen = torch.Generator().manual_seed(10_000 + seed)  # the same batches for every kind
+    vgen = torch.Generator().manual_seed(12345)
+    val = [_batch(data.splits["val"], a.batch, a.context, vgen) for _ in range(a.val_batches)]
     train = data.splits["train"]
     curve, t0 = [], time.perf_counter()
-    for step in range(1, args.steps + 1):
-        x, y = _batch(train, args.batch, args.context, gen)
+    for step in range(a.steps):
+        for g in opt.param_groups:
+            g["lr"] = _lr(step, a)
+        x, y = _batch(train, a.batch, a.context, gen)
         loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        sched.step()
-        if step % args.eval_every == 0 or step == args.steps:
-            curve.append(dict(step=step, train_loss=float(loss.detach()),
-                              val_loss=evaluate(model, val_batches)))
-    secs = time.perf_counter() - t0
-    return dict(seed=seed, val_loss=curve[-1]["val_loss"], curve=curve, seconds=secs,
-                params=param_count(model), ffn=ffn)
+        if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
+            curve.append(dict(step=step + 1, train_loss=float(loss.detach()),
+                              val_loss=_val_loss(model, val)))
+    return dict(kind=kind, seed=seed, steps=a.steps, val_loss=curve[-1]["val_loss"],
+                curve=curve, seconds=time.perf_counter() - t0, params=param_count(model),
+                ffn=ffn), model
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", default=None, help="folder with input.txt")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {VARIANTS}")
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--context", type=int, default=64)
-    parser.add_argument("--width", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=4, help="content-based heads per layer")
-    parser.add_argument("--shift-kernel", type=int, default=4,
-                        help="shift heads of the 'shift' variant (shifts 0..S-1)")
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--eval-every", type=int, default=50)
-    parser.add_argument("--val-batches", type=int, default=24)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
-    parser.add_argument("--plot", default=None, help="PNG path (default <out>/shift_heads.png)")
+# -- evaluation at length --------------------------------------------------------------------------
+@torch.no_grad()
+def window_loss(model, ids, length: int, stride: int | None = None) -> float:
+    """Mean cross-entropy on ``ids`` with windows of ``length``: non-overlapping (every
+    position scored), or advanced by ``stride`` scoring only each window's last ``stride``
+    positions (each scored token then sees at least length - stride tokens before it)."""
+    model.eval()
+    total, count = 0.0, 0
+    n = ids.numel() - 1
+    if stride is None:
+        starts, score = list(range(0, n - length + 1, length)), length
+    else:
+        starts, score = list(range(0, n - length + 1, stride)), stride
+    for i in range(0, len(starts), 8):
+        st = torch.tensor(starts[i:i + 8])
+        off = torch.arange(length)
+        x, y = ids[st[:, None] + off], ids[st[:, None] + off + 1]
+        logits = model(x)[:, -score:]
+        total += float(F.cross_entropy(logits.flatten(0, 1), y[:, -score:].flatten(),
+                                       reduction="sum"))
+        count += y[:, -score:].numel()
+    return total / max(count, 1)
+
+
+def extrapolation(model, val, a) -> dict:
+    """{"nonoverlap"|"sliding": {factor: loss}} at each length factor x the context; a
+    learned-position model is scored only at 1x (it cannot take longer inputs)."""
+    stride = a.stride or a.context
+    out = {"nonoverlap": {}, "sliding": {}}
+    for f in FACTORS:
+        L = f * a.context
+        if model.position == "learned" and f > 1:
+            continue
+        ev = val[: max(a.eval_chars, L + 1) + 1]
+        out["nonoverlap"][f] = window_loss(model, ev, L)
+        sl = val[: max(a.sliding_chars, L + stride) + 1]
+        out["sliding"][f] = window_loss(model, sl, L, stride)
+    return out
+
+
+@torch.no_grad()
+def shift_likeness(model, val, a, windows: int = 32) -> list[list[dict]]:
+    """Per layer and attention head: the largest mean attention mass on one relative offset
+    (queries at positions >= 16, so every offset up to 16 is available) and that offset."""
+    gen = torch.Generator().manual_seed(777)
+    x, _ = _batch(val, windows, a.context, gen)
+    model.eval()
+    out = []
+    for w in model.attention_maps(x):  # (B, H, L, L), query x key
+        L = w.shape[-1]
+        n0 = min(16, L - 1)
+        q = torch.arange(n0, L)
+        layer = []
+        for h in range(w.shape[1]):
+            prof = torch.stack([w[:, h, q, q - o].mean() for o in range(n0 + 1)])
+            o = int(prof.argmax())
+            layer.append(dict(mass=float(prof[o]), offset=o))
+        out.append(layer)
+    return out
+
+
+# -- orchestration ---------------------------------------------------------------------------------
+def _save_state(model, path: Path) -> None:
+    from safetensors.torch import save
+
+    state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    atomic_write_bytes(path, save(state))
+
+
+def _job(spec):
+    """One run (in a worker with one thread, or inline): train, evaluate, write, return."""
+    kind, seed, ffn, a, threads, folder = spec
+    if threads:
+        torch.set_num_threads(threads)
+    folder = Path(folder)
+    name = f"{kind}-s{seed}-{a.steps}"
+    done = folder / f"{name}.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    data = _load(a)
+    res, model = train_one(kind, seed, data, a, ffn)
+    val = data.splits["val"]
+    res["extrapolation"] = extrapolation(model, val, a)
+    res["shift_likeness"] = shift_likeness(model, val, a)
+    _save_state(model, folder / f"{name}.safetensors")
+    atomic_write_json(done, res)
+    print(f"  {kind:<12} seed {seed} ({a.steps} steps): val {res['val_loss']:.4f}  "
+          f"params {res['params']}  ffn {ffn}  {res['seconds']:.0f}s", flush=True)
+    return res
+
+
+def _run_all(specs, jobs: int) -> list[dict]:
+    if jobs <= 1 or len(specs) <= 1:
+        return [_job(s) for s in specs]
+    with mp.get_context("spawn").Pool(jobs) as pool:
+        return pool.map(_job, specs, chunksize=1)
+
+
+def _quick(a) -> None:
+    a.steps, a.seeds, a.eval_every, a.val_batches = 6, 1, 3, 2
+    a.width, a.layers, a.context, a.batch = 16, 1, 8, 2
+    a.eval_chars, a.sliding_chars, a.long_steps = 300, 200, 8
 
 
 def run(args) -> int:
-    """All variants × seeds; prints the table, writes JSON and the learning-curve PNG."""
-    set_threads(args)
+    """Every kind x seed (+ the long runs); prints the tables, writes JSON and the plots."""
     if args.quick:
-        args.steps, args.seeds, args.eval_every, args.val_batches = 6, 1, 3, 2
-        args.width, args.context, args.batch = 32, 16, 4
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    bad = [v for v in variants if v not in VARIANTS]
+        _quick(args)
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    longk = [k.strip() for k in args.long_kinds.split(",") if k.strip()]
+    bad = [k for k in kinds + longk if k not in POSITIONS]
     if bad:
-        raise ValueError(f"unknown variants {bad}: choose from {VARIANTS}")
+        raise ValueError(f"unknown position kinds {bad}: choose from {', '.join(POSITIONS)}")
     t_all = time.perf_counter()
     data = _load(args)
     V = len(data.vocab)
-    gen = torch.Generator().manual_seed(12345)
-    val_batches = [_batch(data.splits["val"], args.batch, args.context, gen)
-                   for _ in range(args.val_batches)]
-    # the budget: the largest default-width model, so the others gain feed-forward width
-    budget = max(param_count(build(v, V, args)) for v in variants)
-    ffns = {v: equalised_ffn(v, V, args, budget) for v in variants}
-    rows = {}
-    for v in variants:
-        runs = []
-        for i in range(args.seeds):
-            r = train_one(v, data, args, ffns[v], args.seed + i, val_batches)
-            runs.append(r)
-            print(f"  {v:<11} seed {r['seed']}: val {r['val_loss']:.4f}  params {r['params']}  "
-                  f"ffn {r['ffn']}  {r['seconds']:.1f}s", flush=True)
-        m, s = mean_std([r["val_loss"] for r in runs])
-        rows[v] = dict(val_loss_mean=m, val_loss_std=s, params=runs[0]["params"],
-                       ffn=ffns[v], seconds_per_run=mean_std([r["seconds"] for r in runs])[0],
-                       runs=runs)
-    wall = time.perf_counter() - t_all
-    print(f"{'variant':<11} {'params':>7} {'ffn':>4} {'val loss (nats/char)':>22} {'s/run':>6}")
-    for v, r in rows.items():
-        print(f"{v:<11} {r['params']:>7} {r['ffn']:>4} {r['val_loss_mean']:>12.4f} ± "
-              f"{r['val_loss_std']:.4f} {r['seconds_per_run']:>6.1f}")
-    settings = {k: getattr(args, k) for k in ("steps", "batch", "context", "width", "layers",
-                                              "heads", "shift_kernel", "lr", "seeds")}
-    result = dict(experiment="shift_heads", settings=settings, vocab=V,
-                  train_chars=int(data.splits["train"].numel()),
-                  val_chars=int(data.splits["val"].numel()), budget=budget, variants=rows,
-                  wall_seconds=wall, hardware=hardware())
+    budget = param_count(build("none", V, args))
+    ffns = {k: equalised_ffn(V, args.width, args.layers, args.heads, k, args.shifts, budget,
+                             args.context) for k in dict.fromkeys(kinds + longk)}
+    folder = Path(args.out) / "shift_heads_runs"
+    folder.mkdir(parents=True, exist_ok=True)
+    threads = 1 if args.jobs > 1 else args.threads
+    specs = [(k, args.seed + i, ffns[k], args, threads, str(folder))
+             for k in kinds for i in range(args.seeds)]
+    runs = _run_all(specs, args.jobs)
+    long_runs = []
+    if longk:
+        la = argparse.Namespace(**{**vars(args), "steps": args.long_steps})
+        long_runs = _run_all([(k, args.seed, ffns[k], la, threads, str(folder)) for k in longk],
+                             args.jobs)
+    rows = _summarise(runs, kinds)
+    result = dict(experiment="shift_heads", settings={k: v for k, v in vars(args).items()
+                                                      if isinstance(v, (int, float, str))},
+                  vocab=V, budget=budget, ffn=ffns, kinds=rows, runs=runs, long_runs=long_runs,
+                  wall_seconds=time.perf_counter() - t_all, hardware=hardware())
+    _print_tables(rows, long_runs, args)
     write_result(args, "shift_heads", result)
+    _plots(rows, runs, args)
+    return 0
+
+
+def _summarise(runs: list[dict], kinds: list[str]) -> dict:
+    rows = {}
+    for k in kinds:
+        rs = [r for r in runs if r["kind"] == k]
+        m, s = mean_std([r["val_loss"] for r in rs])
+        ext = {}
+        for mode in ("nonoverlap", "sliding"):
+            ext[mode] = {}
+            for f in FACTORS:
+                vals = [r["extrapolation"][mode].get(str(f), r["extrapolation"][mode].get(f))
+                        for r in rs]
+                if all(v is not None for v in vals):
+                    ext[mode][f] = mean_std(vals)
+        sl = rs[0]["shift_likeness"]
+        rows[k] = dict(val_loss=(m, s), params=rs[0]["params"], ffn=rs[0]["ffn"],
+                       seconds=mean_std([r["seconds"] for r in rs])[0], extrapolation=ext,
+                       shift_likeness=sl, seeds=len(rs))
+    return rows
+
+
+def _print_tables(rows: dict, long_runs: list[dict], a) -> None:
+    print(f"\n{'kind':<12} {'params':>8} {'ffn':>4} {'val loss':>17} {'s/run':>6}")
+    for k, r in rows.items():
+        m, s = r["val_loss"]
+        print(f"{k:<12} {r['params']:>8} {r['ffn']:>4} {m:>9.4f} ± {s:.4f} {r['seconds']:>6.0f}")
+    for mode in ("nonoverlap", "sliding"):
+        print(f"\nextrapolation ({mode}), loss at n x context {a.context}:")
+        print(f"{'kind':<12} " + " ".join(f"{f'{f}x':>15}" for f in FACTORS))
+        for k, r in rows.items():
+            cells = [r["extrapolation"][mode].get(f) for f in FACTORS]
+            print(f"{k:<12} " + " ".join(f"{'n/a':>15}" if c is None else
+                                         f"{c[0]:>7.3f} ± {c[1]:.3f}" for c in cells))
+    print("\nshift-likeness of attention heads (seed 0): mean mass on the top offset "
+          "(offset), per layer")
+    for k, r in rows.items():
+        cells = ["  ".join(f"{h['mass']:.2f}({h['offset']})" for h in layer)
+                 for layer in r["shift_likeness"]]
+        print(f"{k:<12} " + " | ".join(cells))
+    for r in long_runs:
+        print(f"\nlong run {r['kind']}: {r['steps']} steps, val {r['val_loss']:.4f}, "
+              f"{r['seconds']:.0f}s")
+
+
+def _plots(rows: dict, runs: list[dict], a) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for v, r in rows.items():
-        steps = [c["step"] for c in r["runs"][0]["curve"]]
-        vals = torch.tensor([[c["val_loss"] for c in run["curve"]] for run in r["runs"]])
-        mean = vals.mean(0)
-        ax.plot(steps, mean, label=f"{v} ({r['val_loss_mean']:.3f})")
-        if vals.shape[0] > 1:
-            sd = vals.std(0)
-            ax.fill_between(steps, mean - sd, mean + sd, alpha=0.2)
+    for k, r in rows.items():
+        rs = [x for x in runs if x["kind"] == k]
+        steps = [c["step"] for c in rs[0]["curve"]]
+        vals = torch.tensor([[c["val_loss"] for c in x["curve"]] for x in rs])
+        ax.plot(steps, vals.mean(0), label=f"{k} ({r['val_loss'][0]:.3f})")
     ax.set_xlabel("step")
     ax.set_ylabel("validation loss (nats / char)")
-    ax.set_title(f"Tiny Shakespeare, {args.layers}x{args.width}, context {args.context}, "
-                 f"{args.seeds} seeds")
-    ax.legend()
-    save_figure(fig, args, "shift_heads")
-    return 0
+    ax.set_title(f"Tiny Shakespeare, {a.layers}x{a.width}, context {a.context}")
+    ax.legend(fontsize=8)
+    save_figure(fig, a, "shift_heads")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, mode in zip(axes, ("nonoverlap", "sliding")):
+        for k, r in rows.items():
+            fs = sorted(r["extrapolation"][mode])
+            ax.plot([f * a.context for f in fs], [r["extrapolation"][mode][f][0] for f in fs],
+                    marker="o", label=k)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("evaluation length (tokens)")
+        ax.set_title(f"{mode} windows")
+    axes[0].set_ylabel("validation loss (nats / char)")
+    axes[1].legend(fontsize=8)
+    save_figure(fig, argparse.Namespace(out=a.out, plot=None), "shift_heads_extrapolation")

@@ -11,8 +11,9 @@ from .convert import from_pyg, from_torch, register_pyg, register_torch, to_torc
 from .graph import ChebConv, GCNConv, RGCNConv, SGConv, TAGConv
 from .grid import GridAvgPool, GridConv
 from .layers import Convolution
+from .lm import CausalSelfAttention, TransformerLM
 
 __all__ = ["Convolution", "from_torch", "from_pyg", "to_torch", "register_torch", "register_pyg",
            "GCNConv", "ChebConv", "TAGConv", "SGConv", "RGCNConv",
            "MultiheadAttention", "GATConv", "TransformerEncoderLayer", "TransformerDecoderLayer",
-           "MixedAttention", "GridConv", "GridAvgPool"]
+           "MixedAttention", "GridConv", "GridAvgPool", "CausalSelfAttention", "TransformerLM"]

@@ -1,0 +1,114 @@
+"""Position information for sequence models: encodings, rotary, ALiBi and causal shift heads.
+
+* ``sinusoidal(positions, E)``  the Transformer's fixed encoding, any positions.
+* ``rotary(t, positions)``       RoFormer's rotation of query/key pairs by absolute position.
+* ``alibi_slopes(H)``            the geometric head slopes of Press et al. (ICLR 2022).
+* ``alibi_mask(...)``            the log-domain mask −m_h·(i − j) on allowed pairs, −inf on the
+  future: an index-based prior on content-based heads (the framework's mask term H).
+* ``causal_shift(z, shifts)``    index-based heads: head s of the output at position n is the
+  input at n − shift_s (zero before the start), i.e. A_sᵀ z_s for the causal shift matrix A_s
+  of ``shift_basis``; applied as one copy, never as a matrix.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["sinusoidal", "rotary", "rotary_angles", "alibi_slopes", "alibi_mask",
+           "causal_shift"]
+
+
+def sinusoidal(positions: Tensor, E: int, dtype=torch.float32) -> Tensor:
+    """The (L, E) sinusoidal encoding of integer ``positions`` (L,): sin on even channels, cos
+    on odd ones, wavelengths 2π..10000·2π (Vaswani et al.)."""
+    pos = positions.to(torch.float64)[:, None]
+    div = torch.exp(torch.arange(0, E, 2, dtype=torch.float64, device=positions.device)
+                    * (-math.log(10000.0) / E))
+    pe = torch.zeros(positions.shape[0], E, dtype=torch.float64, device=positions.device)
+    pe[:, 0::2] = torch.sin(pos * div)
+    pe[:, 1::2] = torch.cos(pos * div)[:, : E // 2]
+    return pe.to(dtype)
+
+
+def rotary_angles(L: int, D: int, start: int = 0, base: float = 10000.0, *,
+                  dtype=torch.float32, device=None) -> tuple[Tensor, Tensor]:
+    """(cos, sin), each (L, D/2): the rotary angles position · base^(−2i/D) of positions
+    start..start+L-1 (computed in float64, then cast)."""
+    half = D // 2
+    freq = base ** (-torch.arange(half, dtype=torch.float64, device=device) / half)
+    ang = torch.arange(start, start + L, dtype=torch.float64, device=device)[:, None] * freq
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def rotary(t: Tensor, start: int = 0, base: float = 10000.0,
+           angles: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """Rotary embedding of t (B, H, L, D), D even, at positions start..start+L-1: channel pairs
+    (i, i + D/2) rotated by angle position · base^(−2i/D) (``angles`` from ``rotary_angles``
+    when already computed)."""
+    D, L = t.shape[-1], t.shape[-2]
+    if D % 2:
+        raise ValueError(f"rotary embedding needs an even head size, got D={D}")
+    cos, sin = angles if angles is not None else rotary_angles(L, D, start, base, dtype=t.dtype,
+                                                               device=t.device)
+    half = D // 2
+    a, b = t[..., :half], t[..., half:]
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], -1)
+
+
+def alibi_slopes(heads: int) -> Tensor:
+    """ALiBi's per-head slopes m_h (float64, (heads,)): for H a power of two the geometric
+    sequence 2^(−8/H), 2^(−16/H), …, 2^(−8); otherwise the slopes of the largest power of two
+    below H followed by every other slope of twice that power (Press et al., section 3)."""
+    if heads < 1:
+        raise ValueError(f"alibi_slopes needs heads >= 1, got {heads}")
+
+    def power_of_two(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
+
+    p = 2 ** int(math.floor(math.log2(heads)))
+    slopes = power_of_two(p)
+    if p < heads:
+        slopes += power_of_two(2 * p)[0::2][: heads - p]
+    return torch.tensor(slopes, dtype=torch.float64)
+
+
+def alibi_mask(slopes: Tensor, queries: int, keys: int, offset: int = 0, *,
+               dtype=torch.float32, device=None) -> Tensor:
+    """ALiBi's causal mask in SDPA orientation (H, queries, keys): −m_h·(i − j) where key j is
+    at or before query i, −inf after it. Query i sits at position offset + i and key j at j
+    (offset = the number of cached keys before the queries)."""
+    i = torch.arange(offset, offset + queries, device=device)[:, None]
+    j = torch.arange(keys, device=device)[None, :]
+    dist = (i - j).to(torch.float64)
+    m = slopes.to(device=device, dtype=torch.float64)[:, None, None]
+    bias = (-m * dist).to(dtype)
+    return bias.masked_fill(j > i, float("-inf"))
+
+
+def causal_shift(z: Tensor, shifts: Sequence[int], past: Tensor | None = None) -> Tensor:
+    """Causal shift heads on z (B, L, S, D) -> (B, L, S, D): out[:, n, s] = z[:, n − shifts[s], s].
+
+    ``past`` (B, R, S, D), R >= max(shifts), holds the inputs just before z (a generation
+    cache); without it the sequence starts at z and earlier positions read zero. Equal to
+    ``shift_basis(L, shifts).propagate_heads(z)``; one padded copy and S strided slices.
+    """
+    B, L, S, D = z.shape
+    if len(shifts) != S:
+        raise ValueError(f"causal_shift: z has {S} heads (B, L, S, D)={tuple(z.shape)} but "
+                         f"{len(shifts)} shifts were given")
+    R = max(shifts) if shifts else 0
+    if past is None:
+        ext = F.pad(z, (0, 0, 0, 0, R, 0)) if R else z
+    else:
+        if past.shape[1] < R or past.shape[0] != B or past.shape[2:] != z.shape[2:]:
+            raise ValueError(f"causal_shift: past {tuple(past.shape)} must be (B={B}, R>={R}, "
+                             f"S={S}, D={D})")
+        ext = torch.cat([past[:, past.shape[1] - R:], z], 1) if R else z
+    if all(s == shifts[0] for s in shifts):
+        return ext[:, R - shifts[0]: R - shifts[0] + L]
+    return torch.stack([ext[:, R - s: R - s + L, h] for h, s in enumerate(shifts)], 2)

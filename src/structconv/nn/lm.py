@@ -1,0 +1,353 @@
+"""Sequence models: causal self-attention with shift heads, and ``TransformerLM``.
+
+``CausalSelfAttention`` is one structured convolution y = Σ_k A_kᵀ x Θ_k over the basis
+``Stack([DotProductAttention(q, k, causal), CausalShift(L, shifts)])``: H content-based heads
+(softmax of query·key, SDPA) and S index-based causal shift heads, with a LowRank theta
+Θ_k = V_k O_k of rank D per head (``value_out``). The value maps V_k of every head are packed
+with the query/key maps into one input GEMM (as nanoGPT packs q, k, v), the heads are
+propagated by their bases, and one GEMM applies every O_k.
+
+``TransformerLM`` is a decoder-only language model of such layers; ``position`` picks how it
+knows where a token is: nothing, sinusoidal or learned encodings, rotary q/k, ALiBi's mask,
+the paper's shift heads, or shift heads plus ALiBi.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..attention.basis import CausalShift, DotProductAttention
+from ..attention.positions import alibi_mask, alibi_slopes, rotary, rotary_angles, sinusoidal
+from ..basis.base import Stack
+from ..params import LowRank
+
+__all__ = ["CausalSelfAttention", "TransformerLM", "POSITIONS", "equalised_ffn"]
+
+#: the position kinds of ``TransformerLM``
+POSITIONS = ("none", "sinusoidal", "learned", "rotary", "alibi", "shift", "shift+alibi")
+
+
+def _shift_list(shifts) -> list[int]:
+    if isinstance(shifts, bool):
+        raise ValueError(f"shifts must be an int >= 0 or a list of offsets, got {shifts!r}")
+    if isinstance(shifts, int):
+        if shifts < 0:
+            raise ValueError(f"shifts must be >= 0, got {shifts}")
+        return list(range(shifts))
+    out = [int(s) for s in shifts]
+    if any(s < 0 for s in out):
+        raise ValueError(f"shift offsets must be >= 0 (causal), got {out}")
+    return out
+
+
+class CausalSelfAttention(nn.Module):
+    """Causal self-attention with ``heads`` attention heads and one head per causal shift.
+
+    x (B, L, E) -> (B, L, E). ``shifts``: an int S (offsets 0..S-1) or a list of offsets >= 0;
+    each shift head brings the input ``offset`` steps before (the paper's index-based heads).
+    ``rotary`` rotates queries and keys by position; ``alibi`` adds ALiBi's −m_h·(i − j) to
+    the attention heads' scores (a fixed log-domain mask, the framework's H term).
+    """
+
+    def __init__(self, embed_dim: int, heads: int, shifts: int | Sequence[int] = 0, *,
+                 rotary: bool = False, alibi: bool = False, dropout: float = 0.0,
+                 bias: bool = True, device=None, dtype=None):
+        super().__init__()
+        if embed_dim < 1 or heads < 1 or embed_dim % heads:
+            raise ValueError(f"embed_dim={embed_dim} must be a positive multiple of heads="
+                             f"{heads}")
+        self.shifts = _shift_list(shifts)
+        self.E, self.H, self.S = embed_dim, heads, len(self.shifts)
+        self.D = D = embed_dim // heads
+        if rotary and D % 2:
+            raise ValueError(f"rotary needs an even head size, got {D} (embed_dim/heads)")
+        self.rotary, self.alibi, self.dropout = bool(rotary), bool(alibi), float(dropout)
+        fk = {"device": device, "dtype": dtype}
+        # rows: queries, keys, values of the H attention heads, values of the S shift heads
+        self.in_proj = nn.Linear(embed_dim, (3 * heads + self.S) * D, bias=bias, **fk)
+        self.out_proj = nn.Linear((heads + self.S) * D, embed_dim, bias=bias, **fk)
+        # ALiBi's slopes stay float64 (not a buffer: casting the model must not round them)
+        self.slopes = alibi_slopes(heads) if self.alibi else None
+        self._masks: dict = {}
+
+    def extra_repr(self):
+        return (f"embed_dim={self.E}, heads={self.H}, shifts={self.shifts}, "
+                f"rotary={self.rotary}, alibi={self.alibi}")
+
+    @property
+    def reach(self) -> int:
+        """How many past inputs the shift heads read (the generation cache keeps that many)."""
+        return max(self.shifts, default=0)
+
+    # -- the paper's view ------------------------------------------------------------------------
+    def value_out(self) -> LowRank:
+        """theta_k = V_k O_k for the H + S heads as ``sc.params.LowRank`` (copied, no biases)."""
+        H, S, D, E = self.H, self.S, self.D, self.E
+        W = self.in_proj.weight
+        lr = LowRank(H + S, E, E, D).to(W)
+        with torch.no_grad():
+            V = torch.cat([W[2 * H * D: 3 * H * D], W[3 * H * D:]], 0)  # ((H+S)D, E)
+            lr.value.copy_(V.reshape(H + S, D, E).transpose(1, 2))
+            lr.out.copy_(self.out_proj.weight.reshape(E, H + S, D).permute(1, 2, 0))
+        return lr
+
+    def basis(self, x: Tensor):
+        """The layer's basis on x (B, L, E): ``DotProductAttention`` (H heads), stacked with
+        ``CausalShift`` (S heads) when the layer has shift heads."""
+        parts = [b for b, _ in self._parts(x, None)]
+        return parts[0] if len(parts) == 1 else Stack(parts)
+
+    def _mask(self, L: int, T: int, dtype, device):
+        """The attention mask for L queries after T cached keys: None with SDPA's causal flag,
+        else in SDPA orientation (H|1, L, T + L); ALiBi masks are kept per size."""
+        if not self.alibi:
+            if T == 0:
+                return None
+            if L == 1:
+                return None  # one query sees every key
+            i = torch.arange(T, T + L, device=device)[:, None]
+            return (torch.arange(T + L, device=device)[None, :] <= i).unsqueeze(0)
+        return self._cached(("alibi", L, T, dtype, device), lambda: alibi_mask(
+            self.slopes, L, T + L, T, dtype=dtype, device=device))
+
+    def _cached(self, key, make):
+        # masks and angles depend only on sizes: kept for the few sizes a model meets
+        v = self._masks.get(key)
+        if v is None:
+            if len(self._masks) > 32:
+                self._masks.clear()
+            v = self._masks[key] = make()
+        return v
+
+    def _parts(self, x: Tensor, cache: dict | None) -> list:
+        """[(basis, value heads (B, M, K, D))] of the attention heads and of the shift heads;
+        updates ``cache`` in place. (With a cache the two read different entries, past keys
+        against the shift heads' last inputs, so they are not one Stack.)"""
+        B, L, _ = x.shape
+        H, S, D = self.H, self.S, self.D
+        # one GEMM for q, k and every head's value map; ``split`` (not slicing) so that the
+        # backward pass joins the four gradients in one copy instead of zero-filling four
+        q, k, v, zs = self.in_proj(x).split([H * D, H * D, H * D, S * D], -1)
+        q, k, v = (t.view(B, L, H, D).transpose(1, 2) for t in (q, k, v))
+        T = 0 if cache is None or "k" not in cache else cache["k"].shape[2]
+        if self.rotary:
+            ang = self._cached(("rot", L, T, q.dtype, q.device), lambda: rotary_angles(
+                L, D, T, dtype=q.dtype, device=q.device))
+            q, k = rotary(q, angles=ang), rotary(k, angles=ang)
+        if T:
+            k, v = torch.cat([cache["k"], k], 2), torch.cat([cache["v"], v], 2)
+        if cache is not None:
+            cache["k"], cache["v"] = k, v
+        mask = self._mask(L, T, q.dtype, q.device)
+        att = DotProductAttention(q, k, sdpa_mask=mask, causal=T == 0 and mask is None,
+                                  dropout_p=self.dropout if self.training else 0.0)
+        out = [(att, v.transpose(1, 2))]
+        if S:
+            zs = zs.view(B, L, S, D)
+            R = self.reach
+            if cache is None or not R:
+                out.append((CausalShift(L, self.shifts), zs))
+            else:
+                past = cache.get("z")
+                zs = torch.cat([zs.new_zeros(B, R, S, D) if past is None else past, zs], 1)
+                cache["z"] = zs[:, zs.shape[1] - R:]
+                out.append((CausalShift(L, self.shifts, past=R), zs))
+        return out
+
+    def forward(self, x: Tensor, cache: dict | None = None) -> Tensor:
+        """(B, L, E) -> (B, L, E); ``cache`` (a dict, filled on the first call) holds past
+        keys/values and the shift heads' last inputs, for step-by-step generation."""
+        if x.dim() != 3 or x.shape[-1] != self.E:
+            raise ValueError(f"CausalSelfAttention expects x (B, L, E={self.E}), got "
+                             f"{tuple(x.shape)}")
+        # each part propagates its heads (SDPA; one shifted copy), then one GEMM applies O_k
+        hs = [basis.propagate_heads(z) for basis, z in self._parts(x, cache)]
+        h = hs[0] if len(hs) == 1 else torch.cat(hs, 2)  # (B, L, H + S, D)
+        B, L = x.shape[:2]
+        return self.out_proj(h.reshape(B, L, (self.H + self.S) * self.D))
+
+
+class _Block(nn.Module):
+    """Pre-norm decoder block: x + attn(ln x), then x + mlp(ln x); (B, L, E) -> (B, L, E)."""
+
+    def __init__(self, E: int, heads: int, shifts, ffn: int, dropout: float, bias: bool,
+                 rotary: bool, alibi: bool):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(E, bias=bias), nn.LayerNorm(E, bias=bias)
+        self.attn = CausalSelfAttention(E, heads, shifts, rotary=rotary, alibi=alibi,
+                                        dropout=dropout, bias=bias)
+        self.fc = nn.Linear(E, ffn, bias=bias)
+        self.proj = nn.Linear(ffn, E, bias=bias)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, cache: dict | None = None) -> Tensor:
+        x = x + self.drop(self.attn(self.ln1(x), cache))
+        return x + self.drop(self.proj(F.gelu(self.fc(self.ln2(x)))))
+
+
+class TransformerLM(nn.Module):
+    """A causal decoder-only language model whose attention layers are structured convolutions.
+
+    ids (B, L) long -> logits (B, L, vocab_size); the logits at position i depend only on
+    tokens 0..i. ``position``: one of ``POSITIONS``; ``"shift"`` and ``"shift+alibi"`` add
+    ``shifts`` causal shift heads (int S: offsets 0..S-1, or a list of offsets) to the
+    ``heads`` attention heads of every layer. Every kind but ``"learned"`` takes any length;
+    ``"learned"`` needs ``context`` and raises ``ValueError`` for longer inputs.
+    ``ffn`` is the feed-forward width (default 4·width); the output map is tied to the token
+    embedding (``tie_weights``), as in GPT-2 and nanoGPT.
+    """
+
+    def __init__(self, vocab_size: int, width: int, layers: int, heads: int,
+                 position: str = "shift", shifts: int | Sequence[int] = 4,
+                 ffn: int | None = None, dropout: float = 0.0, *, context: int | None = None,
+                 bias: bool = True, tie_weights: bool = True):
+        super().__init__()
+        if position not in POSITIONS:
+            raise ValueError(f"unknown position {position!r}: choose one of "
+                             f"{', '.join(POSITIONS)}")
+        for name, v in (("vocab_size", vocab_size), ("width", width), ("layers", layers),
+                        ("heads", heads)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"TransformerLM: {name} must be an int >= 1, got {v!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"TransformerLM: dropout must be in [0, 1), got {dropout}")
+        if position == "learned":
+            if not isinstance(context, int) or isinstance(context, bool) or context < 1:
+                raise ValueError(f"position='learned' needs context=int >= 1, got {context!r}")
+        self.vocab_size, self.width, self.position = vocab_size, width, position
+        self.context = context if position == "learned" else None
+        self.ffn = int(ffn) if ffn else 4 * width
+        if self.ffn < 1:
+            raise ValueError(f"TransformerLM: ffn must be >= 1, got {ffn}")
+        use_shifts = _shift_list(shifts) if position.startswith("shift") else []
+        if position.startswith("shift") and not use_shifts:
+            raise ValueError(f"position={position!r} needs at least one shift head (shifts >= 1)")
+        self.shifts = use_shifts
+        self.tok = nn.Embedding(vocab_size, width)
+        self.pos = nn.Parameter(torch.zeros(context, width)) if position == "learned" else None
+        self.drop = nn.Dropout(dropout)
+        alibi = position in ("alibi", "shift+alibi")
+        self.blocks = nn.ModuleList(
+            _Block(width, heads, use_shifts, self.ffn, dropout, bias, position == "rotary", alibi)
+            for _ in range(layers))
+        self.ln = nn.LayerNorm(width, bias=bias)
+        self.head = nn.Linear(width, vocab_size, bias=False)
+        if tie_weights:
+            self.head.weight = self.tok.weight
+        self._init(layers)
+
+    def _init(self, layers: int) -> None:
+        # GPT-2's initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2·layers)
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, 0.0, 0.02)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+        if self.pos is not None:
+            nn.init.normal_(self.pos, 0.0, 0.02)
+        for b in self.blocks:
+            for w in (b.attn.out_proj.weight, b.proj.weight):
+                nn.init.normal_(w, 0.0, 0.02 / math.sqrt(2 * layers))
+
+    def extra_repr(self):
+        return f"position={self.position!r}, shifts={self.shifts}, context={self.context}"
+
+    def _embed(self, ids: Tensor, start: int) -> Tensor:
+        L = ids.shape[1]
+        x = self.tok(ids)
+        if self.position == "learned":
+            if start + L > self.context:
+                raise ValueError(f"sequence length {start + L} exceeds the learned context "
+                                 f"{self.context} (position='learned' cannot extrapolate)")
+            x = x + self.pos[start:start + L]
+        elif self.position == "sinusoidal":
+            pos = torch.arange(start, start + L, device=ids.device)
+            x = x + sinusoidal(pos, self.width, dtype=x.dtype)
+        return self.drop(x)
+
+    def forward(self, ids: Tensor, cache: list | None = None) -> Tensor:
+        """ids (B, L) -> logits (B, L, vocab_size). ``cache`` (from ``new_cache``) continues a
+        sequence: the ids follow the ones it has seen, and it is updated in place."""
+        if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.dtype.is_floating_point:
+            got = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
+            raise ValueError(f"TransformerLM expects integer token ids (B, L), got {got}")
+        start = 0 if not cache or "k" not in cache[0] else cache[0]["k"].shape[2]
+        x = self._embed(ids, start)
+        for i, b in enumerate(self.blocks):
+            x = b(x, None if cache is None else cache[i])
+        return self.head(self.ln(x))
+
+    @torch.no_grad()
+    def attention_maps(self, ids: Tensor) -> list[Tensor]:
+        """The attention heads' weights of every layer on ids (B, L): a list of (B, H, L, L)
+        in SDPA orientation (query, key); shift heads are not included (they are shifts)."""
+        x = self._embed(ids, 0)
+        maps = []
+        for b in self.blocks:
+            att = b.attn._parts(b.ln1(x), None)[0][0]
+            maps.append(att.weights())
+            x = b(x)
+        return maps
+
+    def new_cache(self) -> list[dict]:
+        """An empty generation cache: one dict per layer (keys, values, shift inputs)."""
+        return [{} for _ in self.blocks]
+
+    @torch.no_grad()
+    def generate(self, tokens: Tensor, steps: int, *, temperature: float = 1.0,
+                 top_k: int | None = None, generator: torch.Generator | None = None,
+                 use_cache: bool = True) -> Tensor:
+        """Extend tokens (B, T) by ``steps`` sampled tokens -> (B, T + steps).
+
+        ``temperature = 0`` picks the most likely token. With ``use_cache`` each step feeds
+        only the new token, reading past keys/values (and the shift heads' last inputs) from a
+        cache; a ``"learned"`` model recomputes on its last ``context`` tokens once the
+        sequence outgrows them, as nanoGPT does.
+        """
+        if tokens.dim() != 2:
+            raise ValueError(f"generate expects tokens (B, T), got {tuple(tokens.shape)}")
+        if steps < 0:
+            raise ValueError(f"steps must be >= 0, got {steps}")
+        was = self.training
+        self.eval()
+        out, cache, feed = tokens, None, tokens
+        for _ in range(steps):
+            if self.context is not None and out.shape[1] > self.context:
+                cache, feed = None, out[:, -self.context:]
+            elif use_cache and cache is None:
+                cache, feed = self.new_cache(), out
+            elif not use_cache:
+                feed = out
+            logits = self(feed, cache)[:, -1]
+            nxt = _sample(logits, temperature, top_k, generator)
+            out = torch.cat([out, nxt], 1)
+            if cache is not None:
+                feed = nxt
+        self.train(was)
+        return out
+
+
+def _sample(logits: Tensor, temperature: float, top_k: int | None, generator) -> Tensor:
+    """One token per row of logits (B, V) -> (B, 1)."""
+    if temperature == 0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), -1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=generator)
+
+
+def equalised_ffn(vocab_size: int, width: int, layers: int, heads: int, position: str,
+                  shifts, budget: int, context: int | None = None) -> int:
+    """The feed-forward width whose ``TransformerLM`` has the parameter count closest to
+    ``budget`` (one unit of width costs 2·width + 1 parameters per layer)."""
+    base = 4 * width
+    m = TransformerLM(vocab_size, width, layers, heads, position, shifts, base, context=context)
+    p0 = sum(p.numel() for p in m.parameters())
+    return max(1, base + round((budget - p0) / (layers * (2 * width + 1))))

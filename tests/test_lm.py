@@ -1,0 +1,218 @@
+"""sc.nn.TransformerLM and its parts: causality, any length, ALiBi, shift heads, parameter
+counts, generation with a cache, configs, and the lm bench / shift-heads recipe at tiny sizes."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import structconv as sc
+from structconv.attention.basis import CausalShift, shift_basis
+from structconv.attention.positions import alibi_mask, alibi_slopes, causal_shift, rotary
+from structconv.nn.lm import POSITIONS, CausalSelfAttention, TransformerLM, equalised_ffn
+
+V = 13
+
+
+def _model(kind, dtype=torch.float64, **kw):
+    torch.manual_seed(0)
+    kw.setdefault("context", 16)
+    return TransformerLM(V, 16, 2, 2, kind, shifts=3, **kw).to(dtype).eval()
+
+
+@pytest.mark.parametrize("kind", POSITIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_causal_for_every_kind_exactly(kind, dtype):
+    m = _model(kind, dtype)
+    ids = torch.randint(0, V, (3, 16))
+    y = m(ids)
+    for j in (0, 5, 15):
+        ids2 = ids.clone()
+        ids2[:, j] = (ids2[:, j] + 1) % V
+        y2 = m(ids2)
+        assert torch.equal(y[:, :j], y2[:, :j]), f"{kind}: a change at {j} leaked backwards"
+        assert not torch.equal(y[:, j], y2[:, j])
+
+
+@pytest.mark.parametrize("kind", [k for k in POSITIONS if k != "learned"])
+def test_any_length(kind):
+    m = _model(kind, torch.float32)  # "trained" at 16
+    y = m(torch.randint(0, V, (2, 256)))
+    assert y.shape == (2, 256, V) and torch.isfinite(y).all()
+
+
+def test_learned_raises_beyond_its_context():
+    m = _model("learned")
+    m(torch.randint(0, V, (1, 16)))
+    with pytest.raises(ValueError, match="exceeds the learned context 16"):
+        m(torch.randint(0, V, (1, 17)))
+    with pytest.raises(ValueError, match="needs context"):
+        TransformerLM(V, 16, 1, 2, "learned")
+
+
+def test_alibi_slopes_are_press_et_al():
+    assert torch.equal(alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)],
+                                                     dtype=torch.float64))
+    assert torch.equal(alibi_slopes(4), torch.tensor([2.0 ** -(2 * (i + 1)) for i in range(4)],
+                                                     dtype=torch.float64))
+    # not a power of two: the 4-head slopes, then every other slope of 8 heads
+    want = [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8, 2.0 ** -1, 2.0 ** -3]
+    assert alibi_slopes(6).tolist() == want
+
+
+def test_alibi_mask_equals_its_formula():
+    m = alibi_slopes(3)
+    got = alibi_mask(m, 5, 9, 4, dtype=torch.float64)  # 5 queries after 4 cached keys
+    for h in range(3):
+        for i in range(5):
+            for j in range(9):
+                want = -m[h] * (i + 4 - j) if j <= i + 4 else -math.inf
+                assert got[h, i, j] == want
+
+
+def test_alibi_layer_equals_the_dense_formula():
+    torch.manual_seed(1)
+    E, H, L = 12, 3, 7
+    layer = CausalSelfAttention(E, H, alibi=True, bias=False).double()
+    x = torch.randn(2, L, E, dtype=torch.float64)
+    D = E // H
+    q, k, v = layer.in_proj(x).split(E, -1)
+    q, k, v = (t.reshape(2, L, H, D).transpose(1, 2) for t in (q, k, v))
+    i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
+    s = q @ k.transpose(-1, -2) / math.sqrt(D) - alibi_slopes(H)[:, None, None] * (i - j)
+    s = s.masked_fill(j > i, -math.inf)
+    want = layer.out_proj((s.softmax(-1) @ v).transpose(1, 2).reshape(2, L, E))
+    torch.testing.assert_close(layer(x), want, rtol=1e-12, atol=1e-12)
+
+
+def test_rotary_scores_depend_only_on_the_offset():
+    q = torch.randn(1, 1, 1, 6, dtype=torch.float64).expand(1, 1, 9, 6)
+    k = torch.randn(1, 1, 1, 6, dtype=torch.float64).expand(1, 1, 9, 6)
+    s = rotary(q) @ rotary(k).transpose(-1, -2)
+    d = torch.diagonal(s[0, 0], 2)
+    torch.testing.assert_close(d, d[:1].expand(7))
+    torch.testing.assert_close(rotary(q, 5)[..., :4, :], rotary(q)[..., 5:, :])
+
+
+@settings(max_examples=40, deadline=None)
+@given(L=st.integers(1, 9), shifts=st.lists(st.integers(0, 5), min_size=1, max_size=4),
+       past=st.booleans(), C=st.integers(1, 3))
+def test_shift_heads_equal_their_dense_shift_matrices(L, shifts, past, C):
+    R = max(shifts) if past and max(shifts) else 0
+    basis = CausalShift(L, shifts, past=R)
+    z = torch.randn(2, R + L, len(shifts), C, dtype=torch.float64)
+    A = basis.to_dense().double()  # (S, M, N): A_s[m, n] = 1 iff m = n + R - s
+    want = torch.einsum("kmn,bmkc->bnkc", A, z)
+    torch.testing.assert_close(basis.propagate_heads(z), want)
+    if not R:  # the same matrices as shift_basis (the Sparse definition)
+        torch.testing.assert_close(A, shift_basis(L, shifts, dtype=torch.float64).to_dense())
+        torch.testing.assert_close(causal_shift(z, shifts), want)
+
+
+def test_attention_with_shift_heads_is_one_structured_convolution():
+    torch.manual_seed(2)
+    E, H, L = 12, 3, 6
+    layer = CausalSelfAttention(E, H, shifts=[0, 1, 3], bias=False).double()
+    x = torch.randn(2, L, E, dtype=torch.float64)
+    basis = layer.basis(x)
+    assert isinstance(basis, sc.basis.Stack) and basis.K == H + 3
+    y = sc.convolve(x, basis, layer.value_out())
+    torch.testing.assert_close(layer(x), y, rtol=1e-12, atol=1e-12)
+    # and the dense definition: attention heads' weights, then the shift matrices
+    th = layer.value_out()()  # (K, E, E)
+    w = basis.parts[0].weights()  # (B, H, N, M)
+    ref = torch.einsum("bhnm,bmp,hpq->bnq", w, x, th[:H])
+    ref = ref + torch.einsum("kmn,bmp,kpq->bnq", basis.parts[1].to_dense().double(), x, th[H:])
+    torch.testing.assert_close(layer(x), ref, rtol=1e-12, atol=1e-12)
+
+
+def _expected_params(V, E, n, H, ffn, S, learned_ctx=0):
+    D = E // H
+    attn = E * (3 * H + S) * D + (3 * H + S) * D + (H + S) * D * E + E
+    mlp = E * ffn + ffn + ffn * E + E
+    return V * E + learned_ctx * E + n * (attn + mlp + 4 * E) + 2 * E
+
+
+@pytest.mark.parametrize("kind", POSITIONS)
+def test_parameter_counts(kind):
+    m = TransformerLM(65, 128, 4, 4, kind, shifts=4, context=64)
+    S = 4 if kind.startswith("shift") else 0
+    n = sum(p.numel() for p in m.parameters())
+    assert n == _expected_params(65, 128, 4, 4, 512, S, 64 if kind == "learned" else 0)
+    budget = _expected_params(65, 128, 4, 4, 512, 0)
+    ffn = equalised_ffn(65, 128, 4, 4, kind, 4, budget, 64)
+    n = sum(p.numel() for p in TransformerLM(65, 128, 4, 4, kind, 4, ffn, context=64)
+            .parameters())
+    assert abs(n - budget) <= 4 * (2 * 128 + 1) // 2 + 1
+    if kind == "shift":
+        assert ffn == 384  # S·D = 128 units of feed-forward width pay for the shift heads
+
+
+@pytest.mark.parametrize("kind", POSITIONS)
+def test_generation_with_a_cache_equals_without(kind):
+    m = _model(kind, context=12)
+    prompt = torch.randint(0, V, (2, 5))
+    a = m.generate(prompt, 14, temperature=0)  # learned: runs past its context (crops)
+    b = m.generate(prompt, 14, temperature=0, use_cache=False)
+    assert torch.equal(a, b)
+    # step by step through the cache, the logits equal the full forward's
+    seq = a[:, :12]
+    cache = m.new_cache()
+    steps = [m(seq[:, :4], cache)] + [m(seq[:, t:t + 1], cache) for t in range(4, 12)]
+    torch.testing.assert_close(torch.cat(steps, 1), m(seq), rtol=1e-10, atol=1e-10)
+    g = torch.Generator().manual_seed(3)
+    s1 = m.generate(prompt, 6, top_k=5, generator=g)
+    g = torch.Generator().manual_seed(3)
+    s2 = m.generate(prompt, 6, top_k=5, generator=g, use_cache=False)
+    assert torch.equal(s1, s2)
+
+
+def test_bad_arguments_name_the_value():
+    with pytest.raises(ValueError, match="unknown position 'relative'"):
+        TransformerLM(V, 16, 1, 2, "relative")
+    with pytest.raises(ValueError, match="heads must be an int >= 1"):
+        TransformerLM(V, 16, 1, 0)
+    with pytest.raises(ValueError, match="needs at least one shift"):
+        TransformerLM(V, 16, 1, 2, "shift", shifts=0)
+    with pytest.raises(ValueError, match="multiple of heads"):
+        CausalSelfAttention(10, 3)
+    with pytest.raises(ValueError, match="integer token ids"):
+        _model("none")(torch.randn(2, 3))
+    with pytest.raises(ValueError, match=">= 0"):
+        CausalShift(4, [-1])
+
+
+def test_config_builds_a_transformer_lm(tmp_path):
+    from structconv.config import ConfigError, build_model, load_config
+    from structconv.data.text import encode_text
+
+    data = encode_text("t", "the quick brown fox jumps over the lazy dog " * 20)
+    data.task = "text"
+    cfg = load_config("transformer_python", ["model.lm.position=alibi", "model.lm.layers=1"])
+    m = build_model(cfg, data)
+    assert isinstance(m, TransformerLM) and m.position == "alibi" and len(m.blocks) == 1
+    for bad, msg in (("model.lm.position=relative", "model.lm.position must be one of"),
+                     ("model.lm.width=10", "divisible by heads"),
+                     ("model.lm.depth=3", "unknown key 'depth'"),
+                     ("model.lm.dropout=1.5", "dropout must be in")):
+        with pytest.raises(ConfigError, match=msg):
+            load_config("transformer_python", [bad])
+
+
+def test_lm_bench_and_shift_heads_recipe_run(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "structconv.cli", "bench", "lm", "--quick",
+                        "--repeats", "1", "--kinds", "shift,alibi", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "lm.json").read_text())
+    case = res["cases"][0]
+    assert case["params"]["plain"] == case["params"]["learned"]
+    assert {"learned_over_plain", "shift_over_none", "alibi_over_none"} <= set(case["ratios"])
