@@ -162,5 +162,5 @@ def test_checkpoint_metadata_of_the_wrong_structure(tmp_path, field, value):
     meta = json.loads((tmp_path / CHECKPOINT_JSON).read_text())
     meta[field] = value
     (tmp_path / CHECKPOINT_JSON).write_text(json.dumps(meta))
-    with pytest.raises(CheckpointError, match="corrupt checkpoint metadata"):
+    with pytest.raises(CheckpointError, match=f"corrupt .* metadata \\(the {field} field does"):
         load_checkpoint(tmp_path)

@@ -40,13 +40,13 @@ def test_window_losses_score_the_right_positions(f64):
     # non-overlapping: every position of each whole window once
     want = torch.cat([torch.nn.functional.cross_entropy(m(ids[s:s + L][None])[0],
                                                         ids[s + 1:s + L + 1], reduction="none")
-                      for s in range(0, 40 - L + 1, L)]).mean()
+                      for s in range(0, 40 - L + 1, L)]).mean().detach()
     assert math.isclose(shift_heads.window_loss(m, ids, L), float(want), rel_tol=1e-12)
     # sliding: windows advanced by 4, only their last 4 positions scored
     want = torch.cat([torch.nn.functional.cross_entropy(m(ids[s:s + L][None])[0, -4:],
                                                         ids[s + L - 3:s + L + 1],
                                                         reduction="none")
-                      for s in range(0, 40 - L + 1, 4)]).mean()
+                      for s in range(0, 40 - L + 1, 4)]).mean().detach()
     assert math.isclose(shift_heads.window_loss(m, ids, L, 4), float(want), rel_tol=1e-12)
 
 

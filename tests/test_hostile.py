@@ -255,7 +255,14 @@ def test_mnist_values_are_checked(tmp_path, kind):
 
 @pytest.mark.parametrize("override,match", [
     (["train.lr=1e300"], "train.lr must be at most 1e+30"),
-    (["model.layers.0.channels=1000000000"], "parameters do not fit in this machine's memory"),
+    (["model.layers.0.channels=1000000000"], "the model needs about"),
+    (["data.batch_size=100000000"], "activations of a batch of 100000000"),
+    (["data.batches_per_epoch=100000000"],
+     "data.batches_per_epoch must be an int in [0, 1,000,000]"),
+    (["model.layers.1.pool=3"], "pool must be avg, max or a table"),
+    (['model.layers.1.pool={kind="max",stride=0}'], "stride must be an int >= 1"),
+    (['model.layers.1.pool={kind="max",kernel_size=20}'], "max pooling over (8, 8)"),
+    (['model.layers.1.pool={kind="avg",size=2}'], "unknown key(s) size"),
     (["model.readout=none", "model.classifier=false"], "an image task needs one per image"),
 ])
 def test_absurd_configs_exit_2_with_one_line(tmp_path, capsys, override, match):
@@ -277,3 +284,128 @@ def test_polynomial_order_is_bounded_in_configs(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err
     assert "K must be an int in [1, 1000], got 1000000" in err[0]
+
+
+@pytest.mark.parametrize("pool", ["avg", "max"])
+def test_pool_may_be_named_by_its_kind(tmp_path, capsys, pool):
+    from structconv.cli import main
+
+    rc = main(["train", "--config", "cnn_digits", "train.epochs=1", f'model.layers.1.pool="{pool}"',
+               "--out", str(tmp_path / "r")])
+    assert rc == 0, capsys.readouterr().err
+
+
+def test_memory_estimate_counts_parameters_and_activations():
+    from structconv.config import load_config, memory_estimate, validate
+    from structconv.train import load_data
+
+    cfg = validate(load_config("cnn_digits"))
+    est = memory_estimate(cfg, load_data(cfg))
+    # 9,930 parameters x (weights, grads, two Adam moments) in float32
+    assert est["n_params"] == 9930 and est["params"] == 9930 * 4 * 4
+    # per image: (1 in + 2 x 16) + (16 in + 2 x 32) channels over 64 cells, twice (grads), x 64
+    assert est["activations"] == 2 * 64 * (64 * (1 + 32) + 64 * (16 + 64)) * 4
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """A gcn_karate run stopped after 3 of 6 epochs: its directory to copy and corrupt."""
+    from structconv.cli import main
+
+    run = tmp_path_factory.mktemp("stopped") / "run"
+    assert main(["train", "--config", "gcn_karate", "train.epochs=6", "train.checkpoint_every=1",
+                 "--stop-after", "3", "--out", str(run)]) == 0
+    return run
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda o: o["param_groups"][0].__setitem__("lr", "fast"),
+     r"param_groups\[0\].lr must be a finite"),
+    (lambda o: o["param_groups"][0].__setitem__("lr", float("inf")),
+     r"lr must be a finite number, got inf"),
+    (lambda o: o["param_groups"][0].__setitem__("params", [99]), r"params must be \[0, 1, 2, 3\]"),
+    (lambda o: o["param_groups"][0].__setitem__("betas", [0.9]), "betas must be a list of 2"),
+    (lambda o: o["param_groups"][0].__setitem__("amsgrad", 3), "amsgrad must be a bool or null"),
+    (lambda o: o["param_groups"][0].pop("eps"), r"param_groups\[0\] must have the keys"),
+    (lambda o: o.__setitem__("param_groups", 5), "the optimizer field does not have"),
+    (lambda o: o["scalars"].__setitem__("0.step", "x"),
+     "state 0.step must be a tensor or a number"),
+    (lambda o: o["scalars"].__setitem__("9.step", 1), "state for parameter 9"),
+])
+def test_corrupt_optimizer_metadata_is_named(tmp_path, capsys, stopped_run, edit, match):
+    import json
+    import shutil
+
+    from structconv.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    meta = json.loads((run / "checkpoint.json").read_text())
+    edit(meta["optimizer"])
+    (run / "checkpoint.json").write_text(json.dumps(meta))
+    rc = main(["train", "--resume", str(run)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert "corrupt optimizer metadata" in err[0]
+    import re
+    assert re.search(match, err[0]), err[0]
+
+
+def test_eval_of_a_folder_that_is_not_a_run(tmp_path, capsys):
+    from structconv.cli import main
+
+    rc = main(["eval", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "not a run directory" in err[0], err
+    assert "--resume" not in err[0]
+
+
+# -- DDP faults: a lost rank ends the run in bounded time with one line ----------------------------
+def _workers(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+@pytest.mark.parametrize("sig,bound", [("SIGKILL", 30), ("SIGSTOP", 60)])
+def test_a_lost_ddp_rank_is_named_and_resumable(tmp_path, sig, bound):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    env = dict(os.environ, STRUCTCONV_DDP_TIMEOUT="5")
+    p = subprocess.Popen([sys.executable, "-m", "structconv.cli", "train", "--config",
+                          "gcn_karate", "train.epochs=100000", "train.checkpoint_every=1",
+                          "--nproc", "2", "--out", str(run)], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    victim = None
+    try:
+        t0 = time.monotonic()
+        while not (run / "checkpoint.json").is_file():
+            assert time.monotonic() - t0 < 60 and p.poll() is None, "the run did not start"
+            time.sleep(0.05)
+        kids = _workers(p.pid)
+        assert len(kids) >= 2, kids
+        victim = kids[-1]
+        os.kill(victim, getattr(signal, sig))
+        t1 = time.monotonic()
+        _, err = p.communicate(timeout=bound)
+        took = time.monotonic() - t1
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+        if victim is not None and sig == "SIGSTOP":
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    lines = err.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, err
+    assert "resume from the last checkpoint with: structconv train --resume" in lines[0]
+    if sig == "SIGKILL":
+        assert "killed by SIGKILL" in lines[0] and took < bound
+    else:
+        assert "stopped responding" in lines[0] and "STRUCTCONV_DDP_TIMEOUT" in lines[0]

@@ -178,16 +178,22 @@ def save_checkpoint(run_dir, epoch: int, model_state: dict, optimizer_state: dic
 def _check_structure(meta: dict, where: Path) -> None:
     """Refuse metadata whose fields do not have the shapes that ``save_checkpoint`` writes."""
     rng, opt = meta.get("rng"), meta.get("optimizer")
-    ok = (isinstance(meta.get("file"), str) and isinstance(meta.get("trainer"), dict)
-          and isinstance(rng, dict) and isinstance(rng.get("python"), list)
-          and len(rng["python"]) == 3 and isinstance(rng["python"][1], list)
-          and isinstance(rng.get("numpy"), list) and len(rng["numpy"]) == 4
-          and isinstance(opt, dict) and isinstance(opt.get("scalars"), dict)
-          and isinstance(opt.get("param_groups"), list)
-          and all(isinstance(g, dict) for g in opt["param_groups"]))
-    if not ok:
-        raise CheckpointError(f"{where}: corrupt checkpoint metadata (the file, rng, trainer or "
-                              "optimizer fields do not have the structure structconv writes)")
+    checks = {
+        "file": isinstance(meta.get("file"), str),
+        "trainer": isinstance(meta.get("trainer"), dict),
+        "rng": (isinstance(rng, dict) and isinstance(rng.get("python"), list)
+                and len(rng["python"]) == 3 and isinstance(rng["python"][1], list)
+                and isinstance(rng.get("numpy"), list) and len(rng["numpy"]) == 4),
+        "optimizer": (isinstance(opt, dict) and isinstance(opt.get("scalars"), dict)
+                      and isinstance(opt.get("param_groups"), list)
+                      and all(isinstance(g, dict) for g in opt["param_groups"])),
+    }
+    bad = [k for k, ok in checks.items() if not ok]
+    if bad:
+        what = "optimizer metadata" if bad == ["optimizer"] else "checkpoint metadata"
+        raise CheckpointError(f"{where}: corrupt {what} (the {', '.join(bad)} field"
+                              f"{'s do' if len(bad) > 1 else ' does'} not have the structure "
+                              "structconv writes)")
 
 
 def load_checkpoint(run_dir) -> dict:

@@ -188,7 +188,7 @@ def _check_nproc(args) -> None:
 
 def _train_processes(args, cfg, out: Path, progress: bool) -> dict:
     """``--nproc N``: N data-parallel worker processes; their result from the run directory."""
-    from .distributed import spawn
+    from .distributed import SpawnError, spawn
 
     if cfg is not None:
         # the workers must not race to create the run; validate it once here
@@ -197,9 +197,16 @@ def _train_processes(args, cfg, out: Path, progress: bool) -> dict:
         _setup_run(out, cfg, False)
     result_path = out / "result.json"
     # CUDA cannot be used in forked children once the driver is initialised: spawn there
-    spawn(args.nproc, _train_worker, cfg, str(out), args.device, bool(args.resume),
-          progress, args.stop_after,
-          start_method="spawn" if args.device.startswith("cuda") else None)
+    try:
+        spawn(args.nproc, _train_worker, cfg, str(out), args.device, bool(args.resume),
+              progress, args.stop_after,
+              start_method="spawn" if args.device.startswith("cuda") else None)
+    except SpawnError as e:
+        # the last checkpoint is intact (atomic writes): say how to go on from it
+        if (out / "checkpoint.json").is_file():
+            raise SpawnError(f"{e}; resume from the last checkpoint with: {PROG} train "
+                             f"--resume {out} --nproc {args.nproc}") from None
+        raise
     return json.loads(result_path.read_text()) if result_path.is_file() else \
         {"interrupted": True, "epoch": "?"}
 

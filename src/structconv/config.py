@@ -55,6 +55,10 @@ _ACT = {"relu": F.relu, "gelu": F.gelu, "elu": F.elu, "tanh": torch.tanh,
 
 
 # -- loading -------------------------------------------------------------------------------------
+#: batches in one epoch at most: beyond it an epoch runs for days with nothing written
+MAX_BATCHES = 1_000_000
+
+
 def _merge(base: dict, over: dict) -> dict:
     out = copy.deepcopy(base)
     for k, v in over.items():
@@ -102,7 +106,9 @@ def load_config(path: str | Path, overrides: list[str] | tuple = ()) -> dict:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read config {p}: {e}") from None
     cfg = parse_config(text, str(p))
-    return validate(apply_overrides(cfg, overrides), str(p)) if overrides else cfg
+    # defaults again under the result: an override may replace a whole table (``data={}``)
+    return validate(_merge(DEFAULTS, apply_overrides(cfg, overrides)), str(p)) \
+        if overrides else cfg
 
 
 def _parse_value(text: str):
@@ -133,6 +139,9 @@ def apply_overrides(cfg: dict, overrides) -> dict:
                     raise ConfigError(f"bad override {item!r}: {'.'.join(parts[:i + 1])} is not "
                                       f"an index below {len(node)}")
                 node = node[int(p)]
+                if not isinstance(node, (dict, list)):
+                    raise ConfigError(f"bad override {item!r}: {'.'.join(parts[:i + 1])} is "
+                                      f"{node!r}, not a table")
             else:
                 if not isinstance(node.get(p), (dict, list)):
                     raise ConfigError(f"bad override {item!r}: no table "
@@ -173,11 +182,15 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
     for k in cfg:
         _need(k in _TOP, f"{source}: unknown top-level key {k!r} "
                          f"(expected {', '.join(sorted(_TOP))})")
+    for sec in ("data", "model", "train", "seed"):
+        _need(sec in cfg, f"{source}: missing {'key' if sec == 'seed' else 'table'} {sec}")
     for sec in ("data", "model", "train"):
         _need(isinstance(cfg[sec], dict), f"{source}: [{sec}] must be a table")
         for k in cfg[sec]:
             _need(k in DEFAULTS[sec], f"{source}: unknown key {sec}.{k} (known: "
                                       f"{', '.join(sorted(DEFAULTS[sec]))})")
+        missing = [f"{sec}.{k}" for k in DEFAULTS[sec] if k not in cfg[sec]]
+        _need(not missing, f"{source}: missing key(s) {', '.join(missing)}")
     t = cfg["train"]
     for k in ("epochs", "patience", "checkpoint_every"):
         _need(isinstance(t[k], int) and not isinstance(t[k], bool) and t[k] >= 0,
@@ -200,8 +213,10 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
     for k in ("batch_size", "seq_len", "eval_batch_size"):
         _need(isinstance(d[k], int) and not isinstance(d[k], bool) and d[k] >= 1,
               f"{source}: data.{k} must be an int >= 1, got {d[k]!r}")
-    _need(isinstance(d["batches_per_epoch"], int) and d["batches_per_epoch"] >= 0,
-          f"{source}: data.batches_per_epoch must be an int >= 0")
+    bpe = d["batches_per_epoch"]
+    _need(isinstance(bpe, int) and not isinstance(bpe, bool) and 0 <= bpe <= MAX_BATCHES,
+          f"{source}: data.batches_per_epoch must be an int in [0, {MAX_BATCHES:,}] (0: one "
+          f"pass over the data), got {bpe!r}")
     _need(isinstance(cfg["seed"], int), f"{source}: seed must be an int, got {cfg['seed']!r}")
     m = cfg["model"]
     _need(isinstance(m["embedding"], int) and not isinstance(m["embedding"], bool)
@@ -301,6 +316,10 @@ def _check_layer(layer: dict, where: str):
         _check_basis(layer["basis"], f"{where}.basis")
     _need(layer.get("norm", "none") in ("none", "layer"),
           f"{where}: norm must be none or layer, got {layer.get('norm')!r}")
+    if "pool" in layer:
+        pool = layer["pool"]
+        _need(isinstance(pool, (str, dict)), f"{where}: pool must be avg, max or a table like "
+                                             f"{{ kind = \"max\", kernel_size = 2 }}, got {pool!r}")
 
 
 def _basis_spec(spec) -> dict:
@@ -506,6 +525,20 @@ class _Pool(nn.Module):
         self.kind, self.in_shape = kind, tuple(in_shape)
         ks, st = spec.get("kernel_size", 2), spec.get("stride")
         pad = spec.get("padding", 0)
+        for name, v, low in (("kernel_size", ks, 1), ("stride", st, 1), ("padding", pad, 0)):
+            ok = lambda u: isinstance(u, int) and not isinstance(u, bool) and u >= low  # noqa
+            _need(v is None and name == "stride" or ok(v) or
+                  isinstance(v, list) and len(v) == len(in_shape) and all(map(ok, v)),
+                  f"{where}: {name} must be an int >= {low} or a list of {len(in_shape)}, "
+                  f"got {v!r}")
+        per_dim = lambda v: list(v) if isinstance(v, list) else [v] * len(in_shape)  # noqa
+        # torch's rule for both pools: a window is never more than half padding
+        _need(all(p <= k // 2 for p, k in zip(per_dim(pad), per_dim(ks))),
+              f"{where}: padding must be at most half the kernel_size, got padding {pad!r} "
+              f"with kernel_size {ks!r}")
+        unknown = set(spec) - {"kind", "kernel_size", "stride", "padding"}
+        _need(not unknown, f"{where}: unknown key(s) {', '.join(sorted(unknown))} (known: kind, "
+                           "kernel_size, stride, padding)")
         if kind == "avg":
             self.basis = B.AvgPool(self.in_shape, ks, stride=st, padding=pad)
             self.out_shape = tuple(self.basis.out_shape)
@@ -514,7 +547,11 @@ class _Pool(nn.Module):
             self.args = (ks, st if st is not None else ks, pad)
             fn = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[nd - 1]
             self.fn = fn
-            self.out_shape = tuple(fn(torch.zeros(1, 1, *self.in_shape), *self.args).shape[2:])
+            try:
+                probe = fn(torch.zeros(1, 1, *self.in_shape, device="cpu"), *self.args)
+            except RuntimeError as e:  # torch's own check of the sizes, named by this layer
+                raise ConfigError(f"{where}: max pooling over {self.in_shape}: {e}") from None
+            self.out_shape = tuple(probe.shape[2:])
 
     def forward(self, x: Tensor) -> Tensor:
         if self.kind == "avg":
@@ -547,6 +584,8 @@ class StructNet(nn.Module):
             channels = d
         featureless = self.task == "node" and info.get("featureless", False)
         blocks = []
+        #: activation scalars one sample keeps for the backward pass, about (memory_estimate)
+        self.activation_elements = 0
         for i, layer in enumerate(m["layers"]):
             where = f"model.layers.{i}"
             ch = layer.get("channels", "same")
@@ -571,8 +610,16 @@ class StructNet(nn.Module):
                     ctx = replace(ctx, grid=_out_grid(basis, ctx.grid))
                 if "pool" in layer:
                     _need(ctx.grid is not None, f"{where}: pool needs grid-shaped input")
-                    pool = _Pool(dict(layer["pool"]), ctx.grid, f"{where}.pool")
+                    spec_p = layer["pool"]
+                    pool = _Pool({"kind": spec_p} if isinstance(spec_p, str) else dict(spec_p),
+                                 ctx.grid, f"{where}.pool")
                     ctx = replace(ctx, grid=pool.out_shape)
+            grid = pool.in_shape if pool is not None else ctx.grid  # the conv's output grid
+            entries = math.prod(grid) if grid else (info.get("num_nodes") or 1)
+            # the input's dropout copy (none for the identity input of featureless nodes), the
+            # conv's output and the activation's
+            pin = 0 if featureless and i == 0 else channels
+            self.activation_elements += entries * (pin + 2 * Q)
             if layer.get("residual"):
                 _need(Q == channels, f"{where}: residual needs channels == input channels "
                                      f"({channels}), got {Q}")
@@ -644,6 +691,74 @@ def build_lm(cfg: dict, data) -> nn.Module:
                          s["shifts"], s["ffn"] or None, float(s["dropout"]),
                          context=s["context"] or cfg["data"]["seq_len"], bias=s["bias"],
                          tie_weights=s["tie_weights"])
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**28 else f"{n / 2**20:,.0f} MiB"
+
+
+def available_memory(device: str | torch.device = "cpu") -> int | None:
+    """Bytes free for a new run on ``device``: MemAvailable of /proc/meminfo (CPU) or the
+    driver's free memory (CUDA); None where it cannot be read."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return int(torch.cuda.mem_get_info(dev)[0]) if torch.cuda.is_available() else None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def memory_estimate(cfg: dict, data) -> dict | None:
+    """Bytes one training step of ``cfg``'s model on ``data`` needs, about: ``params``
+    (weights, gradients and optimizer state) and ``activations`` (one batch, kept for the
+    backward pass, and their gradients). The model is built on the meta device, so nothing is
+    allocated; None when a basis cannot be built there (its estimate is then skipped)."""
+    try:
+        with torch.device("meta"):
+            model = build_lm(cfg, data) if cfg["model"]["lm"] else \
+                StructNet(cfg, data_info(data, cfg))
+    except ConfigError:
+        raise
+    except Exception:  # a basis that computes on its real structure tensors: no estimate
+        return None
+    t, d = cfg["train"], cfg["data"]
+    nbytes = 8 if cfg["model"]["dtype"] == "float64" else 4
+    # weights + gradients, and Adam's two moments or SGD's momentum buffer
+    copies = 2 + (2 if t["optimizer"] in ("adam", "adamw") else int(t["momentum"] > 0))
+    n_params = sum(p.numel() for p in model.parameters())
+    if cfg["model"]["lm"]:
+        s = {**_LM_KEYS, **cfg["model"]["lm"]}
+        T, w = d["seq_len"], s["width"]
+        ffn = s["ffn"] or 4 * w
+        # per token and layer: norms, q/k/v, attention output, residuals and the MLP's two
+        # maps; per layer the (heads, T, T) attention weights; then the logits
+        per_sample = T * s["layers"] * (10 * w + 2 * ffn + s["heads"] * T) \
+            + 2 * T * len(data.vocab)
+    else:
+        per_sample = model.activation_elements
+    batch = 1 if data.task == "node" else d["batch_size"]
+    return {"params": n_params * nbytes * copies, "activations": 2 * per_sample * batch * nbytes,
+            "n_params": n_params, "batch": batch, "copies": copies}
+
+
+def check_memory(cfg: dict, data, device: str | torch.device = "cpu") -> dict | None:
+    """Refuse (ConfigError with the estimate) a run whose ``memory_estimate`` exceeds the
+    memory available on ``device``; returns the estimate."""
+    est = memory_estimate(cfg, data)
+    free = available_memory(device)
+    if est is None or free is None:
+        return est
+    need = est["params"] + est["activations"]
+    _need(need <= free, f"the model needs about {_gib(need)} to train ({est['n_params']:,} "
+                        f"parameters x{est['copies']} with gradients and optimizer state: "
+                        f"{_gib(est['params'])}; activations of a batch of {est['batch']}: "
+                        f"{_gib(est['activations'])}), more than the {_gib(free)} available "
+                        "on this machine: reduce channels, layers or data.batch_size")
+    return est
 
 
 def build_model(cfg: dict, data) -> nn.Module:

@@ -6,6 +6,8 @@ Processes come from ``torchrun`` (which sets RANK / WORLD_SIZE / LOCAL_RANK / MA
 
 from __future__ import annotations
 
+import datetime
+import logging
 import os
 import socket
 import sys
@@ -15,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["World", "world", "init", "cleanup", "free_port", "spawn", "all_reduce_sum",
-           "barrier", "SpawnError"]
+           "barrier", "SpawnError", "collective_timeout"]
 
 
 class SpawnError(RuntimeError):
@@ -51,8 +53,24 @@ def init(device: str = "cpu") -> World:
         backend = "nccl" if device.startswith("cuda") else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(w.local_rank)
-        dist.init_process_group(backend, init_method="env://", rank=w.rank, world_size=w.size)
+        dist.init_process_group(backend, init_method="env://", rank=w.rank, world_size=w.size,
+                                timeout=datetime.timedelta(seconds=collective_timeout()))
     return world()
+
+
+def collective_timeout() -> float:
+    """Seconds a collective waits for the other ranks before failing: ``STRUCTCONV_DDP_TIMEOUT``
+    (default 120). A stopped or hung rank then ends the run with a message instead of holding
+    the others forever (torch's default is 30 minutes)."""
+    raw = os.environ.get("STRUCTCONV_DDP_TIMEOUT", "120")
+    try:
+        v = float(raw)
+    except ValueError:
+        raise ValueError(f"STRUCTCONV_DDP_TIMEOUT must be a number of seconds, got {raw!r}") \
+            from None
+    if not 0 < v <= 86400:
+        raise ValueError(f"STRUCTCONV_DDP_TIMEOUT must be in (0, 86400] seconds, got {raw!r}")
+    return v
 
 
 def cleanup() -> None:
@@ -112,14 +130,34 @@ def spawn(nproc: int, fn, *args, start_method: str | None = None) -> None:
         start_method = "fork" if fork_ok else "spawn"
     ctx = mp.get_context(start_method)
     errors = ctx.SimpleQueue()
+    # torch logs each worker it terminates after a failure; the failure is reported in one line
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     try:
-        mp.start_processes(_worker, args=(nproc, free_port(), errors, fn, args), nprocs=nproc,
-                           start_method=start_method)
+        procs = mp.start_processes(_worker, args=(nproc, free_port(), errors, fn, args),
+                                   nprocs=nproc, start_method=start_method, join=False)
+        # after a failure the others get SIGTERM, then SIGKILL after 5 s: a stopped (SIGSTOP)
+        # worker cannot act on SIGTERM, and torch's default would wait 30 s for it
+        while not procs.join(grace_period=5):
+            pass
     except mp.ProcessExitedException as e:
-        msgs = []
-        while not errors.empty():
-            msgs.append(errors.get())
-        if msgs:
-            rank, msg = sorted(msgs)[0]
-            raise SpawnError(f"{msg} (rank {rank})") from None
-        raise SpawnError(f"a worker process failed: {e}") from None
+        raise SpawnError(_lost(e, errors)) from None
+
+
+def _lost(e, errors) -> str:
+    """One line on why a spawned group failed: a rank that died by a signal is named as the
+    cause (the survivors' "connection reset" or timeout is only its consequence)."""
+    msgs = []
+    while not errors.empty():
+        msgs.append(errors.get())
+    if getattr(e, "signal_name", None):
+        return (f"rank {e.error_index} was lost (killed by {e.signal_name}); the other ranks "
+                "stopped with it")
+    timed_out = [(r, m) for r, m in msgs if "timed out" in m.lower() or "timeout" in m.lower()]
+    if timed_out:
+        r = timed_out[0][0]
+        return (f"a rank stopped responding: rank {r} waited {collective_timeout():g} s for a "
+                "collective (STRUCTCONV_DDP_TIMEOUT) and gave up")
+    if msgs:
+        rank, msg = sorted(msgs)[0]
+        return f"{msg} (rank {rank})"
+    return f"a worker process failed: {e}"

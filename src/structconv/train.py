@@ -35,7 +35,7 @@ from .checkpoint import (
     save_weights,
     set_rng_state,
 )
-from .config import ConfigError, build_model, validate
+from .config import ConfigError, build_model, check_memory, validate
 from .data.registry import load_dataset
 from .io import atomic_write_bytes, atomic_write_json
 
@@ -278,6 +278,52 @@ def train(cfg: dict | None, out: str | Path, device: str = "cpu", resume: bool =
     return t.finish()
 
 
+def _value_kind(v) -> str:
+    if v is None or isinstance(v, bool):
+        return "a bool or null"
+    if isinstance(v, (int, float)):
+        return "a finite number"
+    if isinstance(v, (list, tuple)):
+        return f"a list of {len(v)} numbers"
+    return type(v).__name__
+
+
+def _check_optimizer_state(fresh: dict, saved: dict, where) -> None:
+    """The saved optimizer state has the fresh optimizer's parameter groups (count, params,
+    keys, value kinds) and per-parameter state of its own parameters: a JSON field edited
+    by hand is named instead of failing inside the optimizer's arithmetic."""
+    def bad(what: str):
+        raise CheckpointError(f"{where}: corrupt optimizer metadata ({what})")
+
+    groups = saved.get("param_groups")
+    if not isinstance(groups, list) or len(groups) != len(fresh["param_groups"]):
+        bad(f"param_groups must be a list of {len(fresh['param_groups'])}")
+    for i, (f, g) in enumerate(zip(fresh["param_groups"], groups)):
+        if not isinstance(g, dict) or set(g) != set(f):
+            bad(f"param_groups[{i}] must have the keys {', '.join(sorted(f))}")
+        if g["params"] != f["params"]:
+            bad(f"param_groups[{i}].params must be {f['params']}, got {g['params']!r}")
+        for k, v in f.items():
+            w = g[k]
+            if k == "params":
+                continue
+            nums = [w] if _value_kind(w) == "a finite number" else \
+                w if isinstance(w, (list, tuple)) else []
+            ok = _value_kind(w) == _value_kind(v) and all(
+                isinstance(u, (int, float)) and not isinstance(u, bool) and math.isfinite(u)
+                for u in nums)
+            if not ok:
+                bad(f"param_groups[{i}].{k} must be {_value_kind(v)}, got {w!r}")
+    ids = {p for f in fresh["param_groups"] for p in f["params"]}
+    for i, st in saved.get("state", {}).items():
+        if i not in ids:
+            bad(f"state for parameter {i}, which the optimizer does not have")
+        for k, v in st.items():
+            if not torch.is_tensor(v) and not (isinstance(v, (int, float)) and
+                                               not isinstance(v, bool)):
+                bad(f"state {i}.{k} must be a tensor or a number, got {v!r}")
+
+
 class _Trainer:
     """One training run: the model, optimizer, data and the state a checkpoint holds."""
 
@@ -290,12 +336,16 @@ class _Trainer:
         self.dev = dev
         self.cfg = cfg = _setup_run(run, cfg, resume)
         self.data = load_data(cfg)
+        check_memory(cfg, self.data, dev)
         torch.manual_seed(cfg["seed"])
         self.model = model = build_model(cfg, self.data).to(dev)
         self.dtype = next(model.parameters()).dtype
         self.opt = make_optimizer(cfg, model)
         self.net = model
         if w.size > 1:
+            # a size-1 dim's stride is arbitrary: a (1, P, Q) weight's grad can carry another
+            # one than DDP's bucket view; the copy it warns about costs nothing at these sizes
+            warnings.filterwarnings("ignore", message=".*Grad strides do not match bucket view")
             self.net = nn.parallel.DistributedDataParallel(
                 model, device_ids=[dev.index] if dev.type == "cuda" else None)
         self.state = {"best": None, "best_epoch": 0, "bad_epochs": 0, "history": [],
@@ -313,6 +363,7 @@ class _Trainer:
 
     def _resume(self) -> None:
         ck = load_checkpoint(self.run)
+        _check_optimizer_state(self.opt.state_dict(), ck["optimizer"], self.run / "checkpoint.json")
         try:
             self.model.load_state_dict(ck["model"])
             self.opt.load_state_dict(ck["optimizer"])
@@ -450,6 +501,11 @@ def _splits(data) -> set:
 def load_run(run: str | Path, weights: str = "best", device: str = "cpu"):
     """(cfg, data, model) of a finished or checkpointed run, weights ``best`` or ``last``."""
     run = Path(run)
+    if not run.is_dir():
+        raise CheckpointError(f"{run}: run directory not found")
+    if not (run / "config.json").is_file():
+        raise CheckpointError(f"{run}: not a run directory (no config.json); give a directory "
+                              "made by structconv train")
     cfg = _setup_run(run, None, resume=True)
     data = load_data(cfg)
     model = build_model(cfg, data).to(resolve_device(device))

@@ -28,6 +28,9 @@ from ..params import LowRank
 
 __all__ = ["CausalSelfAttention", "TransformerLM", "POSITIONS", "equalised_ffn"]
 
+#: the amplitude of the sinusoidal encoding: the token embeddings' initial standard deviation
+SINUSOIDAL_SCALE = 0.02
+
 #: the position kinds of ``TransformerLM``
 POSITIONS = ("none", "sinusoidal", "learned", "rotary", "alibi", "shift", "shift+alibi")
 
@@ -267,7 +270,10 @@ class TransformerLM(nn.Module):
             x = x + self.pos[start:start + L]
         elif self.position == "sinusoidal":
             pos = torch.arange(start, start + L, device=ids.device)
-            x = x + sinusoidal(pos, self.width, dtype=x.dtype)
+            # at the token embeddings' initial scale (N(0, 0.02), as a learned table starts):
+            # at amplitude 1 the fixed encoding swamps them (validation loss 2.39 against
+            # 2.03 without any encoding, nanoGPT's CPU configuration, 2,000 steps)
+            x = x + SINUSOIDAL_SCALE * sinusoidal(pos, self.width, dtype=x.dtype)
         return self.drop(x)
 
     def forward(self, ids: Tensor, cache: list | None = None) -> Tensor:
