@@ -12,12 +12,12 @@ from .engine import ROUTES, convolve, explain, plan
 __version__ = "0.1.0"
 
 __all__ = ["convolve", "plan", "explain", "ROUTES", "mixed_product", "materialize", "invert",
-           "compose", "basis", "params", "attention", "nn", "__version__"]
+           "compose", "basis", "params", "attention", "nn", "kg", "sampling", "__version__"]
 
 
 def __getattr__(name):
     # nn and attention import torch.nn machinery and optional extras: load them on first use
-    if name in ("nn", "attention", "data"):
+    if name in ("nn", "attention", "data", "kg", "sampling"):
         import importlib
 
         return importlib.import_module(f".{name}", __name__)

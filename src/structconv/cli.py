@@ -41,6 +41,36 @@ def _common(p: argparse.ArgumentParser, top: bool = False) -> None:
     p.add_argument("--out", default=d(None), help="output directory (per command default)")
 
 
+def _train_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--config", help="TOML file or the name of a shipped config "
+                                    "(see `structconv configs`)")
+    s.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="config overrides, e.g. train.epochs=3 model.layers.0.channels=8")
+    s.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR")
+    s.add_argument("--nproc", type=int, default=1,
+                   help="data-parallel processes on this machine (DDP; gloo on CPU)")
+    s.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bars and per-epoch lines (default: when stderr is a tty)")
+    s.add_argument("--stop-after", type=int, default=0, metavar="N",
+                   help="end this process after N epochs (continue later with --resume)")
+
+
+def _kg_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("action", choices=["sorts"], help="sorts: mine the relation paths")
+    s.add_argument("dataset", help="a relational dataset (fb15k-237, wn18rr, aifb, mutag)")
+    s.add_argument("--root", default=None, help="the dataset's folder (default: "
+                                                "$STRUCTCONV_DATA/<its folder>)")
+    s.add_argument("--max-length", type=int, default=2, help="longest path (default 2)")
+    s.add_argument("--min-length", type=int, default=2, help="shortest path (default 2)")
+    s.add_argument("--top", type=int, default=20, help="paths to list (default 20)")
+    s.add_argument("--rank", choices=["support", "confidence"], default="support",
+                   help="order by walk count or by rule confidence (default support)")
+    s.add_argument("--no-backtrack", action="store_true",
+                   help="leave out paths that step back along an inverse (r . r^-1)")
+    s.add_argument("--min-support", type=int, default=1, help="fewest walks a path needs")
+    s.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (subcommands with their own ``--help``)."""
     from . import __version__
@@ -63,18 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated subset of grid, graph, attention")
     s.add_argument("--progress", action="store_true", help="show progress bars")
 
-    s = cmd("train", "train a model described by a TOML config (with key=value overrides)")
-    s.add_argument("--config", help="TOML file or the name of a shipped config "
-                                    "(see `structconv configs`)")
-    s.add_argument("overrides", nargs="*", metavar="key=value",
-                   help="config overrides, e.g. train.epochs=3 model.layers.0.channels=8")
-    s.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR")
-    s.add_argument("--nproc", type=int, default=1,
-                   help="data-parallel processes on this machine (DDP; gloo on CPU)")
-    s.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bars and per-epoch lines (default: when stderr is a tty)")
-    s.add_argument("--stop-after", type=int, default=0, metavar="N",
-                   help="end this process after N epochs (continue later with --resume)")
+    _train_arguments(cmd("train", "train a model described by a TOML config (with key=value "
+                                  "overrides)"))
 
     s = cmd("eval", "evaluate a trained run directory on a split")
     s.add_argument("run", help="run directory written by structconv train")
@@ -98,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "random data; prints a pass/fail table")
     s.add_argument("--quick", action="store_true", help="fewer random trials")
 
+    _kg_arguments(cmd("kg", "knowledge-graph tools: `kg sorts DATASET` lists the random-walk "
+                            "sorts (relation paths) of a dataset's training graph by name"))
     cmd("configs", "list the example configs shipped with structconv")
     cmd("datasets", "list the registered datasets")
     return p
@@ -359,6 +381,32 @@ def _cmd_verify(args) -> int:
     return run_verify(seed=_seed(args), quick=args.quick, device=args.device, out=args.out)
 
 
+def _cmd_kg(args) -> int:
+    from .data.registry import load_dataset
+    from .kg import mine_sorts, training_graph
+
+    data = load_dataset(args.dataset.lower(), args.root)
+    ei, et, n, names = training_graph(data)
+    t0 = time.perf_counter()
+    mined = mine_sorts(ei, et, n, relations=names, max_length=args.max_length,
+                       min_length=args.min_length, top=args.top, rank=args.rank,
+                       min_support=args.min_support,
+                       backtrack=not args.no_backtrack,
+                       num_relations=len(names) if names else None)
+    if args.json:
+        print(json.dumps([m.as_dict() for m in mined], indent=1))
+        return 0
+    print(f"{data.name}: {n} nodes, {ei.shape[1]} training edges, "
+          f"{len(names) if names else int(et.max()) + 1} edge types (inverses included); "
+          f"{len(mined)} paths by {args.rank} in {time.perf_counter() - t0:.1f} s")
+    print(f"{'support':>10} {'pairs':>9} {'conf':>6}  path  =>  most linked relation")
+    for m in mined:
+        conf = "-" if m.confidence is None else f"{m.confidence:.3f}"
+        pairs = "-" if m.pairs is None else str(m.pairs)
+        print(f"{m.support:>10} {pairs:>9} {conf:>6}  {m.name}  =>  {m.head_name or '-'}")
+    return 0
+
+
 def _cmd_configs(args) -> int:
     from .config import load_config, shipped_configs
 
@@ -382,7 +430,7 @@ def _cmd_datasets(args) -> int:
 
 _COMMANDS = {"demo": _cmd_demo, "train": _cmd_train, "eval": _cmd_eval, "bench": _cmd_bench,
              "reproduce": _cmd_reproduce, "plot-basis": _cmd_plot, "verify": _cmd_verify,
-             "configs": _cmd_configs, "datasets": _cmd_datasets}
+             "configs": _cmd_configs, "datasets": _cmd_datasets, "kg": _cmd_kg}
 
 
 def _user_errors() -> tuple:

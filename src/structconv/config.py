@@ -575,7 +575,8 @@ class StructNet(nn.Module):
         self.classes = info["num_classes"]
         ctx = B.Structure(grid=info.get("grid"), edge_index=info.get("edge_index"),
                           num_nodes=info.get("num_nodes"), edge_type=info.get("edge_type"),
-                          num_relations=info.get("num_relations", 1))
+                          num_relations=info.get("num_relations", 1),
+                          relations=info.get("relations"))
         channels = info["channels"]
         self.embed = None
         if self.task == "text":
@@ -673,7 +674,8 @@ def data_info(data, cfg: dict) -> dict:
     elif data.task == "node":
         info.update(channels=data.num_features, edge_index=data.edge_index,
                     num_nodes=data.num_nodes, edge_type=data.edge_type,
-                    num_relations=data.num_relations, featureless=data.x is None)
+                    num_relations=data.num_relations, featureless=data.x is None,
+                    relations=tuple(data.relations) if data.relations else None)
     else:
         info.update(channels=0, grid=(cfg["data"]["seq_len"],), vocab=len(data.vocab))
     return info

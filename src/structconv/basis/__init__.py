@@ -1,7 +1,8 @@
 """Bases: families of K matrices (M, N) that carry the structure of a convolution.
 
 Generic bases live in ``base``; grid shift matrices in ``grid``; graph and relational bases
-in ``graph``. Attention bases (computed from content) are in ``sc.attention``.
+in ``graph``; random-walk sorts by name and their mining in ``sorts``. Attention bases
+(computed from content) are in ``sc.attention``.
 """
 
 from .base import Basis, Dense, Product, Sparse, Stack, as_basis, density
@@ -10,7 +11,10 @@ from .graph import __all__ as _graph_all
 from .grid import *  # noqa: F403
 from .grid import __all__ as _grid_all
 from .kinds import BASES, KindError, Structure, build, register
+from .mining import MinedSort, mine_sorts
+from .sorts import INVERSE, inverse_name, parse_sorts, sort_name
 
 __all__ = ["Basis", "Dense", "Sparse", "Stack", "Product", "as_basis", "density",
            *_grid_all, *_graph_all,
-           "register", "build", "Structure", "BASES", "KindError"]
+           "register", "build", "Structure", "BASES", "KindError",
+           "mine_sorts", "MinedSort", "parse_sorts", "sort_name", "inverse_name", "INVERSE"]

@@ -30,6 +30,7 @@ from torch import Tensor
 from .._checks import check_index_tensor
 from ..sparse import SparseMatrix
 from .base import Basis, Sparse
+from .sorts import parse_sorts, sort_name  # noqa: F401  (sort_name re-exported)
 
 __all__ = [
     "gcn", "chebyshev", "diffusion", "sgc", "relational",
@@ -818,19 +819,34 @@ def _check_sorts(sorts, num_relations: int, identity: bool, M: int, N: int) -> l
 def relational(edge_index: Tensor, edge_type: Tensor, num_nodes, sorts=None,
                edge_weight: Tensor | None = None, normalization: str | None = "mean",
                identity: bool = False, *, num_relations: int | None = None,
+               relations: Sequence[str] | None = None,
                dtype: torch.dtype | None = None, cache: bool = False) -> RelationalBasis:
     """One basis matrix per random-walk sort; ``K = len(sorts) + identity`` (identity first).
 
-    ``sorts``: tuples of relation ids (an int is a 1-sort; None = every relation alone).
-    Each relation matrix is normalised on its own: ``"mean"`` over a target's incoming edges of
-    that relation (R-GCN), ``"sym"`` by sqrt(out-degree · in-degree), or None. ``num_nodes`` is
-    an int or a ``(num_sources, num_targets)`` pair (bipartite, 1-sorts only).
+    ``sorts``: tuples of relation ids (an int is a 1-sort; None = every relation alone), or,
+    with ``relations`` (names, index = relation id), tuples of names or dotted strings
+    (``"played.characterIn.genre"``). Each relation matrix is normalised on its own:
+    ``"mean"`` over a target's incoming edges of that relation (R-GCN), ``"sym"`` by
+    sqrt(out-degree · in-degree), or None. ``num_nodes`` is an int or a
+    ``(num_sources, num_targets)`` pair (bipartite, 1-sorts only).
     """
     M, N = _pair_nodes(num_nodes)
     _check_edges(edge_index, M, N, edge_weight=edge_weight)
     E = edge_index.shape[1]
     _check_edge_type(edge_type, E)
     _check_norm(normalization, (None, "mean", "sym"), "relational")
+    if relations is not None:
+        if num_relations is not None and num_relations != len(relations):
+            raise ValueError(f"relations names {len(relations)} relations but num_relations="
+                             f"{num_relations}")
+        num_relations = len(relations)
+    if sorts is not None and (relations is not None or any(
+            isinstance(s, str) or (isinstance(s, (tuple, list)) and
+                                   any(isinstance(r, str) for r in s)) for s in sorts)):
+        R = num_relations if num_relations is not None else _num_relations(
+            edge_type, None, None)
+        sorts = parse_sorts(sorts, relations, R)
+        num_relations = R
     num_relations = _num_relations(edge_type, num_relations, sorts)
     norm_sorts = _check_sorts(sorts, num_relations, identity, M, N)
     opts = ("relational", M, N, tuple(norm_sorts), normalization, bool(identity),

@@ -14,6 +14,7 @@ from ..registry import KindError, Registry, Structure
 from .base import Basis, Sparse, Stack
 from .graph import chebyshev, diffusion, gcn, relational, sgc
 from .grid import Grid
+from .mining import mine_sorts
 
 __all__ = ["BASES", "register", "build", "Structure", "KindError"]
 
@@ -118,13 +119,26 @@ def _diffusion(spec, s: Structure) -> Basis:
 def _relational(spec, s: Structure) -> Basis:
     ei, n = _graph(s, "relational")
     _need(s.edge_type is not None, "a relational basis needs edge types")
+    R = s.num_relations or 1
     sorts = spec.get("sorts", "single")
-    # "single": one basis matrix per relation (R-GCN); else a list of relation-id tuples
-    sorts = None if sorts == "single" else [tuple(x) if isinstance(x, list) else x
-                                             for x in sorts]
+    # "single": one basis matrix per relation (R-GCN); "mined": those plus the `top` best
+    # supported paths of length 2..max_length of the data's graph; else a list of sorts (ids,
+    # name tuples or dotted strings)
+    if sorts == "single":
+        sorts = None
+    elif sorts == "mined":
+        mined = mine_sorts(ei, s.edge_type, n, num_relations=R, relations=s.relations,
+                           max_length=_order(spec, "max_length", 2, low=2),
+                           top=_order(spec, "top", 10, low=1), confidence=False,
+                           backtrack=bool(spec.get("backtrack", True)))
+        sorts = [(r,) for r in range(R)] + [m.sort for m in mined]
+    elif isinstance(sorts, list):
+        sorts = [tuple(x) if isinstance(x, list) else x for x in sorts]
+    else:
+        raise KindError(f"sorts must be 'single', 'mined' or a list of sorts, got {sorts!r}")
     return relational(ei, s.edge_type, n, sorts, normalization=spec.get("normalization", "mean"),
-                      identity=bool(spec.get("identity", True)),
-                      num_relations=s.num_relations or 1)
+                      identity=bool(spec.get("identity", True)), num_relations=R,
+                      relations=list(s.relations) if s.relations else None)
 
 
 @register("stack")

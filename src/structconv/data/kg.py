@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..basis.sorts import inverse_name
 from .registry import register_dataset
 
 __all__ = ["KGData", "load_kg", "KG_SPLITS"]
@@ -44,6 +45,20 @@ class KGData:
         if name not in KG_SPLITS:
             raise ValueError(f"unknown split {name!r}: choose one of {KG_SPLITS}")
         return getattr(self, name)
+
+    @property
+    def relation_names(self) -> list[str]:
+        """Names of the ``2R`` relation ids of queries and encoder graphs: the data's ``R``
+        relations, then their inverses ``r + R`` named ``name^-1``."""
+        return list(self.relations) + [inverse_name(r) for r in self.relations]
+
+    def graph(self, split: str = "train") -> tuple[Tensor, Tensor]:
+        """The triples of ``split`` as a graph with inverse edges: ``edge_index`` (2, 2T),
+        ``edge_type`` (2T,) with ``r + R`` for the reversed edge of ``r``."""
+        t = self.split(split)
+        h, r, tl = t[:, 0], t[:, 1], t[:, 2]
+        return (torch.stack([torch.cat([h, tl]), torch.cat([tl, h])]),
+                torch.cat([r, r + self.num_relations]))
 
     def edge_index(self, split: str = "train") -> tuple[Tensor, Tensor]:
         """``edge_index`` (2, T) [head; tail] and ``edge_type`` (T,) of one split (PyG style)."""

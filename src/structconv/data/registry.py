@@ -61,6 +61,8 @@ class GraphData:
     edge_type: Tensor | None = None
     num_relations: int = 1
     task: str = "node"
+    #: names of the edge types (index = relation id, inverses included) where the data has them
+    relations: list[str] | None = None
 
     @property
     def num_nodes(self) -> int:

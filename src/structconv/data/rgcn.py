@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field, fields
@@ -26,10 +27,12 @@ import torch
 from torch import Tensor
 
 from .._extras import require
+from ..basis.sorts import inverse_name
 from ..io import atomic_write_bytes, atomic_write_json
 from .registry import GraphData, register_dataset
 
-__all__ = ["EntitiesData", "load_entities", "ENTITIES_COLUMNS", "default_cache_dir"]
+__all__ = ["EntitiesData", "load_entities", "ENTITIES_COLUMNS", "default_cache_dir",
+           "edge_type_names", "local_name"]
 
 #: dataset -> (entity column, label column) of the TSV files, as named in their headers
 ENTITIES_COLUMNS = {
@@ -39,6 +42,21 @@ ENTITIES_COLUMNS = {
     "am": ("proxy", "label_cateogory"),  # sic: the AM files spell it this way
 }
 _CACHE_VERSION = 1
+
+
+def local_name(iri: str) -> str:
+    """The readable end of an IRI: after its last ``#`` or ``/`` (``.../swrc#author`` ->
+    ``author``), dots replaced by ``_`` so that sorts can be written as dotted strings."""
+    tail = re.split(r"[#/]", iri.rstrip("/#"))[-1] or iri
+    return tail.replace(".", "_")
+
+
+def edge_type_names(relations: list[str]) -> list[str]:
+    """Names of edge types ``2r`` (relation r) and ``2r+1`` (its inverse, ``name^-1``)."""
+    short = [local_name(r) for r in relations]
+    seen = Counter(short)
+    names = [s if seen[s] == 1 else r.replace(".", "_") for s, r in zip(short, relations)]
+    return [n for name in names for n in (name, inverse_name(name))]
 
 
 @dataclass
@@ -59,6 +77,12 @@ class EntitiesData:
     test_y: Tensor
     relations: list[str] = field(default_factory=list)
     classes: list[str] = field(default_factory=list)
+
+    @property
+    def relation_names(self) -> list[str]:
+        """Names of the ``2 * len(relations)`` edge types: the IRI's local name (the whole IRI
+        where two share one) for ``2r``, the same with ``^-1`` for the inverse ``2r+1``."""
+        return edge_type_names(self.relations)
 
     @property
     def num_relations(self) -> int:
@@ -308,7 +332,7 @@ def _register(name: str) -> None:
         masks["train"][perm[n_val:]] = True
         masks["test"][d.test_idx] = True
         return GraphData(name, None, y, d.edge_index, masks, d.num_classes, d.edge_type,
-                         d.num_relations)
+                         d.num_relations, relations=d.relation_names)
 
 
 for _n in ("aifb", "mutag"):

@@ -64,15 +64,16 @@ def chebyshev_basis(edge_index: Tensor, num_nodes: int, K: int,
 
 
 def relational_basis(edge_index: Tensor, edge_type: Tensor, num_nodes: int,
-                     num_relations: int) -> Basis:
+                     num_relations: int, sorts=None, relations=None) -> Basis:
     """(R, N, N): A[r, m, n] = 1 / |{edges of type r into n}| for each edge m -> n of type r.
 
     The mean-normalised neighbourhood of R-GCN (PyG's RGCNConv, ``aggr="mean"``), duplicates
-    counted as PyG counts them (``sc.basis.relational``).
+    counted as PyG counts them (``sc.basis.relational``); with ``sorts`` one matrix per sort
+    (ids, or names with ``relations``) instead of one per relation.
     """
     _check_graph(edge_index, num_nodes)
-    return _basis.relational(edge_index, edge_type, num_nodes, None, normalization="mean",
-                             num_relations=num_relations)
+    return _basis.relational(edge_index, edge_type, num_nodes, sorts, normalization="mean",
+                             num_relations=num_relations, relations=relations)
 
 
 def glorot_(t: Tensor) -> Tensor:
@@ -252,13 +253,14 @@ class RGCN(nn.Module):
 
     ``forward(x=None)`` treats nodes as one-hot features (featureless, as in the paper).
     ``num_bases`` (the paper's basis decomposition) is ``ControlledSeparable`` with H bases.
+    ``sorts``: one basis matrix per random-walk sort (default: one per relation).
     """
 
     def __init__(self, edge_index: Tensor, edge_type: Tensor, num_nodes: int, num_relations: int,
                  hidden: int, out_channels: int, num_bases: int | None = None,
-                 in_channels: int | None = None):
+                 in_channels: int | None = None, sorts=None, relations=None):
         super().__init__()
-        rel = relational_basis(edge_index, edge_type, num_nodes, num_relations)
+        rel = relational_basis(edge_index, edge_type, num_nodes, num_relations, sorts, relations)
         eye = identity_basis(num_nodes)
         P = num_nodes if in_channels is None else in_channels
         self.conv1 = _RelationalLayer(rel, eye, P, hidden, num_bases)

@@ -297,27 +297,40 @@ class RGCNConv(nn.Module):
     (featureless nodes: one-hot rows, applied by gathering rows of theta), or a pair
     ``(x_source, x_target)``. ``num_bases`` is the paper's controlled separability
     (``sc.params.ControlledSeparable``), ``num_blocks`` block-diagonal ``sc.params.Grouped``.
+    ``sorts`` (structconv's extension): one weight per random-walk sort instead of one per
+    relation, e.g. ``[(0,), (1,), (0, 1)]`` or, with ``relations`` (names of the
+    ``num_relations`` edge types), ``["author", "author.publishes"]``; each step of a sort is
+    normalised as its relation alone.
     """
 
     def __init__(self, in_channels, out_channels: int, num_relations: int,
                  num_bases: int | None = None, num_blocks: int | None = None,
                  aggr: str = "mean", root_weight: bool = True, is_sorted: bool = False,
                  bias: bool = True, *, cached: bool = True, flow: str = "source_to_target",
-                 route: str = "auto"):
+                 route: str = "auto", sorts=None, relations=None):
         super().__init__()
         if num_bases is not None and num_blocks is not None:
             raise ValueError("RGCNConv cannot use both num_bases and num_blocks")
+        G._check_K(num_relations, "num_relations")
+        self.relations = None if relations is None else [str(r) for r in relations]
+        self.sorts = None if sorts is None else G.parse_sorts(sorts, self.relations,
+                                                              num_relations)
+        if self.sorts is not None and not self.sorts:
+            raise ValueError("RGCNConv sorts must hold at least one sort")
         pair = in_channels if isinstance(in_channels, (tuple, list)) else (in_channels,) * 2
         if len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
                                  for v in pair):
             raise ValueError(f"in_channels must be a positive int or a pair, got {in_channels!r}")
-        G._check_K(num_relations, "num_relations")
         self.in_channels, self.out_channels = in_channels, out_channels
         self.num_relations, self.num_bases, self.num_blocks = num_relations, num_bases, num_blocks
         self.aggr = _check_aggr(aggr, ("mean", "add", "sum"), "RGCNConv")
         self.flow = _check_flow(flow)
         self.is_sorted, self.cached, self.route = is_sorted, bool(cached), route
-        P, Q, R = pair[0], out_channels, num_relations
+        # one weight per sort (per relation without sorts)
+        P, Q, R = pair[0], out_channels, num_relations if sorts is None else len(self.sorts)
+        if any(len(s) > 1 for s in self.sorts or ()) and len(set(pair)) > 1:
+            raise ValueError(f"RGCNConv sorts longer than one relation need one node set, got "
+                             f"in_channels {in_channels!r}")
         if num_bases is not None:
             self.param = ControlledSeparable(R, P, Q, num_bases)
             _glorot_(self.param.channel)
@@ -339,8 +352,11 @@ class RGCNConv(nn.Module):
             self.register_parameter("bias", None)
 
     def extra_repr(self) -> str:
+        sorts = "" if self.sorts is None else (
+            f", sorts=[{', '.join(G.sort_name(s, self.relations) for s in self.sorts)}]")
         return (f"{self.in_channels}, {self.out_channels}, num_relations={self.num_relations}, "
-                f"num_bases={self.num_bases}, num_blocks={self.num_blocks}, aggr={self.aggr!r}")
+                f"num_bases={self.num_bases}, num_blocks={self.num_blocks}, aggr={self.aggr!r}"
+                + sorts)
 
     def _split(self, x):
         x_l, x_r = (x if isinstance(x, tuple) else (x, x))
@@ -380,12 +396,14 @@ class RGCNConv(nn.Module):
             raise ValueError("RGCNConv needs edge_type (E,) with edge_index (2, E)")
         t2s = self.flow == "target_to_source"
         norm = "mean" if self.aggr == "mean" else None
-        opts = ("RGCNConv", M, N, self.num_relations, norm, t2s, dtype)
+        sorts = None if self.sorts is None else tuple(self.sorts)
+        opts = ("RGCNConv", M, N, self.num_relations, norm, t2s, dtype, sorts)
 
         def build():
             ei = edge_index.flip(0) if t2s else edge_index
-            return G.relational(ei, edge_type, (M, N), None, normalization=norm,
-                                num_relations=self.num_relations, dtype=dtype)
+            return G.relational(ei, edge_type, (M, N) if M != N else M, sorts,
+                                normalization=norm, num_relations=self.num_relations,
+                                dtype=dtype)
         return G._cached(self.cached, (edge_index, edge_type), opts, build)
 
     def forward(self, x, edge_index: Tensor, edge_type: Tensor | None = None) -> Tensor:

@@ -1,0 +1,381 @@
+"""Mini-batches of sampled neighbourhoods for graph layers, and layer-wise full inference.
+
+``NeighborLoader`` iterates over seed nodes in batches and yields ``MiniBatch``es: the seeds, the
+input node ids (seeds first), the gathered features and labels, and one restricted basis per
+layer (``restrict``; a ``Block`` for graph attention). A model applies its layers with
+``apply_layers(layers, batch.x, batch.bases)``; the output rows are the seeds'. Background
+workers follow ``torch.utils.data``: the epoch's plan (shuffled seed batches, one random seed
+per batch) is drawn in the main process, so a batch is the same whichever process samples it.
+
+``inference`` evaluates a stack of layers on every node, one layer at a time over batches of
+target nodes with their whole neighbourhood (as PyG's ``inference`` over a subgraph loader): exact
+as full batch, holding one layer's activations for all nodes rather than every layer's.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..basis import graph as G
+from ..basis.base import Basis
+from ..engine import convolve
+from ..nn.attention import GATConv
+from ..nn.graph import ChebConv, GCNConv, GraphConvolution, RGCNConv, SGConv, TAGConv
+from .restrict import BlockRestriction, GraphRestriction
+from .sampler import Block, NeighborSampler, Sample, check_fanout, check_seeds
+
+__all__ = ["NeighborLoader", "MiniBatch", "inference", "restriction_for", "apply_layer",
+           "apply_layers"]
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix(x: int) -> int:
+    """SplitMix64: a well-mixed 64-bit integer from x (seeds per epoch and batch)."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _check_int(v, what: str, low: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low:
+        raise ValueError(f"{what} must be an int >= {low}, got {v!r}")
+    return int(v)
+
+
+# ------------------------------------------------------------------------------------------------
+# layers on restricted bases
+def restriction_for(layer, edge_index: Tensor, num_nodes: int, *,
+                    edge_weight: Tensor | None = None, edge_type: Tensor | None = None,
+                    degrees: str = "full", dtype: torch.dtype | None = None):
+    """The restriction matching a graph layer (its kind and options), over the full graph.
+
+    GCNConv -> gcn, SGConv -> sgc (K hops), ChebConv -> chebyshev (K-1 hops), TAGConv ->
+    diffusion (K hops), RGCNConv -> relational (its sorts), GATConv -> its edge ``Block``. A
+    ``GraphRestriction`` / ``BlockRestriction`` is returned as it is.
+    """
+    if isinstance(layer, (GraphRestriction, BlockRestriction)):
+        return layer
+    if isinstance(layer, GATConv):
+        return BlockRestriction()
+    flow = getattr(layer, "flow", "source_to_target")
+    if flow != "source_to_target":
+        raise ValueError(f"{type(layer).__name__} with flow={flow!r}: sampling draws incoming "
+                         "edges, so only flow='source_to_target' layers can be restricted")
+    common = dict(edge_weight=edge_weight, degrees=degrees, dtype=dtype)
+    if isinstance(layer, GCNConv):
+        return GraphRestriction("gcn", edge_index, num_nodes, add_self_loops=layer.add_self_loops,
+                                normalize=layer.normalize, improved=layer.improved, **common)
+    if isinstance(layer, SGConv):
+        return GraphRestriction("sgc", edge_index, num_nodes, K=layer.K,
+                                add_self_loops=layer.add_self_loops, **common)
+    if isinstance(layer, ChebConv):
+        return GraphRestriction("chebyshev", edge_index, num_nodes, K=layer.param.K,
+                                normalization=layer.normalization, **common)
+    if isinstance(layer, TAGConv):
+        return GraphRestriction("diffusion", edge_index, num_nodes, K=layer.K,
+                                normalization="sym" if layer.normalize else None, **common)
+    if isinstance(layer, RGCNConv):
+        # RGCNConv's relations carry no edge weight
+        return GraphRestriction("relational", edge_index, num_nodes, edge_type=edge_type,
+                                sorts=getattr(layer, "sorts", None),
+                                normalization="mean" if layer.aggr == "mean" else None,
+                                num_relations=layer.num_relations, degrees=degrees, dtype=dtype)
+    raise TypeError(f"no restriction for {type(layer).__name__}: give a GraphRestriction or a "
+                    "GCNConv, SGConv, ChebConv, TAGConv, RGCNConv or GATConv")
+
+
+def apply_layer(layer, x, item):
+    """One graph layer on a mini-batch: x (M, P) on the layer's input nodes -> (N, Q) on its
+    targets (the first N input nodes); ``item`` the layer's restricted basis or ``Block``."""
+    if isinstance(item, Block):
+        if not isinstance(x, Tensor) or x.shape[0] != item.num_src:
+            got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"{type(layer).__name__} on a block of {item.num_src} source "
+                             f"nodes needs x with {item.num_src} rows, got {got}")
+        return layer((x, x[:item.num_dst]), item.edge_index, size=(item.num_src, item.num_dst))
+    if not isinstance(item, Basis):
+        raise TypeError(f"a layer's mini-batch item must be a Basis or a Block, got "
+                        f"{type(item).__name__}")
+    if isinstance(layer, RGCNConv):
+        return _rgcn(layer, x, item)
+    if isinstance(layer, GraphConvolution):
+        x = layer._check_x(x)
+        if item.K != layer.param.K:
+            raise ValueError(f"{type(layer).__name__} has K={layer.param.K} weights but the "
+                             f"basis has K={item.K} matrices")
+        return convolve(x, item, layer.param, route=layer.route, bias=layer.bias)
+    raise TypeError(f"apply_layer does not know {type(layer).__name__}")
+
+
+def _rgcn(layer: RGCNConv, x, basis: Basis) -> Tensor:
+    """RGCNConv.forward on a given (restricted) basis; the root term reads the targets' rows."""
+    x_l, x_r = layer._split(x)
+    if not isinstance(x, tuple):
+        x_r = x_r[:basis.N]  # targets first
+    if basis.K != layer.param.K:
+        raise ValueError(f"RGCNConv has {layer.param.K} weights but the basis has K={basis.K}")
+    if x_l.is_floating_point():
+        y = convolve(x_l, basis, layer.param, route=layer.route)
+    else:
+        z = layer.param()[:, x_l].permute(1, 0, 2).unsqueeze(0)  # one-hot rows: gathered
+        y = basis.propagate_sum(z.contiguous())[0]
+    if layer.root is not None:
+        y = y + (x_r @ layer.root if x_r.is_floating_point() else layer.root[x_r])
+    return y if layer.bias is None else y + layer.bias
+
+
+def apply_layers(layers: Sequence, x, items: Sequence, act: Callable | None = None):
+    """The layers in order on a mini-batch (``act`` between layers, not after the last)."""
+    if len(layers) != len(items):
+        raise ValueError(f"{len(layers)} layers but {len(items)} mini-batch items")
+    for i, (layer, item) in enumerate(zip(layers, items)):
+        x = apply_layer(layer, x, item)
+        if act is not None and i < len(layers) - 1:
+            x = act(x)
+    return x
+
+
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class MiniBatch:
+    """One sampled mini-batch: ``seeds`` (S,) global ids, ``node_ids`` (M,) the first layer's
+    input nodes (seeds first), ``x`` (M, F) features x[node_ids], ``y`` labels y[seeds],
+    ``bases`` one item per layer (input layer first), ``sample`` the nested neighbourhood."""
+
+    seeds: Tensor
+    node_ids: Tensor
+    x: Tensor | None
+    y: Tensor | None
+    bases: list
+    sample: Sample
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.seeds.shape[0])
+
+    def _map(self, fn) -> MiniBatch:
+        def item(b):
+            return b._apply(fn) if isinstance(b, Basis) else Block(
+                fn(b.edge_index), b.num_src, b.num_dst, fn(b.edge_ids))
+        s = self.sample
+        return MiniBatch(fn(self.seeds), fn(self.node_ids),
+                         None if self.x is None else fn(self.x),
+                         None if self.y is None else fn(self.y),
+                         [item(b) for b in self.bases],
+                         Sample(fn(s.node_ids), fn(s.edge_index), fn(s.edge_ids),
+                                s.node_counts, s.edge_counts))
+
+    def to(self, device, non_blocking: bool = False) -> MiniBatch:
+        """This batch on ``device`` (bases and blocks included)."""
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> MiniBatch:
+        # called by torch.utils.data's pin-memory thread
+        return self._map(lambda t: t.pin_memory())
+
+
+def _identity(item):
+    return item
+
+
+class _BatchMaker(torch.utils.data.Dataset):
+    """What a worker needs to build a mini-batch (map-style: an index is a (seed ids, random
+    seed) pair); kept apart from the loader so that workers never copy its iteration state."""
+
+    def __init__(self, sampler: NeighborSampler, restrictions, hop_fanouts: list[int],
+                 weighted: bool, x: Tensor | None, y: Tensor | None):
+        self.sampler, self.restrictions, self.hop_fanouts = sampler, restrictions, hop_fanouts
+        self.weighted, self.x, self.y = weighted, x, y
+
+    def __getitem__(self, item) -> MiniBatch:
+        ids, rng_seed = item
+        g = torch.Generator(device=self.sampler.rowptr.device).manual_seed(rng_seed)
+        s = self.sampler.sample(ids, self.hop_fanouts, weighted=self.weighted, generator=g)
+        if self.restrictions is None:
+            items = [s.block(h) for h in range(s.num_hops, 0, -1)]
+        else:
+            items, hop = [], 0
+            for r in reversed(self.restrictions):  # the last layer ends at the seeds
+                items.append(r.restrict(s, hop))
+                hop += r.hops
+            items.reverse()
+        x = None if self.x is None else self.x[s.node_ids.to(self.x.device)]
+        y = None if self.y is None else self.y[s.seeds.to(self.y.device)]
+        return MiniBatch(s.seeds, s.node_ids, x, y, items, s)
+
+
+class _Plan(torch.utils.data.Sampler):
+    """Yields the current epoch's plan, drawn in the main process when iteration starts."""
+
+    def __init__(self):
+        self.items: list = []
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __len__(self):
+        return len(self.items)
+
+
+class NeighborLoader:
+    """Mini-batches of seed nodes with nested sampled neighbourhoods and restricted bases.
+
+    ``edge_index`` (2, E) [source; target] over ``num_nodes`` nodes; ``fanouts`` one per layer
+    of ``layers`` in PyG's order (``fanouts[0]`` for the seeds, i.e. the last layer), each a
+    positive int, -1 or "all", or a tuple of per-hop fanouts for a multi-hop layer (a K-hop
+    polynomial consumes K hops; the tuple's first entry nearest the seeds too). The bases are
+    built on the graph's device: ``batch.to(device)`` moves a batch. ``layers``: graph layers
+    or ``GraphRestriction`` /
+    ``BlockRestriction``s, input layer first; None yields the hop blocks (one hop per fanout).
+    ``x`` (num_nodes, ...) features and ``y`` (num_nodes, ...) labels are gathered per batch;
+    ``input_nodes`` the seeds (ids or a bool mask; all nodes by default). ``weighted`` draws
+    neighbours with probability proportional to ``edge_weight``; ``degrees`` "full" or "sample"
+    (see ``restrict``). Every epoch is reproducible from ``seed`` (the epoch number advances on
+    each iteration; ``set_epoch`` sets it). ``rank`` / ``world_size`` deal the epoch's batches
+    round robin (padded by wrapping, as ``DistributedSampler``), every rank drawing the same
+    plan.
+    """
+
+    def __init__(self, edge_index: Tensor, num_nodes: int, fanouts: Sequence, *,
+                 layers: Sequence | None = None, x: Tensor | None = None,
+                 y: Tensor | None = None, input_nodes: Tensor | None = None,
+                 batch_size: int = 1, shuffle: bool = False, drop_last: bool = False,
+                 seed: int = 0, weighted: bool = False, edge_weight: Tensor | None = None,
+                 edge_type: Tensor | None = None, degrees: str = "full",
+                 dtype: torch.dtype | None = None, num_workers: int = 0,
+                 persistent_workers: bool = False, pin_memory: bool = False, rank: int = 0,
+                 world_size: int = 1):
+        n = G._check_num_nodes(num_nodes)
+        self.batch_size = _check_int(batch_size, "batch_size", 1)
+        self.num_workers = _check_int(num_workers, "num_workers", 0)
+        self.world_size = _check_int(world_size, "world_size", 1)
+        self.rank = _check_int(rank, "rank", 0)
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank must lie in [0, {self.world_size - 1}], got {rank}")
+        self.seed = _check_int(seed, "seed", 0)
+        if isinstance(fanouts, (str, Tensor)) or not isinstance(fanouts, Sequence):
+            raise ValueError(f"fanouts must be a list (one per layer), got {fanouts!r}")
+        for name, t in (("x", x), ("y", y)):
+            if t is not None and (not isinstance(t, Tensor) or t.dim() < 1 or t.shape[0] != n):
+                got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+                raise ValueError(f"{name} must have one row per node ({n}), got {got}")
+        if dtype is None and x is not None and x.is_floating_point():
+            dtype = x.dtype
+        self.num_nodes, self.x, self.y = n, x, y
+        self.shuffle, self.drop_last, self.weighted = bool(shuffle), bool(drop_last), weighted
+        self.pin_memory, self.persistent_workers = bool(pin_memory), bool(persistent_workers)
+        self.sampler = NeighborSampler(edge_index, n, edge_weight if weighted else None)
+        if layers is None:
+            self.restrictions = None
+            self.hop_fanouts = [check_fanout(f, f"fanouts[{i}]") for i, f in enumerate(fanouts)]
+        else:
+            layers = list(layers)
+            if len(fanouts) != len(layers):
+                raise ValueError(f"fanouts has {len(fanouts)} entries {list(fanouts)} but there "
+                                 f"are {len(layers)} graph layers: give one fanout per layer")
+            self.restrictions = [restriction_for(m, edge_index, n, edge_weight=edge_weight,
+                                                 edge_type=edge_type, degrees=degrees,
+                                                 dtype=dtype) for m in layers]
+            self.hop_fanouts = []
+            # fanouts[0] belongs to the last layer, whose hops are nearest the seeds
+            for i, f in enumerate(fanouts):
+                r = self.restrictions[len(layers) - 1 - i]
+                if isinstance(f, (tuple, list)):
+                    if len(f) != r.hops:
+                        raise ValueError(f"fanouts[{i}] {tuple(f)} has {len(f)} hops but its "
+                                         f"layer ({r}) consumes {r.hops}")
+                    self.hop_fanouts += [check_fanout(v, f"fanouts[{i}]") for v in f]
+                else:
+                    self.hop_fanouts += [check_fanout(f, f"fanouts[{i}]")] * r.hops
+        if input_nodes is None:
+            self.input_nodes = torch.arange(n)
+        elif isinstance(input_nodes, Tensor) and input_nodes.dtype == torch.bool:
+            if input_nodes.shape != (n,):
+                raise ValueError(f"input_nodes as a mask must be ({n},), got "
+                                 f"{tuple(input_nodes.shape)}")
+            self.input_nodes = input_nodes.nonzero().squeeze(1)
+        else:
+            self.input_nodes = check_seeds(input_nodes, n, "input_nodes")
+        self._maker = _BatchMaker(self.sampler, self.restrictions, self.hop_fanouts,
+                                  self.weighted, x, y)
+        self._epoch = 0
+        self._plan = _Plan()
+        self._loader = None
+
+    # -- the epoch's plan ------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration epoch ``epoch`` (its shuffle and random seeds)."""
+        self._epoch = _check_int(epoch, "epoch", 0)
+
+    def _num_global(self) -> int:
+        S, b = self.input_nodes.shape[0], self.batch_size
+        return S // b if self.drop_last else -(-S // b)
+
+    def __len__(self) -> int:
+        return -(-self._num_global() // self.world_size)
+
+    def plan(self, epoch: int) -> list[tuple[Tensor, int]]:
+        """This rank's (seed ids, random seed) pairs of epoch ``epoch``, in order."""
+        g = torch.Generator().manual_seed(_splitmix(_splitmix(self.seed) ^ epoch) >> 1)
+        S = self.input_nodes.shape[0]
+        perm = torch.randperm(S, generator=g) if self.shuffle else torch.arange(S)
+        nb = self._num_global()
+        batches = list(perm[:nb * self.batch_size if self.drop_last else S].split(
+            self.batch_size))
+        seeds = torch.randint(0, 2 ** 62, (nb,), generator=g).tolist()
+        W = self.world_size
+        mine = [(self.rank + W * j) % nb for j in range(len(self))] if nb else []
+        return [(self.input_nodes[batches[i]], seeds[i]) for i in mine]
+
+    def __iter__(self):
+        self._plan.items = self.plan(self._epoch)
+        self._epoch += 1
+        if self.num_workers == 0:
+            return (self._maker[item] for item in self._plan.items)
+        if self._loader is None or not self.persistent_workers:
+            self._loader = torch.utils.data.DataLoader(
+                self._maker, sampler=self._plan, batch_size=None, collate_fn=_identity,
+                num_workers=self.num_workers, persistent_workers=self.persistent_workers,
+                pin_memory=self.pin_memory)
+        return iter(self._loader)
+
+
+# ------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def inference(layers: Sequence, x: Tensor, edge_index: Tensor, num_nodes: int, *,
+              edge_weight: Tensor | None = None, edge_type: Tensor | None = None,
+              batch_size: int = 1024, act: Callable | None = torch.relu,
+              dtype: torch.dtype | None = None) -> Tensor:
+    """Every node's output of ``layers`` (``act`` between them), layer by layer over batches of
+    ``batch_size`` targets with their whole neighbourhoods: (num_nodes, ...) as the full-batch
+    forward, without holding more than one layer's activations for all nodes. ``x``
+    (num_nodes, F) features (or node ids for featureless first layers)."""
+    n = G._check_num_nodes(num_nodes)
+    bs = _check_int(batch_size, "batch_size", 1)
+    if not isinstance(x, Tensor) or x.shape[0] != n:
+        got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"x must have one row per node ({n}), got {got}")
+    if dtype is None and x.is_floating_point():
+        dtype = x.dtype
+    sampler = NeighborSampler(edge_index, n)
+    for i, layer in enumerate(layers):
+        r = restriction_for(layer, edge_index, n, edge_weight=edge_weight, edge_type=edge_type,
+                            dtype=dtype)
+        out = None
+        for ids in torch.arange(n).split(bs):
+            s = sampler.sample(ids, [-1] * r.hops)
+            item = r.restrict(s, 0)
+            item = item.to(x.device) if isinstance(item, (Basis, Block)) else item
+            h = apply_layer(layer, x[s.node_ids.to(x.device)], item)
+            if out is None:
+                out = h.new_empty((n,) + tuple(h.shape[1:]))
+            out[ids.to(h.device)] = h
+        x = act(out) if act is not None and i < len(layers) - 1 else out
+    return x

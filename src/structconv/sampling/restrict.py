@@ -1,0 +1,494 @@
+"""Restriction of graph bases to sampled node sets: one bipartite basis per layer.
+
+A graph basis is a polynomial in one sparse operator S (n, n) (GCN: S; SGC: S^K; TAG: S^0..S^K;
+Chebyshev: T_k(L̂)) or a family of relation operators S_r (R-GCN, random-walk sorts). Its
+*restriction* to a sample with nested node sets U_0 ⊆ U_1 ⊆ ... (seeds first, see
+``sampler.Sample``) keeps, for each hop h, the bipartite operator R_h = S[U_h, U_{h-1}] over the
+sampled edges (plus S's diagonal on U_{h-1}: GCN's self loops, the Laplacian's diagonal), and
+applies the polynomial by the same recurrence as the full basis but on shrinking sets: input on
+U_H, output on U_0. A k-hop term needs k hops, so one K-hop layer consumes K hops of the sample.
+When every node's sampled edges are all its incoming edges (fanout "all"), a restricted layer's
+output on its targets equals the full layer's on them.
+
+The operator's values are the full graph's: GCN's symmetric normalisation, the Laplacian's
+degrees and lambda_max, R-GCN's per-relation means are computed once over the whole graph and
+gathered by edge id (``degrees="full"``), not recomputed from the sample, unless
+``degrees="sample"`` asks for the normalisation of the sampled subgraph (PyG's behaviour, which
+applies the layer to the sampled subgraph as if it were the graph).
+
+Because the per-hop blocks of a ``Sample`` are nested (hop h's block restricted to U_{h-2} is hop
+h-1's block), every way of evaluating the polynomial (recurrence from the input side, Horner or
+Clenshaw from the output side, per head) gives the same restricted basis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..basis import graph as G
+from ..basis.base import Basis, Sparse
+from ..basis.graph import SparseOperator, _cols, _heads, _uncols, _uncols_heads
+from .sampler import Block, Sample
+
+__all__ = ["GraphRestriction", "BlockRestriction", "RestrictedPower", "RestrictedChebyshev",
+           "RestrictedRelational", "KINDS"]
+
+#: the graph basis kinds that can be restricted, with their options (defaults as basis.graph)
+KINDS = {
+    "gcn": {"add_self_loops": True, "normalize": True, "improved": False},
+    "sgc": {"K": None, "add_self_loops": True},
+    "chebyshev": {"K": None, "normalization": "sym", "lambda_max": None, "batch": None},
+    "diffusion": {"K": None, "normalization": "sym"},
+    "relational": {"sorts": None, "normalization": "mean", "identity": False,
+                   "num_relations": None},
+}
+_DEGREES = ("full", "sample")
+
+
+# ------------------------------------------------------------------------------------------------
+# restricted bases
+def _check_chain(ops: Sequence[SparseOperator], sizes: Sequence[int], H: int, what: str):
+    if len(ops) < H or len(sizes) < H + 1:
+        raise ValueError(f"{what} needs {H} hop operators and {H + 1} set sizes, got "
+                         f"{len(ops)} and {len(sizes)}")
+    for h in range(H):
+        if (ops[h].M, ops[h].N) != (sizes[h + 1], sizes[h]):
+            raise ValueError(f"{what}: hop operator {h} must map U_{h + 1} -> U_{h} "
+                             f"(M, N)=({sizes[h + 1]}, {sizes[h]}), got ({ops[h].M}, "
+                             f"{ops[h].N})")
+
+
+class _Restricted(Basis):
+    """Common part: hop operators ``ops[h]`` U_{h+1} -> U_h (inner first), ``sizes`` |U_h|."""
+
+    cost_kernel = "graph"
+
+    def __init__(self, K: int, ops: Sequence[SparseOperator], sizes: Sequence[int], H: int,
+                 M: int | None = None):
+        _check_chain(ops, sizes, H, type(self).__name__)
+        self.ops, self.sizes, self.hops = list(ops[:H]), [int(s) for s in sizes[:H + 1]], H
+        M = self.sizes[H] if M is None else int(M)
+        if M < self.sizes[H]:
+            raise ValueError(f"{type(self).__name__}: M={M} is smaller than the input set "
+                             f"|U_{H}|={self.sizes[H]}")
+        super().__init__(K, M, self.sizes[0])
+
+    def cast_like(self, t):
+        # the operators cast their CSR lazily (cached per dtype and device)
+        return self
+
+    def _nnz(self) -> int:
+        return sum(max(op.nnz, 1) for op in self.ops)
+
+    def apply_flops(self):
+        return float(self._nnz() + self.K * self.N)
+
+    def to_dense(self) -> Tensor:
+        eye = torch.eye(self.M, dtype=self.dtype, device=self.device).unsqueeze(0)
+        return self.propagate(eye)[0].permute(1, 2, 0).contiguous()
+
+
+class RestrictedPower(_Restricted):
+    """A_k = S^{powers[k]} restricted: (K, |U_H| or M, |U_0|) with H = max(powers).
+
+    ``A_kᵀ x = R_1ᵀ ... R_pᵀ x[U_p]`` for p = powers[k]; ``ops[h]`` is R_{h+1} (U_{h+1} -> U_h).
+    Rows of x beyond |U_p| are not read (``M`` may exceed |U_H|: a relational walk shorter than
+    its layer).
+    """
+
+    def __init__(self, ops: Sequence[SparseOperator], sizes: Sequence[int],
+                 powers: Sequence[int], M: int | None = None):
+        powers = tuple(int(p) for p in powers)
+        if not powers or any(p < 0 for p in powers) or list(powers) != sorted(set(powers)):
+            raise ValueError(f"powers must be distinct non-negative ints in increasing order, "
+                             f"got {powers}")
+        super().__init__(len(powers), ops, sizes, powers[-1], M)
+        self.powers = powers
+        self._pos = {p: k for k, p in enumerate(powers)}
+
+    def __repr__(self):
+        return f"RestrictedPower(powers={self.powers}, sizes={self.sizes}, M={self.M})"
+
+    def propagate(self, x):
+        # from the input side, all powers share the recurrence: after s steps the iterate is
+        # S^s x on U_{H-s}, whose first |U_0| rows are the output (blocks are nested)
+        B, H, n0 = x.shape[0], self.hops, self.sizes[0]
+        cur = _cols(x)[:self.sizes[H]]
+        outs = [cur[:n0]] if 0 in self._pos else []
+        for s in range(1, H + 1):
+            cur = self.ops[H - s].apply_t(cur)
+            if s in self._pos:
+                outs.append(cur[:n0])
+        return _uncols_heads(outs, B)
+
+    def propagate_sum(self, z):
+        # Horner from the input side: acc on U_h, z_p read on U_p
+        B, zs, acc = z.shape[0], _heads(z), None
+        for h in range(self.hops, 0, -1):
+            if h in self._pos:
+                zp = zs[self._pos[h]][:self.sizes[h]]
+                acc = zp if acc is None else acc + zp
+            if acc is not None:
+                acc = self.ops[h - 1].apply_t(acc)
+        if 0 in self._pos:
+            z0 = zs[0][:self.sizes[0]]
+            acc = z0.clone() if acc is None else acc + z0
+        return _uncols(acc, B)
+
+    def propagate_heads(self, z):
+        # heads enter at their own hop and step inwards together (one SpMM per hop)
+        B, zs = z.shape[0], _heads(z)
+        cur: dict[int, Tensor] = {}
+        for h in range(self.hops, 0, -1):
+            for k, p in enumerate(self.powers):
+                if p == h:
+                    cur[k] = zs[k][:self.sizes[h]]
+            act = sorted(cur)
+            out = self.ops[h - 1].apply_t(torch.cat([cur[k] for k in act], 1))
+            for k, blk in zip(act, out.split([cur[k].shape[1] for k in act], 1)):
+                cur[k] = blk
+        if 0 in self._pos:
+            cur[0] = zs[0][:self.sizes[0]]
+        return _uncols_heads([cur[k] for k in range(self.K)], B)
+
+
+class RestrictedChebyshev(_Restricted):
+    """A_k = T_k(L̂), k < K, restricted: (K, |U_{K-1}|, |U_0|); ``ops[h]`` L̂ on U_{h+1} -> U_h."""
+
+    def __init__(self, ops: Sequence[SparseOperator], sizes: Sequence[int], K: int):
+        K = G._check_K(K)
+        super().__init__(K, ops, sizes, K - 1)
+
+    def __repr__(self):
+        return f"RestrictedChebyshev(K={self.K}, sizes={self.sizes})"
+
+    def propagate(self, x):
+        # T_k x on U_{H-k}: X_k = 2 L̂ᵀ X_{k-1} - X_{k-2}, each iterate one hop further in
+        B, H, n0 = x.shape[0], self.hops, self.sizes[0]
+        X = [_cols(x)[:self.sizes[H]]]
+        for k in range(1, self.K):
+            y = self.ops[H - k].apply_t(X[-1])
+            X.append(y if k == 1 else 2.0 * y - X[-2][:self.sizes[H - k]])
+        return _uncols_heads([t[:n0] for t in X], B)
+
+    def propagate_sum(self, z):
+        # Clenshaw from the input side: b_k on U_k; b_k = z_k + 2 L̂ᵀ b_{k+1} - b_{k+2}
+        B, K, zs, s = z.shape[0], self.K, _heads(z), self.sizes
+        if K == 1:
+            return _uncols(zs[0][:s[0]].clone(), B)
+        b1, b2 = zs[K - 1][:s[K - 1]], None
+        for k in range(K - 2, 0, -1):
+            t = 2.0 * self.ops[k].apply_t(b1) + zs[k][:s[k]]
+            if b2 is not None:
+                t = t - b2[:s[k]]
+            b1, b2 = t, b1
+        y = self.ops[0].apply_t(b1) + zs[0][:s[0]]
+        if b2 is not None:
+            y = y - b2[:s[0]]
+        return _uncols(y, B)
+
+    def propagate_heads(self, z):
+        # head k starts at hop k; all heads step inwards together (one SpMM per hop).
+        # state per head: (current iterate, previous iterate) of its own recurrence
+        B, zs, s = z.shape[0], _heads(z), self.sizes
+        cur: dict[int, tuple[Tensor, Tensor | None]] = {}
+        for h in range(self.hops, 0, -1):
+            if h < self.K:
+                cur[h] = (zs[h][:s[h]], None)
+            act = sorted(cur)
+            out = self.ops[h - 1].apply_t(torch.cat([cur[k][0] for k in act], 1))
+            for k, y in zip(act, out.split([cur[k][0].shape[1] for k in act], 1)):
+                prev = cur[k][0]
+                cur[k] = (y, prev) if cur[k][1] is None else \
+                    (2.0 * y - cur[k][1][:s[h - 1]], prev)
+        heads = [zs[0][:s[0]]] + [cur[k][0] for k in range(1, self.K)]
+        return _uncols_heads(heads, B)
+
+
+class RestrictedRelational(Basis):
+    """Random-walk sorts restricted: K = len(sorts) + identity, (K, |U_H|, |U_0|), H the longest
+    sort. ``ops[h][r]`` is relation r's operator U_{h+1} -> U_h; a sort (r1, ..., rL) walks r1
+    first (on U_L) and rL last (into U_0). The identity is the embedding of U_0 in U_H (targets
+    first); identity and 1-sorts form one flat sparse basis, as in ``RelationalBasis``.
+    """
+
+    cost_kernel = "graph"
+
+    def __init__(self, ops: Sequence[dict[int, SparseOperator]], sizes: Sequence[int],
+                 sorts: Sequence[tuple[int, ...]], identity: bool):
+        self.sorts = [tuple(s) for s in sorts]
+        self.identity = bool(identity)
+        if not self.sorts and not self.identity:
+            raise ValueError("RestrictedRelational needs at least one sort or identity=True")
+        H = max((len(s) for s in self.sorts), default=0)
+        if len(ops) < H or len(sizes) < H + 1:
+            raise ValueError(f"RestrictedRelational with sorts up to length {H} needs {H} hops "
+                             f"of operators and {H + 1} sizes, got {len(ops)} and {len(sizes)}")
+        sizes = [int(v) for v in sizes[:H + 1]]
+        M, N = sizes[H], sizes[0]
+        super().__init__(len(self.sorts) + int(self.identity), M, N)
+        self.sizes, self.hops = sizes, H
+        off = int(self.identity)
+        idx, vals, flat_k = [], [], []
+        anyop = next((o for hop in ops for o in hop.values()), None)
+        dev = anyop.device if anyop is not None else torch.device("cpu")
+        dtype = anyop.dtype if anyop is not None else torch.get_default_dtype()
+        if self.identity:
+            ar = torch.arange(N, device=dev)
+            idx.append(torch.stack([torch.zeros_like(ar), ar, ar]))
+            vals.append(torch.ones(N, dtype=dtype, device=dev))
+            flat_k.append(0)
+        self._walks = []
+        for j, s in enumerate(self.sorts):
+            if len(s) == 1:
+                op = ops[0][s[0]]
+                idx.append(torch.stack([torch.full_like(op.src, len(flat_k)), op.src, op.dst]))
+                vals.append(op.value)
+                flat_k.append(off + j)
+            else:
+                L = len(s)
+                chain = [ops[h][s[L - 1 - h]] for h in range(L)]  # inner first: rL ... r1
+                self._walks.append((off + j, RestrictedPower(chain, sizes, (L,), M=M)))
+        self._flat_k = flat_k
+        self._flat = None
+        if flat_k:
+            self._flat = Sparse(torch.cat(idx, 1), torch.cat(vals), (len(flat_k), M, N))
+            self._flat.cost_kernel = "graph"
+        self._flat_is_all = flat_k == list(range(self.K))
+
+    def __repr__(self):
+        return (f"RestrictedRelational(K={self.K}, sorts={self.sorts}, identity="
+                f"{self.identity}, sizes={self.sizes})")
+
+    def apply_flops(self):
+        flat = self._flat.nnz if self._flat is not None else 0
+        return float(max(flat + sum(w.apply_flops() for _, w in self._walks), 1))
+
+    def to_dense(self):
+        eye = torch.eye(self.M, dtype=self.dtype, device=self.device).unsqueeze(0)
+        return self.propagate(eye)[0].permute(1, 2, 0).contiguous()
+
+    def _assemble(self, flat: Tensor | None, walks: list[Tensor]) -> Tensor:
+        parts = {}
+        if flat is not None:
+            for j, k in enumerate(self._flat_k):
+                parts[k] = flat[:, :, j:j + 1]
+        for (k, _), w in zip(self._walks, walks):
+            parts[k] = w
+        return torch.cat([parts[k] for k in range(self.K)], 2)
+
+    def propagate(self, x):
+        if self._flat_is_all:
+            return self._flat.propagate(x)
+        flat = self._flat.propagate(x) if self._flat is not None else None
+        return self._assemble(flat, [w.propagate(x) for _, w in self._walks])
+
+    def propagate_sum(self, z):
+        if self._flat_is_all:
+            return self._flat.propagate_sum(z)
+        y = None if self._flat is None else self._flat.propagate_sum(z[:, :, self._flat_k])
+        for k, w in self._walks:
+            t = w.propagate_sum(z[:, :, k:k + 1])
+            y = t if y is None else y + t
+        return y
+
+    def propagate_heads(self, z):
+        if self._flat_is_all:
+            return self._flat.propagate_heads(z)
+        flat = None if self._flat is None else self._flat.propagate_heads(z[:, :, self._flat_k])
+        return self._assemble(flat, [w.propagate_heads(z[:, :, k:k + 1])
+                                     for k, w in self._walks])
+
+
+# ------------------------------------------------------------------------------------------------
+# the full graph's operator in edge form: a value per edge of edge_index, a keep mask (the input's
+# self loops, which GCN and the Laplacian replace), the diagonal per node, the relation per edge
+@dataclass
+class _EdgeForm:
+    value: Tensor  # (E,) the operator's value of each edge
+    keep: Tensor | None  # (E,) bool: False for edges the operator drops (self loops replaced)
+    diag: Tensor | None  # (n,) the operator's diagonal entries added per node
+    rel: Tensor | None  # (E,) relation ids (relational kinds)
+
+
+def _split_loops(src, dst, v, n) -> _EdgeForm:
+    """An operator built as (the input's non-loop edges in order, then one entry per node)."""
+    mask = src != dst
+    value = torch.zeros(src.shape[0], dtype=v.dtype, device=v.device)
+    value[mask] = v[:-n]
+    return _EdgeForm(value, mask, v[-n:], None)
+
+
+def _edge_form(kind: str, src: Tensor, dst: Tensor, n: int, w: Tensor | None,
+               et: Tensor | None, opts: dict, dtype) -> _EdgeForm:
+    """The one-hop operator(s) of ``kind`` on the graph (src, dst) of n nodes, in edge form,
+    computed by basis.graph's own normalisations (so values agree with the full basis)."""
+    vd = G._value_dtype(w, dtype)
+    if kind in ("gcn", "sgc"):
+        loops = opts["add_self_loops"]
+        normalize = opts.get("normalize", True)
+        _, _, v = G._gcn_values(src, dst, w, n, add_self_loops=loops, normalize=normalize,
+                                improved=opts.get("improved", False), dtype=vd)
+        # with loops: PyG's add_remaining_self_loops order, non-loop edges then one per node
+        return _split_loops(src, dst, v, n) if loops else _EdgeForm(v, None, None, None)
+    if kind == "chebyshev":
+        _, _, v = G._laplacian_values(src, dst, w, n, normalization=opts["normalization"],
+                                      lambda_max=opts["lambda_max"], batch=opts["batch"],
+                                      dtype=vd)
+        return _split_loops(src, dst, v, n)
+    if kind == "diffusion":
+        norm = opts["normalization"]
+        if norm == "sym":
+            _, _, v = G._gcn_values(src, dst, w, n, add_self_loops=False, normalize=True,
+                                    improved=False, dtype=vd)
+        elif norm == "rw":
+            _, _, v = G._rw_values(src, dst, w, n, dtype=vd)
+        else:
+            v = w if w is not None else torch.ones(src.shape[0], dtype=vd, device=src.device)
+        return _EdgeForm(v, None, None, None)
+    # relational: each relation normalised on its own (a loop over relations, not edges)
+    w = w if w is not None else torch.ones(src.shape[0], dtype=vd, device=src.device)
+    value = torch.zeros(src.shape[0], dtype=w.dtype, device=w.device)
+    for r in sorted({r for s in opts["sorts"] for r in s}):
+        m = et == r
+        value[m] = G._relation_values(src[m], dst[m], w[m], n, n, opts["normalization"])
+    return _EdgeForm(value, None, None, et)
+
+
+class GraphRestriction:
+    """A graph basis kind over a full graph, ready to be restricted to samples.
+
+    ``kind`` is one of ``KINDS`` (gcn, sgc, chebyshev, diffusion, relational) with the options
+    of the matching ``sc.basis`` constructor; ``edge_type`` (E,) for relational. The full
+    graph's operator values are computed once here (``degrees="full"``); with
+    ``degrees="sample"`` they are recomputed on each sampled subgraph. ``hops`` is the number
+    of sample hops one restricted basis consumes. Edge weights are constants here (detached):
+    the values are computed once, not on every call as a full-batch layer does.
+    """
+
+    def __init__(self, kind: str, edge_index: Tensor, num_nodes: int, *,
+                 edge_weight: Tensor | None = None, edge_type: Tensor | None = None,
+                 degrees: str = "full", dtype: torch.dtype | None = None, **options):
+        if kind not in KINDS:
+            raise ValueError(f"unknown graph basis kind {kind!r}: use one of {list(KINDS)}")
+        unknown = sorted(set(options) - set(KINDS[kind]))
+        if unknown:
+            raise TypeError(f"{kind} restriction got unknown options {unknown}: it takes "
+                            f"{sorted(KINDS[kind])}")
+        if degrees not in _DEGREES:
+            raise ValueError(f"degrees must be one of {list(_DEGREES)}, got {degrees!r}")
+        n = G._check_num_nodes(num_nodes)
+        G._check_edges(edge_index, n, edge_weight=edge_weight)
+        opts = {**KINDS[kind], **options}
+        edge_weight = None if edge_weight is None else edge_weight.detach()
+        self.kind, self.num_nodes, self.degrees, self.dtype = kind, n, degrees, dtype
+        self.edge_weight, self.edge_type = edge_weight, None
+        if kind in ("sgc", "chebyshev", "diffusion"):
+            if opts["K"] is None:
+                raise TypeError(f"{kind} restriction needs the option K")
+            opts["K"] = G._check_K(opts["K"], low=0 if kind == "diffusion" else 1)
+        if kind in ("chebyshev", "diffusion"):
+            G._check_norm(opts["normalization"], (None, "sym", "rw"), kind)
+        if kind == "relational":
+            if edge_type is None:
+                raise ValueError("the relational restriction needs edge_type (E,)")
+            G._check_edge_type(edge_type, edge_index.shape[1])
+            G._check_norm(opts["normalization"], (None, "mean", "sym"), "relational")
+            R = G._num_relations(edge_type, opts["num_relations"], opts["sorts"])
+            opts["sorts"] = G._check_sorts(opts["sorts"], R, opts["identity"], n, n)
+            opts["num_relations"] = R
+            self.edge_type = edge_type.long()
+        self.options = opts
+        self.hops = {"gcn": 1, "sgc": opts.get("K"), "diffusion": opts.get("K"),
+                     "chebyshev": (opts.get("K") or 1) - 1,
+                     "relational": max((len(s) for s in opts.get("sorts") or ()),
+                                       default=0)}[kind]
+        self._full = None
+        if degrees == "full":
+            self._full = _edge_form(kind, edge_index[0].long(), edge_index[1].long(), n,
+                                    edge_weight, self.edge_type, opts, dtype)
+
+    def __repr__(self):
+        return f"GraphRestriction({self.kind!r}, hops={self.hops}, degrees={self.degrees!r})"
+
+    def _form(self, sample: Sample) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
+        """(value, keep, diag, rel) aligned with the sample's edges and nodes."""
+        if self._full is not None:
+            f, e, v = self._full, sample.edge_ids, sample.node_ids
+            return (f.value[e], None if f.keep is None else f.keep[e],
+                    None if f.diag is None else f.diag[v], None if f.rel is None else f.rel[e])
+        # the sampled subgraph as a graph of its own (every sampled node and edge)
+        opts = dict(self.options)
+        if self.kind == "chebyshev" and opts["batch"] is not None:
+            opts["batch"] = opts["batch"][sample.node_ids]
+        w = None if self.edge_weight is None else self.edge_weight[sample.edge_ids]
+        et = None if self.edge_type is None else self.edge_type[sample.edge_ids]
+        f = _edge_form(self.kind, sample.edge_index[0], sample.edge_index[1],
+                       sample.node_counts[-1], w, et, opts, self.dtype)
+        return f.value, f.keep, f.diag, f.rel
+
+    def _hop_ops(self, sample: Sample, hop: int, value, keep, diag, rel) -> list:
+        """Per hop of this layer (inner first) the operator U_{h+1} -> U_h: a SparseOperator,
+        or for relational a dict relation -> SparseOperator."""
+        ops = []
+        nc, ei = sample.node_counts, sample.edge_index
+        rels = sorted({r for s in self.options.get("sorts") or () for r in s})
+        for j in range(self.hops):
+            h = hop + j + 1  # the sample's hop h block: U_h -> U_{h-1}
+            e = sample.edge_counts[h - 1]
+            src, dst, v = ei[0, :e], ei[1, :e], value[:e]
+            if keep is not None:
+                k = keep[:e]
+                src, dst, v = src[k], dst[k], v[k]
+            if rel is not None:
+                r_e = rel[:e] if keep is None else rel[:e][keep[:e]]
+                ops.append({r: SparseOperator(src[r_e == r], dst[r_e == r], v[r_e == r],
+                                              nc[h], nc[h - 1]) for r in rels})
+                continue
+            if diag is not None:
+                loop = torch.arange(nc[h - 1], device=src.device)
+                src, dst = torch.cat([src, loop]), torch.cat([dst, loop])
+                v = torch.cat([v, diag[:nc[h - 1]]])
+            ops.append(SparseOperator(src, dst, v, nc[h], nc[h - 1]))
+        return ops
+
+    def restrict(self, sample: Sample, hop: int = 0) -> Basis:
+        """The restricted basis of this kind with outputs on U_hop and inputs on U_{hop+hops}:
+        (K, node_counts[hop + hops], node_counts[hop])."""
+        if not 0 <= hop <= sample.num_hops - self.hops:
+            raise ValueError(f"a {self.kind} restriction consumes {self.hops} hops: from hop "
+                             f"{hop} it needs a sample of at least {hop + self.hops} hops, got "
+                             f"{sample.num_hops}")
+        ops = self._hop_ops(sample, hop, *self._form(sample))
+        sizes = sample.node_counts[hop:hop + self.hops + 1]
+        o = self.options
+        if self.kind == "gcn":
+            return RestrictedPower(ops, sizes, (1,))
+        if self.kind == "sgc":
+            return RestrictedPower(ops, sizes, (o["K"],))
+        if self.kind == "diffusion":
+            return RestrictedPower(ops, sizes, tuple(range(o["K"] + 1)))
+        if self.kind == "chebyshev":
+            return RestrictedChebyshev(ops, sizes, o["K"])
+        return RestrictedRelational(ops, sizes, o["sorts"], o["identity"])
+
+
+class BlockRestriction:
+    """Content-based layers (graph attention): only the edge set is restricted, one hop.
+
+    ``restrict(sample, hop)`` is the ``Block`` of hop ``hop + 1`` (edges into U_hop)."""
+
+    hops = 1
+
+    def restrict(self, sample: Sample, hop: int = 0) -> Block:
+        if not 0 <= hop < sample.num_hops:
+            raise ValueError(f"an attention block consumes 1 hop: from hop {hop} it needs a "
+                             f"sample of at least {hop + 1} hops, got {sample.num_hops}")
+        return sample.block(hop + 1)
+
+    def __repr__(self):
+        return "BlockRestriction(hops=1)"
