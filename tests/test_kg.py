@@ -325,3 +325,57 @@ def test_training_resumes_from_its_checkpoint_exactly(tmp_path):
     assert [h["loss"] for h in h_res] == [h["loss"] for h in h_whole]
     for k, v in whole.state_dict().items():
         torch.testing.assert_close(resumed.state_dict()[k], v, rtol=0, atol=0)
+
+
+# -- command line -----------------------------------------------------------------------------
+def _write_kg(folder, train, valid, test, names=("p", "q", "r")):
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, rows in (("train", train), ("valid", valid), ("test", test)):
+        (folder / f"{split}.txt").write_text(
+            "".join(f"e{h}\t{names[r]}\te{t}\n" for h, r, t in rows.tolist()))
+    return folder
+
+
+def test_cli_kg_sorts_kg_link_and_bench(tmp_path, capsys):
+    from structconv.cli import main
+
+    train, test, E, R = _tiny_kg()
+    root = _write_kg(tmp_path / "kg" / "WN18RR", train, test[:20], test[20:])
+    assert main(["kg", "sorts", "wn18rr", "--root", str(root), "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "3 paths by support" in out and " => " in out.replace("=>", " => ")
+    assert main(["reproduce", "kg-link", "--dataset", "wn18rr", "--data", str(root), "--quick",
+                 "--dim", "8", "--batch", "64", "--out", str(tmp_path / "runs")]) == 0
+    import json
+
+    res = json.loads((tmp_path / "runs" / "kg_link" / "wn18rr-distmult-1vsall-d8-enc0" /
+                      "result.json").read_text())
+    assert res["epochs_done"] == 2 and 0 < res["test"]["mrr"] <= 1
+    assert main(["bench", "kg", "--quick", "--repeats", "1", "--out", str(tmp_path / "b")]) == 0
+    b = json.loads((tmp_path / "b" / "kg.json").read_text())
+    assert b["eval"]["eval_seconds"] > 0 and b["sorts"]["ratio_2sorts_over_single"] > 0
+
+
+@pytest.mark.parametrize("lines,match", [
+    ("e1\tp\n", r"line 1 is 'e1\\tp'; expected head<TAB>relation<TAB>tail"),
+    ("", "no triples"),
+    ("e1\tp\te2\n\xff", "not UTF-8 text"),
+])
+def test_cli_kg_bad_files_exit_2_with_one_line(tmp_path, capsys, lines, match):
+    import re
+
+    from structconv.cli import main
+
+    root = _write_kg(tmp_path / "kg", torch.tensor([[0, 0, 1]]), torch.tensor([[0, 0, 1]]),
+                     torch.tensor([[0, 0, 1]]))
+    (root / "test.txt").write_bytes(lines.encode("latin-1"))
+    assert main(["kg", "sorts", "fb15k-237", "--root", str(root)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(match, err[0]), err
+
+
+def test_cli_kg_sorts_refuses_a_graph_without_relations(capsys):
+    from structconv.cli import main
+
+    assert main(["kg", "sorts", "karate"]) == 2
+    assert "has no relation types" in capsys.readouterr().err
