@@ -23,7 +23,7 @@ FLOORS = [
     ("", "attention"),  # "" is the package itself: it imports the core floors below
     ("nn",),
     ("kg", "data", "plots", "sampling"),
-    ("models", "config"),
+    ("models", "config", "minibatch"),
     ("train", "verify"),
     ("demo", "bench", "experiments"),
     ("cli",),

@@ -379,3 +379,28 @@ def test_cli_kg_sorts_refuses_a_graph_without_relations(capsys):
 
     assert main(["kg", "sorts", "karate"]) == 2
     assert "has no relation types" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("identity", [False, True])
+@pytest.mark.parametrize("form", ["full", "blocks", "big_blocks"])
+def test_per_sort_route_equals_the_definition_values_and_gradients(identity, form):
+    from structconv.params import Full, Grouped
+
+    g = torch.Generator().manual_seed(1)
+    N, E, R = 40, 400, 20
+    ei = torch.randint(0, N, (2, E), generator=g)
+    et = torch.randint(0, R, (E,), generator=g)
+    sorts = [(r,) for r in range(R)] + [(0, 1), (2, 3, 4)]
+    b = sc.basis.relational(ei, et, N, sorts, identity=identity, dtype=torch.float64)
+    torch.manual_seed(0)
+    th = {"full": lambda: Full(b.K, 10, 15), "blocks": lambda: Grouped(b.K, 10, 15, 5),
+          "big_blocks": lambda: Grouped(b.K, 40, 40, 40)}[form]().double()
+    x = torch.randn(2, N, th.P, dtype=torch.float64, requires_grad=True)
+    assert "per_sort" in [r.name for r in b.routes(x, th)]
+    want = torch.einsum("kmn,bmp,kpq->bnq", b.to_dense(), x, th())
+    got = sc.convolve(x, b, th, route="per_sort")
+    torch.testing.assert_close(got, want)
+    g1 = torch.autograd.grad(want.square().sum(), [x, *th.parameters()])
+    g2 = torch.autograd.grad(got.square().sum(), [x, *th.parameters()])
+    for a, c in zip(g1, g2):
+        torch.testing.assert_close(c, a)

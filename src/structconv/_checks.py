@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import Tensor
 
@@ -37,3 +39,23 @@ def as_batched(x: Tensor, M: int, what: str = "x") -> tuple[Tensor, bool]:
             f"M={M} (input entries)"
         )
     return x, added
+
+
+def gib(n: float) -> str:
+    """Bytes as ``1.5 GiB`` (from 256 MiB up) or ``12 MiB``."""
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**28 else f"{n / 2**20:,.0f} MiB"
+
+
+def available_memory(device: str | torch.device = "cpu") -> int | None:
+    """Bytes free for a new run on ``device``: MemAvailable of /proc/meminfo (CPU) or the
+    driver's free memory (CUDA); None where it cannot be read."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return int(torch.cuda.mem_get_info(dev)[0]) if torch.cuda.is_available() else None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

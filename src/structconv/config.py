@@ -5,6 +5,8 @@ Each ``[[model.layers]]`` entry names its basis in the paper's terms (``grid``, 
 ``identity`` or a ``stack`` of those), its parameter form (``full``, ``grouped``, ``depthwise``,
 ``separable`` with ``H``, ``lowrank`` with ``rank``), its output ``channels``, ``activation``,
 ``dropout`` (on the layer's input), ``pool`` and ``residual``/``norm``. See ``configs/*.toml``.
+A ``[train.sampler]`` table (``SAMPLER_KEYS``) trains a node-classification model on sampled
+mini-batches instead of the full graph (``structconv.minibatch``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from torch.nn import functional as F
 
 from . import basis as B
 from . import params as P
+from ._checks import available_memory
+from ._checks import gib as _gib
 from .engine import convolve, featureless
 
 if sys.version_info >= (3, 11):
@@ -29,7 +33,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 __all__ = ["ConfigError", "load_config", "parse_config", "apply_overrides", "build_model",
-           "StructNet", "DEFAULTS", "config_path",
+           "StructNet", "DEFAULTS", "config_path", "sampler_spec", "SAMPLER_KEYS", "GRAPH_KINDS",
            "shipped_configs"]
 
 
@@ -46,8 +50,20 @@ DEFAULTS = {
               "dtype": "float32", "lm": {}},
     "train": {"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "momentum": 0.9,
               "epochs": 10, "patience": 0, "monitor": "val_acc", "grad_clip": 0.0,
-              "checkpoint_every": 0, "checkpoint_seconds": 10.0},
+              "checkpoint_every": 0, "checkpoint_seconds": 10.0, "sampler": {}},
 }
+
+#: ``[train.sampler]``: mini-batches of sampled neighbourhoods for node classification (empty:
+#: full batch). ``fanouts`` one per graph layer in PyG's order: fanouts[0] is the seeds' hop,
+#: i.e. the LAST graph layer's; each a positive int, -1 / "all", or a list of per-hop fanouts
+#: for a multi-hop layer. ``batch_size`` seeds per mini-batch and process; ``accumulate``
+#: mini-batches per optimizer step and process; ``workers`` background sampling processes;
+#: ``degrees`` "full" (the full graph's normalisation) or "sample"; ``eval`` "full" (full
+#: batch), "layerwise" (exact, one layer's activations at a time) or "auto".
+SAMPLER_KEYS = {"fanouts": None, "batch_size": 1024, "accumulate": 1, "workers": 0,
+                "degrees": "full", "eval": "auto"}
+#: basis kinds a sampler can restrict, with the hops one layer of each consumes
+GRAPH_KINDS = ("gcn", "sgc", "chebyshev", "diffusion", "relational", "graph_attention")
 
 _TOP = {"seed", "name", "description", "data", "model", "train"}
 _ACT = {"relu": F.relu, "gelu": F.gelu, "elu": F.elu, "tanh": torch.tanh,
@@ -189,7 +205,8 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
         for k in cfg[sec]:
             _need(k in DEFAULTS[sec], f"{source}: unknown key {sec}.{k} (known: "
                                       f"{', '.join(sorted(DEFAULTS[sec]))})")
-        missing = [f"{sec}.{k}" for k in DEFAULTS[sec] if k not in cfg[sec]]
+        # (a run directory written before [train.sampler] existed has no such key)
+        missing = [f"{sec}.{k}" for k in DEFAULTS[sec] if k not in {*cfg[sec], "sampler"}]
         _need(not missing, f"{source}: missing key(s) {', '.join(missing)}")
     t = cfg["train"]
     for k in ("epochs", "patience", "checkpoint_every"):
@@ -238,8 +255,96 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
     return _check_rest(cfg, source)
 
 
+def sampler_spec(cfg: dict) -> dict | None:
+    """The ``[train.sampler]`` table with its defaults filled in, or None (full batch)."""
+    s = cfg["train"].get("sampler") or {}
+    return {**SAMPLER_KEYS, **s} if s else None
+
+
+def graph_layer_hops(layer: dict) -> int | None:
+    """Sample hops one declared layer consumes: None for a layer that is not a graph
+    convolution (linear, mlp, or a basis of another kind), 0 for a pointwise polynomial."""
+    if layer.get("type", "conv") != "conv":
+        return None
+    spec = _basis_spec(layer["basis"])
+    kind = spec.get("kind")
+    if kind not in GRAPH_KINDS:
+        return None
+    if kind == "sgc":
+        return spec.get("hops", 2)
+    if kind == "chebyshev":
+        return spec.get("K", 3) - 1 if isinstance(spec.get("K", 3), int) else 0
+    if kind == "diffusion":
+        return spec.get("K", 2)
+    if kind == "relational":
+        sorts = spec.get("sorts", "single")
+        if sorts == "mined":
+            return spec.get("max_length", 2)
+        if isinstance(sorts, list):
+            return max((len(s) if isinstance(s, list) else
+                        s.count(".") + 1 if isinstance(s, str) else 1 for s in sorts), default=0)
+    return 1
+
+
+def _check_fanout(f, where: str) -> None:
+    def ok(v) -> bool:
+        return v == "all" or (isinstance(v, int) and not isinstance(v, bool) and
+                              (v >= 1 or v == -1))
+
+    _need(ok(f) or (isinstance(f, list) and f and all(map(ok, f))),
+          f"{where} must be a positive int, -1 or \"all\" (or a list of those for a "
+          f"multi-hop layer), got {f!r}")
+
+
+def _check_sampler(cfg: dict, where: str) -> None:
+    s = cfg["train"]["sampler"]
+    for k in s:
+        _need(k in SAMPLER_KEYS, f"{where}: unknown key {k!r} (known: "
+                                 f"{', '.join(SAMPLER_KEYS)})")
+    s = {**SAMPLER_KEYS, **s}
+    for k, low in (("batch_size", 1), ("accumulate", 1), ("workers", 0)):
+        v = s[k]
+        _need(isinstance(v, int) and not isinstance(v, bool) and low <= v <= MAX_BATCHES,
+              f"{where}.{k} must be an int in [{low}, {MAX_BATCHES:,}], got {v!r}")
+    _need(s["degrees"] in ("full", "sample"),
+          f"{where}.degrees must be full or sample, got {s['degrees']!r}")
+    _need(s["eval"] in ("auto", "full", "layerwise"),
+          f"{where}.eval must be auto, full or layerwise, got {s['eval']!r}")
+    fan = s["fanouts"]
+    _need(isinstance(fan, list) and fan, f"{where}.fanouts must be a list with one fanout per "
+                                         f"graph layer, e.g. [10, 10], got {fan!r}")
+    for i, f in enumerate(fan):
+        _check_fanout(f, f"{where}.fanouts[{i}]")
+    layers = cfg["model"]["layers"]
+    for i, lay in enumerate(layers):
+        if graph_layer_hops(lay) is None and lay.get("type", "conv") == "conv":
+            raise ConfigError(f"{where}: model.layers.{i} has basis "
+                              f"{_basis_spec(lay['basis']).get('kind')!r}, which cannot be "
+                              f"sampled (graph kinds: {', '.join(GRAPH_KINDS)})")
+        _need("pool" not in lay, f"{where}: model.layers.{i} pools, which a sampled "
+                                 "mini-batch cannot")
+    hops = [(i, graph_layer_hops(lay)) for i, lay in enumerate(layers)]
+    graph = [(i, h) for i, h in hops if h is not None]
+    _need(len(fan) == len(graph),
+          f"{where}.fanouts has {len(fan)} entries but the model has {len(graph)} graph "
+          f"layer(s) (model.layers {[i for i, _ in graph]}): give one fanout per graph layer, "
+          "fanouts[0] for the last")
+    for j, f in enumerate(fan):
+        i, h = graph[len(graph) - 1 - j]  # PyG's order: fanouts[0] is the last graph layer's
+        if isinstance(f, list) and isinstance(h, int) and len(f) != h:
+            raise ConfigError(f"{where}.fanouts[{j}] {f} lists {len(f)} hops but "
+                              f"model.layers.{i} consumes {h}")
+
+
+
 def _check_rest(cfg: dict, source: str) -> dict:
-    m = cfg["model"]
+    m, t = cfg["model"], cfg["train"]
+    _need(isinstance(t.get("sampler", {}), dict),
+          f"{source}: train.sampler must be a table ([train.sampler]), got {t['sampler']!r}")
+    if t.get("sampler"):
+        _need(not m["lm"], f"{source}: train.sampler samples graph neighbourhoods for node "
+                           "classification; a [model.lm] model has none")
+        _check_sampler(cfg, f"{source}: train.sampler")
     _need(m["readout"] in ("auto", "flatten", "mean", "sum", "max", "none"),
           f"{source}: model.readout must be auto, flatten, mean, sum, max or none, "
           f"got {m['readout']!r}")
@@ -695,25 +800,6 @@ def build_lm(cfg: dict, data) -> nn.Module:
                          tie_weights=s["tie_weights"])
 
 
-def _gib(n: float) -> str:
-    return f"{n / 2**30:,.1f} GiB" if n >= 2**28 else f"{n / 2**20:,.0f} MiB"
-
-
-def available_memory(device: str | torch.device = "cpu") -> int | None:
-    """Bytes free for a new run on ``device``: MemAvailable of /proc/meminfo (CPU) or the
-    driver's free memory (CUDA); None where it cannot be read."""
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        return int(torch.cuda.mem_get_info(dev)[0]) if torch.cuda.is_available() else None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def memory_estimate(cfg: dict, data) -> dict | None:
     """Bytes one training step of ``cfg``'s model on ``data`` needs, about: ``params``
     (weights, gradients and optimizer state) and ``activations`` (one batch, kept for the
@@ -743,8 +829,24 @@ def memory_estimate(cfg: dict, data) -> dict | None:
     else:
         per_sample = model.activation_elements
     batch = 1 if data.task == "node" else d["batch_size"]
+    if data.task == "node" and sampler_spec(cfg):
+        per_sample = int(per_sample * _sampled_share(cfg, data.num_nodes))
     return {"params": n_params * nbytes * copies, "activations": 2 * per_sample * batch * nbytes,
             "n_params": n_params, "batch": batch, "copies": copies}
+
+
+def _sampled_share(cfg: dict, num_nodes: int) -> float:
+    """The share of the graph's nodes a sampled mini-batch reaches at most: batch_size x the
+    product of (1 + fanout) over the hops, capped at 1 (a fanout "all" reaches every node)."""
+    s = sampler_spec(cfg)
+    graph = [h for h in map(graph_layer_hops, cfg["model"]["layers"]) if h is not None]
+    reach = float(s["batch_size"])
+    for f, h in zip(s["fanouts"], reversed(graph)):
+        for v in (f if isinstance(f, list) else [f] * (h if isinstance(h, int) else 1)):
+            if v in (-1, "all"):
+                return 1.0
+            reach *= 1 + v
+    return min(1.0, reach / max(num_nodes, 1))
 
 
 def check_memory(cfg: dict, data, device: str | torch.device = "cpu") -> dict | None:

@@ -6,11 +6,15 @@ A run directory holds ``config.json``, ``metrics.jsonl`` and ``metrics.csv`` (on
 random draw derive from the seed and the epoch, and the RNG states travel in the checkpoint, so a
 resumed run ends exactly as an uninterrupted one. With ``WORLD_SIZE > 1`` each global batch is
 split across the processes and the per-process losses are scaled so that DDP's gradient average
-is the gradient of the global batch's mean loss.
+is the gradient of the global batch's mean loss. With ``[train.sampler]`` a node-classification
+model trains on sampled mini-batches (``structconv.minibatch``): each optimizer step takes
+``accumulate`` batches on every process, the same global batches whatever the process count, and
+evaluation is exact (full batch, or layer by layer over whole neighbourhoods).
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -35,9 +39,17 @@ from .checkpoint import (
     save_weights,
     set_rng_state,
 )
-from .config import ConfigError, build_model, check_memory, validate
+from .config import ConfigError, build_model, check_memory, sampler_spec, validate
 from .data.registry import load_dataset
 from .io import atomic_write_bytes, atomic_write_json
+from .minibatch import (
+    SampledNet,
+    dropout_seed,
+    eval_mode,
+    layerwise_logits,
+    make_loader,
+    restrictions,
+)
 
 __all__ = ["TrainingError", "train", "evaluate", "load_data", "resolve_device", "load_run",
            "make_optimizer", "count_parameters"]
@@ -78,6 +90,10 @@ def load_data(cfg: dict):
     if getattr(data, "task", None) not in ("image", "node", "text"):
         raise ConfigError(f"dataset {d['name']!r} is a {getattr(data, 'task', '?')} task; "
                           "train handles image, node and text tasks")
+    if sampler_spec(cfg) and data.task != "node":
+        raise ConfigError(f"train.sampler samples graph neighbourhoods, but dataset "
+                          f"{d['name']!r} is a {data.task} task: use a node-classification "
+                          "(graph) dataset or remove [train.sampler]")
     return data
 
 
@@ -171,7 +187,14 @@ def evaluate(model: nn.Module, data, cfg: dict, split: str, device=None) -> dict
     model.eval()
     tot, correct, n = 0.0, 0, 0
     for inputs, targets in _eval_batches(data, cfg, split):
-        loss, ok = _losses(model, data, inputs, targets, device, dtype)
+        if data.task == "node" and sampler_spec(cfg) and \
+                eval_mode(model, cfg, data, device) == "layerwise":
+            logits = layerwise_logits(model, cfg, data, device,
+                                      cfg["data"]["eval_batch_size"])[targets.to(device)]
+            y = data.y.to(device)[targets.to(device)]
+            loss, ok = F.cross_entropy(logits, y, reduction="none"), logits.argmax(-1) == y
+        else:
+            loss, ok = _losses(model, data, inputs, targets, device, dtype)
         tot += loss.double().sum().item()
         correct += int(ok.sum())
         n += ok.numel()
@@ -341,13 +364,18 @@ class _Trainer:
         self.model = model = build_model(cfg, self.data).to(dev)
         self.dtype = next(model.parameters()).dtype
         self.opt = make_optimizer(cfg, model)
-        self.net = model
+        self.net, self.loader = model, None
+        if sampler_spec(cfg):
+            # mini-batches: the model on restricted bases, each rank its share of the batches
+            restr = restrictions(model, cfg, self.data, sampler_spec(cfg)["degrees"])
+            self.loader = make_loader(cfg, self.data, restr, self.dtype, w.rank, w.size)
+            self.net = SampledNet(model, restr)
         if w.size > 1:
             # a size-1 dim's stride is arbitrary: a (1, P, Q) weight's grad can carry another
             # one than DDP's bucket view; the copy it warns about costs nothing at these sizes
             warnings.filterwarnings("ignore", message=".*Grad strides do not match bucket view")
             self.net = nn.parallel.DistributedDataParallel(
-                model, device_ids=[dev.index] if dev.type == "cuda" else None)
+                self.net, device_ids=[dev.index] if dev.type == "cuda" else None)
         self.state = {"best": None, "best_epoch": 0, "bad_epochs": 0, "history": [],
                       "stopped": False}
         self.best_state, self.start = None, 0
@@ -377,14 +405,20 @@ class _Trainer:
         t0 = time.perf_counter()
         self.net.train()
         totals = [0.0, 0.0, 0.0]  # loss, correct, items (global)
-        batches = list(_train_batches(self.data, self.cfg, epoch))
+        if self.loader is not None:
+            steps = self._sampled_steps(epoch)
+            n_steps = self.loader.steps()
+        else:
+            batches = list(_train_batches(self.data, self.cfg, epoch))
+            steps = (self._step(inputs, targets, epoch, step)
+                     for step, (inputs, targets) in enumerate(batches))
+            n_steps = len(batches)
         bar = None
         if self.progress and self.w.main:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(batches), desc=f"epoch {epoch}", leave=False, unit="batch")
-        for step, (inputs, targets) in enumerate(batches):
-            stats = self._step(inputs, targets, epoch, step)
+            bar = tqdm(total=n_steps, desc=f"epoch {epoch}", leave=False, unit="batch")
+        for stats in steps:
             for i in range(3):
                 totals[i] += stats[i].item()
             if bar is not None:
@@ -395,10 +429,62 @@ class _Trainer:
             bar.close()
         return self._record(epoch, totals, time.perf_counter() - t0)
 
+    def _sampled_steps(self, epoch: int):
+        """The epoch's optimizer steps over sampled mini-batches; yields each step's global
+        (loss sum, correct, items)."""
+        L = self.loader
+        L.set_epoch(epoch)
+        plan = L.plan(epoch)  # what iterating L yields, in order: the batches' random seeds
+        group, step = [], 0
+        for batch, (_, rng) in zip(L, plan, strict=True):
+            group.append((batch, rng))
+            if len(group) == L.accumulate:
+                yield self._sampled_step(group, epoch, step)
+                group, step = [], step + 1
+
+    def _sampled_step(self, group: list, epoch: int, step: int):
+        """One optimisation step on this rank's mini-batches (gradients summed over them);
+        the global (loss sum, correct, items)."""
+        w = self.w
+        n_global = D.all_reduce_sum(torch.tensor(
+            float(sum(b.batch_size for b, _ in group)), dtype=torch.float64,
+            device=self.dev)).item()
+        self.opt.zero_grad(set_to_none=True)
+        sums = torch.zeros(3, dtype=torch.float64, device=self.dev)
+        for j, (batch, rng) in enumerate(group):
+            batch = batch.to(self.dev)
+            # dropout from the batch's own seed: the same masks in whichever process
+            torch.manual_seed(dropout_seed(rng))
+            last = j == len(group) - 1
+            ctx = self.net.no_sync() if w.size > 1 and not last else contextlib.nullcontext()
+            with ctx:
+                logits = self.net(batch)
+                loss = F.cross_entropy(logits, batch.y, reduction="none")
+                # as _step: DDP's mean of the scaled gradients is the gradient of the mean loss
+                # over every seed of the step
+                (loss.sum() * (w.size / n_global)).backward()
+            ok = logits.argmax(-1) == batch.y
+            sums += torch.stack([loss.detach().double().sum(), ok.double().sum(),
+                                 torch.tensor(float(ok.numel()), dtype=torch.float64,
+                                              device=ok.device)])
+        return self._apply_step(sums, epoch, step)
+
+    def _apply_step(self, sums: Tensor, epoch: int, step: int) -> Tensor:
+        """Clip, check the global loss and step the optimizer; the global stats."""
+        t_cfg = self.cfg["train"]
+        if t_cfg["grad_clip"]:
+            nn.utils.clip_grad_norm_(self.model.parameters(), t_cfg["grad_clip"])
+        stats = D.all_reduce_sum(sums)
+        if not torch.isfinite(stats[0]):
+            raise TrainingError(f"loss is {stats[0].item()} at epoch {epoch}, step {step + 1}"
+                                f"; lower train.lr (now {t_cfg['lr']}) or check the data")
+        self.opt.step()
+        return stats
+
     def _step(self, inputs, targets, epoch: int, step: int) -> Tensor:
         """One optimisation step on this rank's share of a global batch; the global
         (loss sum, correct, items)."""
-        w, t_cfg = self.w, self.cfg["train"]
+        w = self.w
         n_global = targets.numel()
         # this rank's contiguous share of the global batch
         share = torch.arange(targets.shape[0]).tensor_split(w.size)[w.rank]
@@ -412,16 +498,9 @@ class _Trainer:
         scaled = loss.sum() * (w.size / n_global)
         self.opt.zero_grad(set_to_none=True)
         scaled.backward()
-        if t_cfg["grad_clip"]:
-            nn.utils.clip_grad_norm_(self.model.parameters(), t_cfg["grad_clip"])
-        stats = D.all_reduce_sum(torch.stack([
+        return self._apply_step(torch.stack([
             loss.detach().double().sum(), ok.double().sum(),
-            torch.tensor(float(ok.numel()), dtype=torch.float64, device=ok.device)]))
-        if not torch.isfinite(stats[0]):
-            raise TrainingError(f"loss is {stats[0].item()} at epoch {epoch}, step {step + 1}"
-                                f"; lower train.lr (now {t_cfg['lr']}) or check the data")
-        self.opt.step()
-        return stats
+            torch.tensor(float(ok.numel()), dtype=torch.float64, device=ok.device)]), epoch, step)
 
     def _record(self, epoch: int, totals: list, dt: float) -> bool:
         """Validate, keep the best weights, stop early, write metrics and checkpoints."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from torch import Tensor
 
 __all__ = ["ImageData", "GraphData", "TextData", "DatasetError", "DATASETS", "register_dataset",
-           "load_dataset", "data_root", "dataset_names"]
+           "load_dataset", "data_root", "dataset_names", "split_options"]
 
 DEFAULT_DATA = Path("/work/shared/datasets")
 
@@ -124,8 +124,45 @@ def dataset_names() -> list[str]:
     return sorted(DATASETS)
 
 
+def split_options(name: str) -> tuple[str, dict]:
+    """``"synthetic:nodes=1000,edges=5000"`` -> ("synthetic", {"nodes": 1000, "edges": 5000}):
+    options written after the name, values read as int, float, true/false or text."""
+    if ":" not in name:
+        return name, {}
+    base, _, rest = name.partition(":")
+    opts = {}
+    for item in filter(None, (s.strip() for s in rest.split(","))):
+        key, eq, text = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"dataset {name!r}: options after ':' must be key=value pairs "
+                             f"separated by commas, got {item!r}")
+        opts[key.strip()] = _option_value(text.strip())
+    return base, opts
+
+
+def _option_value(text: str):
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for cast in (int, float):
+        try:
+            return cast(text.replace("_", "")) if text else text
+        except ValueError:
+            pass
+    return text
+
+
 def load_dataset(name: str, root: str | os.PathLike | None = None, **options):
-    """Load a registered dataset; ``root`` is its folder (default: data root / its folder)."""
+    """Load a registered dataset; ``root`` is its folder (default: data root / its folder).
+
+    Options may follow the name (``"synthetic:nodes=1000,edges=5000"``); given both ways, the
+    same option must not differ."""
+    if name not in DATASETS and ":" in name:
+        name, named = split_options(name)
+        clash = sorted(k for k in set(named) & set(options) if named[k] != options[k])
+        if clash:
+            raise ValueError(f"dataset {name!r}: option(s) {', '.join(clash)} given both in the "
+                             "name and in data.options with different values")
+        options = {**named, **options}
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(sorted(DATASETS))}")
     fn, folder, _ = DATASETS[name]

@@ -321,8 +321,9 @@ class NeighborLoader:
     def __len__(self) -> int:
         return -(-self._num_global() // self.world_size)
 
-    def plan(self, epoch: int) -> list[tuple[Tensor, int]]:
-        """This rank's (seed ids, random seed) pairs of epoch ``epoch``, in order."""
+    def global_plan(self, epoch: int) -> list[tuple[Tensor, int]]:
+        """Every rank's (seed ids, random seed) pairs of epoch ``epoch``: the global batches
+        in order, the same on every rank."""
         g = torch.Generator().manual_seed(_splitmix(_splitmix(self.seed) ^ epoch) >> 1)
         S = self.input_nodes.shape[0]
         perm = torch.randperm(S, generator=g) if self.shuffle else torch.arange(S)
@@ -330,9 +331,13 @@ class NeighborLoader:
         batches = list(perm[:nb * self.batch_size if self.drop_last else S].split(
             self.batch_size))
         seeds = torch.randint(0, 2 ** 62, (nb,), generator=g).tolist()
-        W = self.world_size
-        mine = [(self.rank + W * j) % nb for j in range(len(self))] if nb else []
-        return [(self.input_nodes[batches[i]], seeds[i]) for i in mine]
+        return [(self.input_nodes[b], s) for b, s in zip(batches, seeds)]
+
+    def plan(self, epoch: int) -> list[tuple[Tensor, int]]:
+        """This rank's (seed ids, random seed) pairs of epoch ``epoch``, in order."""
+        full = self.global_plan(epoch)
+        nb, W = len(full), self.world_size
+        return [full[(self.rank + W * j) % nb] for j in range(len(self))] if nb else []
 
     def __iter__(self):
         self._plan.items = self.plan(self._epoch)
