@@ -143,16 +143,27 @@ def _train_worker(cfg, out, device, resume, progress, stop_after):
     train(cfg, out, device=device, resume=resume, progress=progress, stop_after=stop_after)
 
 
+def _ranking_rows(prefix: str, m: dict) -> list[tuple[str, str]]:
+    """Table rows of a filtered + raw ranking (``sc.kg.evaluate``'s dict)."""
+    return [(f"{prefix}{'raw ' if raw else ''}{name}", f"{m[f'{raw}{key}']:.4f}")
+            for raw in ("", "raw_") for key, name in
+            (("mrr", "MRR"), ("hits@1", "Hits@1"), ("hits@3", "Hits@3"), ("hits@10", "Hits@10"))]
+
+
 def _print_result(res: dict, out) -> None:
     if res.get("interrupted"):
         print(f"stopped after epoch {res['epoch']}; resume with: structconv train --resume {out}")
         return
     rows = [("model", res["model"]), ("dataset", res["dataset"]),
             ("parameters", f"{res['parameters']:,}"), ("epochs", res["epochs"]),
-            ("best epoch", res["best_epoch"]), ("val acc", f"{res['val_acc']:.4f}"),
-            ("val loss", f"{res['val_loss']:.4f}")]
-    if res["test_acc"] is not None:
-        rows += [("test acc", f"{res['test_acc']:.4f}"), ("test loss", f"{res['test_loss']:.4f}")]
+            ("best epoch", res["best_epoch"])]
+    if res.get("task") == "link":  # filtered ranking of the full valid and test sets
+        rows += [("val MRR", f"{res['val_mrr']:.4f}")] + _ranking_rows("test ", res["test"])
+    else:
+        rows += [("val acc", f"{res['val_acc']:.4f}"), ("val loss", f"{res['val_loss']:.4f}")]
+        if res["test_acc"] is not None:
+            rows += [("test acc", f"{res['test_acc']:.4f}"),
+                     ("test loss", f"{res['test_loss']:.4f}")]
     rows += [("train time", f"{res['train_time_s']:.1f} s"), ("run directory", str(out))]
     w = max(len(k) for k, _ in rows)
     for k, v in rows:
@@ -236,9 +247,11 @@ def _train_processes(args, cfg, out: Path, progress: bool) -> dict:
 def _cmd_train(args) -> int:
     cfg, out = _train_target(args)
     _check_nproc(args)
-    from .train import resolve_device
+    from .train import _need_one_process, _setup_run, resolve_device
 
     resolve_device(args.device)
+    if args.nproc > 1:  # refused here, before any worker starts
+        _need_one_process(cfg if cfg is not None else _setup_run(out, None, True), args.nproc)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     if args.nproc > 1:
         res = _train_processes(args, cfg, out, progress)
@@ -257,12 +270,15 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_eval(args) -> int:
+    from .config import is_link
     from .io import atomic_write_json
     from .train import count_parameters, evaluate, load_run
 
     if args.split not in ("train", "val", "test"):
         raise UsageError(f"--split must be train, val or test, got {args.split!r}")
     cfg, data, model = load_run(args.run, args.weights, args.device)
+    if is_link(cfg):
+        return _eval_link(args, cfg, data, model)
     t0 = time.perf_counter()
     m = evaluate(model, data, cfg, args.split)
     dt = time.perf_counter() - t0
@@ -271,6 +287,28 @@ def _cmd_eval(args) -> int:
     print(f"{'run':<10}  {args.run}\n{'split':<10}  {args.split} ({m['n']} items)\n"
           f"{'parameters':<10}  {res['parameters']:,}\n{'loss':<10}  {m['loss']:.4f}\n"
           f"{'accuracy':<10}  {m['acc']:.4f}")
+    out = Path(args.out) if args.out else Path(args.run)
+    atomic_write_json(out / f"eval-{args.split}.json", res)
+    return 0
+
+
+def _eval_link(args, cfg: dict, data, model) -> int:
+    """``eval`` of a link-prediction run: filtered and raw MRR / Hits@1/3/10 of the whole
+    split, both directions, filtered by train + valid + test."""
+    from .io import atomic_write_json
+    from .train import count_parameters, evaluate_link
+
+    t0 = time.perf_counter()
+    m = evaluate_link(model, data, cfg, args.split)
+    res = {"run": str(args.run), "split": args.split, "weights": args.weights,
+           "parameters": count_parameters(model), **m,
+           "time_s": round(time.perf_counter() - t0, 4)}
+    rows = [("run", str(args.run)), ("split", f"{args.split} ({m['n']} rankings, both "
+                                              "directions, filtered by train+valid+test)"),
+            ("parameters", f"{res['parameters']:,}")] + _ranking_rows("", m) + \
+        [("MR", f"{m['mr']:.1f}"), ("raw MR", f"{m['raw_mr']:.1f}")]
+    w = max(len(k) for k, _ in rows)
+    print("\n".join(f"{k:<{w}}  {v}" for k, v in rows))
     out = Path(args.out) if args.out else Path(args.run)
     atomic_write_json(out / f"eval-{args.split}.json", res)
     return 0

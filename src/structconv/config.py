@@ -6,7 +6,9 @@ Each ``[[model.layers]]`` entry names its basis in the paper's terms (``grid``, 
 ``separable`` with ``H``, ``lowrank`` with ``rank``), its output ``channels``, ``activation``,
 ``dropout`` (on the layer's input), ``pool`` and ``residual``/``norm``. See ``configs/*.toml``.
 A ``[train.sampler]`` table (``SAMPLER_KEYS``) trains a node-classification model on sampled
-mini-batches instead of the full graph (``structconv.minibatch``).
+mini-batches instead of the full graph (``structconv.minibatch``). ``[model.lm]`` describes a
+language model instead of layers, ``[model.link]`` (``LINK_KEYS``) a knowledge-graph link
+predictor, trained as ``[train.link]`` (``LINK_TRAIN_KEYS``) says.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ else:  # pragma: no cover
 
 __all__ = ["ConfigError", "load_config", "parse_config", "apply_overrides", "build_model",
            "StructNet", "DEFAULTS", "config_path", "sampler_spec", "SAMPLER_KEYS", "GRAPH_KINDS",
-           "shipped_configs"]
+           "shipped_configs", "LINK_KEYS", "LINK_TRAIN_KEYS", "LINK_MONITORS", "link_spec",
+           "link_train_spec", "is_link", "build_link"]
 
 
 class ConfigError(ValueError):
@@ -47,11 +50,29 @@ DEFAULTS = {
     "data": {"name": "digits", "root": None, "options": {}, "batch_size": 64, "seq_len": 64,
              "eval_batch_size": 512, "batches_per_epoch": 0},
     "model": {"layers": [], "readout": "auto", "classifier": "auto", "embedding": 0,
-              "dtype": "float32", "lm": {}},
+              "dtype": "float32", "lm": {}, "link": None},
     "train": {"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "momentum": 0.9,
               "epochs": 10, "patience": 0, "monitor": "val_acc", "grad_clip": 0.0,
-              "checkpoint_every": 0, "checkpoint_seconds": 10.0, "sampler": {}},
+              "checkpoint_every": 0, "checkpoint_seconds": 10.0, "sampler": {}, "link": {}},
 }
+
+#: ``[model.link]``: a link predictor (``sc.kg.LinkPredictor``) for a knowledge-graph dataset:
+#: entity vectors of ``dim`` reals scored by ``decoder``, optionally refined by
+#: ``encoder_layers`` R-GCN layers (blocks of ``block`` x ``block``) over the training graph with
+#: ``sorts`` "single" (one weight per relation), "mined" (plus the ``top`` best supported paths
+#: of length 2..``max_length``, as the relational basis kind) or a list of sorts by name (the
+#: encoder's whole set: list the single relations too, e.g. ["p", "p^-1", "p.q"]).
+LINK_KEYS = {"decoder": "distmult", "dim": 200, "reciprocal": True, "init_std": 1e-3,
+             "encoder_layers": 0, "block": 5, "sorts": "single", "max_length": 2, "top": 10,
+             "backtrack": True, "edge_dropout": 0.4, "self_dropout": 0.2, "dropout": 0.0}
+#: ``[train.link]``: how a link predictor trains (``sc.kg.train_link``'s options): ``mode``
+#: "1vsall" or "negative" (``negatives`` corruptions per positive), ``label_smoothing``,
+#: ``reg`` "n3" / "l2" / "none" times ``reg_weight``; validation ranks every ``eval_every``
+#: epochs the first ``val_limit`` validation triples (0: all of them).
+LINK_TRAIN_KEYS = {"mode": "1vsall", "label_smoothing": 0.0, "reg": "none", "reg_weight": 0.0,
+                   "negatives": 1, "eval_every": 1, "val_limit": 0}
+#: what a link predictor's training may monitor (filtered, on the validation triples)
+LINK_MONITORS = ("val_mrr", "val_hits@1", "val_hits@3", "val_hits@10")
 
 #: ``[train.sampler]``: mini-batches of sampled neighbourhoods for node classification (empty:
 #: full batch). ``fanouts`` one per graph layer in PyG's order: fanouts[0] is the seeds' hop,
@@ -206,7 +227,8 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
             _need(k in DEFAULTS[sec], f"{source}: unknown key {sec}.{k} (known: "
                                       f"{', '.join(sorted(DEFAULTS[sec]))})")
         # (a run directory written before [train.sampler] existed has no such key)
-        missing = [f"{sec}.{k}" for k in DEFAULTS[sec] if k not in {*cfg[sec], "sampler"}]
+        missing = [f"{sec}.{k}" for k in DEFAULTS[sec]
+                   if k not in {*cfg[sec], "sampler", "link"}]
         _need(not missing, f"{source}: missing key(s) {', '.join(missing)}")
     t = cfg["train"]
     for k in ("epochs", "patience", "checkpoint_every"):
@@ -220,10 +242,9 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
     # definition: no training run can mean them
     for k, top in (("lr", 1e30), ("weight_decay", 1e30), ("momentum", 1.0)):
         _need(t[k] <= top, f"{source}: train.{k} must be at most {top:g}, got {t[k]!r}")
-    _need(t["optimizer"] in ("adam", "adamw", "sgd"),
-          f"{source}: train.optimizer must be adam, adamw or sgd, got {t['optimizer']!r}")
-    _need(t["monitor"] in ("val_acc", "val_loss"),
-          f"{source}: train.monitor must be val_acc or val_loss, got {t['monitor']!r}")
+    _need(t["optimizer"] in ("adam", "adamw", "sgd", "adagrad"),
+          f"{source}: train.optimizer must be adam, adamw, sgd or adagrad, got "
+          f"{t['optimizer']!r}")
     d = cfg["data"]
     _need(isinstance(d["name"], str), f"{source}: data.name must be a string")
     _need(isinstance(d["options"], dict), f"{source}: data.options must be a table")
@@ -235,7 +256,13 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
           f"{source}: data.batches_per_epoch must be an int in [0, {MAX_BATCHES:,}] (0: one "
           f"pass over the data), got {bpe!r}")
     _need(isinstance(cfg["seed"], int), f"{source}: seed must be an int, got {cfg['seed']!r}")
-    m = cfg["model"]
+    return _check_model(cfg, source)
+
+
+def _check_model(cfg: dict, source: str) -> dict:
+    """The model section (declared layers, ``[model.lm]`` or ``[model.link]``) and what
+    depends on its kind: the monitor, ``[train.link]``, the sampler."""
+    m, t = cfg["model"], cfg["train"]
     _need(isinstance(m["embedding"], int) and not isinstance(m["embedding"], bool)
           and m["embedding"] >= 0, f"{source}: model.embedding must be an int >= 0, "
           f"got {m['embedding']!r}")
@@ -244,6 +271,20 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
     _need(m["dtype"] in ("float32", "float64"),
           f"{source}: model.dtype must be float32 or float64, got {m['dtype']!r}")
     _need(isinstance(m["lm"], dict), f"{source}: model.lm must be a table ([model.lm])")
+    # model.link: None (no link predictor) or a table, empty for all defaults
+    _need(m.get("link") is None or isinstance(m["link"], dict),
+          f"{source}: model.link must be a table ([model.link]), got {m['link']!r}")
+    _need(isinstance(t.get("link", {}), dict),
+          f"{source}: train.link must be a table ([train.link]), got {t['link']!r}")
+    if is_link(cfg):
+        _check_link(cfg, source)
+        return _check_rest(cfg, source)
+    _need(not t.get("link"), f"{source}: [train.link] trains a link predictor: it needs a "
+                             "[model.link] table")
+    _need(t["monitor"] in ("val_acc", "val_loss"),
+          f"{source}: train.monitor must be val_acc or val_loss, got {t['monitor']!r}"
+          + (" (the val_mrr / val_hits@K monitors are for [model.link] models)"
+             if t["monitor"] in LINK_MONITORS else ""))
     if m["lm"]:
         _check_lm(m, f"{source}: model.lm")
         return _check_rest(cfg, source)
@@ -386,6 +427,106 @@ def _check_lm(m: dict, where: str) -> None:
           f"{where}.dropout must be in [0, 1), got {dp!r}")
     for k in ("bias", "tie_weights"):
         _need(isinstance(spec[k], bool), f"{where}.{k} must be true or false, got {spec[k]!r}")
+
+
+def _int_in(v, lo: int, hi: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _number_in(v, lo: float, hi: float, open_hi: bool = False) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and \
+        lo <= v and (v < hi if open_hi else v <= hi)
+
+
+def _check_link_sorts(spec: dict, where: str) -> None:
+    sorts = spec["sorts"]
+    ok = sorts in ("single", "mined") or (
+        isinstance(sorts, list) and sorts and all(
+            isinstance(x, str) and x or _int_in(x, 0, 10**9) or
+            isinstance(x, list) and x and all(isinstance(u, str) and u or _int_in(u, 0, 10**9)
+                                              for u in x) for x in sorts))
+    _need(ok, f"{where}.sorts must be \"single\", \"mined\" or a non-empty list of sorts (dotted "
+              f"names such as \"r.s^-1\", lists of names or relation ids), got {sorts!r}")
+    _need(sorts == "single" or spec["encoder_layers"] >= 1,
+          f"{where}.sorts={sorts!r} needs an R-GCN encoder: set encoder_layers >= 1")
+    _need(_int_in(spec["max_length"], 2, 4),
+          f"{where}.max_length must be an int in 2..4, got {spec['max_length']!r}")
+    _need(_int_in(spec["top"], 1, 10_000), f"{where}.top must be an int in 1..10000, "
+                                          f"got {spec['top']!r}")
+
+
+def _check_link_model(spec: dict, where: str) -> None:
+    from .kg import DECODERS
+
+    _need(spec["decoder"] in DECODERS, f"{where}.decoder must be one of "
+                                       f"{', '.join(DECODERS)}, got {spec['decoder']!r}")
+    dim, block = spec["dim"], spec["block"]
+    _need(_int_in(dim, 1, 1_000_000), f"{where}.dim must be an int in 1..1000000, got {dim!r}")
+    _need(not (spec["decoder"] == "complex" and dim % 2),
+          f"{where}.dim must be even for complex (real and imaginary halves), got {dim}")
+    _need(_int_in(spec["encoder_layers"], 0, 100), f"{where}.encoder_layers must be an int in "
+                                                   f"0..100, got {spec['encoder_layers']!r}")
+    _need(_int_in(block, 1, 1_000_000), f"{where}.block must be an int >= 1, got {block!r}")
+    _need(not spec["encoder_layers"] or dim % block == 0,
+          f"{where}.block={block} must divide dim={dim} (block-diagonal encoder weights)")
+    for k in ("reciprocal", "backtrack"):
+        _need(isinstance(spec[k], bool), f"{where}.{k} must be true or false, got {spec[k]!r}")
+    _need(_number_in(spec["init_std"], 0, 1e3) and spec["init_std"] > 0,
+          f"{where}.init_std must be a number in (0, 1000], got {spec['init_std']!r}")
+    for k in ("edge_dropout", "self_dropout", "dropout"):
+        _need(_number_in(spec[k], 0, 1, open_hi=True),
+              f"{where}.{k} must be in [0, 1), got {spec[k]!r}")
+    _check_link_sorts(spec, where)
+
+
+def _check_link_train(spec: dict, where: str) -> None:
+    _need(spec["mode"] in ("1vsall", "negative"),
+          f"{where}.mode must be 1vsall or negative, got {spec['mode']!r}")
+    _need(spec["reg"] in ("n3", "l2", "none"),
+          f"{where}.reg must be n3, l2 or none, got {spec['reg']!r}")
+    _need(_number_in(spec["label_smoothing"], 0, 1, open_hi=True),
+          f"{where}.label_smoothing must be in [0, 1), got {spec['label_smoothing']!r}")
+    _need(_number_in(spec["reg_weight"], 0, 1e30),
+          f"{where}.reg_weight must be a number in [0, 1e30], got {spec['reg_weight']!r}")
+    for k, lo, hi in (("negatives", 1, 10_000), ("eval_every", 1, MAX_BATCHES),
+                      ("val_limit", 0, 10**12)):
+        _need(_int_in(spec[k], lo, hi), f"{where}.{k} must be an int in [{lo}, {hi:,}], "
+                                        f"got {spec[k]!r}")
+
+
+def _check_link(cfg: dict, source: str) -> None:
+    """``[model.link]`` and ``[train.link]``: keys, kinds, ranges, and what a link model
+    cannot have (declared layers, a language model, a sampler)."""
+    m, t = cfg["model"], cfg["train"]
+    for table, keys, where in ((m["link"], LINK_KEYS, "model.link"),
+                               (t.get("link", {}), LINK_TRAIN_KEYS, "train.link")):
+        for k in table:
+            _need(k in keys, f"{source}: {where}: unknown key {k!r} (known: {', '.join(keys)})")
+    _need(not m["layers"] and not m["lm"], f"{source}: a [model.link] model takes no "
+                                           "[[model.layers]] and no [model.lm]")
+    _need(not t.get("sampler"), f"{source}: train.sampler samples graph neighbourhoods for "
+                                "node classification; a [model.link] model trains on triples")
+    _need(t["monitor"] in LINK_MONITORS,
+          f"{source}: a [model.link] model is monitored by {', '.join(LINK_MONITORS)} "
+          f"(filtered ranking of validation triples), got train.monitor={t['monitor']!r}: "
+          "set train.monitor = \"val_mrr\"")
+    _check_link_model(link_spec(cfg), f"{source}: model.link")
+    _check_link_train(link_train_spec(cfg), f"{source}: train.link")
+
+
+def link_spec(cfg: dict) -> dict:
+    """The ``[model.link]`` table with its defaults filled in."""
+    return {**LINK_KEYS, **(cfg["model"].get("link") or {})}
+
+
+def link_train_spec(cfg: dict) -> dict:
+    """The ``[train.link]`` table with its defaults filled in."""
+    return {**LINK_TRAIN_KEYS, **(cfg["train"].get("link") or {})}
+
+
+def is_link(cfg: dict) -> bool:
+    """Whether ``cfg`` describes a link predictor (a ``[model.link]`` table)."""
+    return cfg["model"].get("link") is not None
 
 
 _LAYER_KEYS = {"type", "basis", "channels", "param", "groups", "H", "rank", "activation",
@@ -800,11 +941,72 @@ def build_lm(cfg: dict, data) -> nn.Module:
                          tie_weights=s["tie_weights"])
 
 
+def _link_sorts(spec: dict, data) -> list | None:
+    """The encoder's sorts over the 2R edge types of the training graph (None: one per
+    relation); "mined" mines the training graph only, so no valid/test edge shapes them."""
+    from .kg import mine_sorts
+
+    if spec["sorts"] == "single":
+        return None
+    if spec["sorts"] == "mined":
+        ei, et = data.graph("train")
+        mined = mine_sorts(ei, et, data.num_entities, relations=data.relation_names,
+                           max_length=spec["max_length"], top=spec["top"], confidence=False,
+                           backtrack=spec["backtrack"])
+        return [(r,) for r in range(2 * data.num_relations)] + [m.sort for m in mined]
+    return [tuple(x) if isinstance(x, list) else x for x in spec["sorts"]]
+
+
+def build_link(cfg: dict, data) -> nn.Module:
+    """The ``sc.kg.LinkPredictor`` of a ``[model.link]`` table, for a knowledge-graph dataset;
+    an encoder runs over the training triples with their inverses."""
+    from .kg import LinkPredictor, inverse_graph
+
+    _need(data.task == "link", f"model.link predicts links: it needs a knowledge-graph dataset, "
+                               f"got a {data.task} task ({cfg['data']['name']})")
+    s = link_spec(cfg)
+    layers = s["encoder_layers"]
+    return LinkPredictor(data.num_entities, data.num_relations, s["dim"], s["decoder"],
+                         reciprocal=s["reciprocal"], init_std=float(s["init_std"]),
+                         encoder_layers=layers,
+                         graph=inverse_graph(data.train, data.num_relations) if layers else None,
+                         block=s["block"], sorts=_link_sorts(s, data) if layers else None,
+                         relations=data.relation_names, edge_dropout=float(s["edge_dropout"]),
+                         self_dropout=float(s["self_dropout"]), dropout=float(s["dropout"]))
+
+
+def _link_memory(cfg: dict, data) -> dict:
+    """``memory_estimate`` of a link predictor, from its sizes (mined sorts counted at ``top``):
+    the entity and relation tables and encoder weights, and one batch's activations (a 1-vs-all
+    batch's (batch, entities) scores with their softmax and gradient, the encoder's per-entity
+    and per-edge vectors)."""
+    s, lt, t = link_spec(cfg), link_train_spec(cfg), cfg["train"]
+    E, R, dim, L = data.num_entities, data.num_relations, s["dim"], s["encoder_layers"]
+    K = 2 * R if s["sorts"] == "single" else 2 * R + s["top"] if s["sorts"] == "mined" \
+        else len(s["sorts"])
+    n_params = E * dim + (2 * R if s["reciprocal"] else R) * dim + \
+        L * (K * dim * s["block"] + dim * dim + dim)
+    nbytes = 8 if cfg["model"]["dtype"] == "float64" else 4
+    copies = 2 + {"adam": 2, "adamw": 2, "adagrad": 1}.get(t["optimizer"],
+                                                           int(t["momentum"] > 0))
+    B = cfg["data"]["batch_size"]
+    rows = B if lt["mode"] == "1vsall" else B * (1 + lt["negatives"])
+    per_batch = 6 * rows * dim + (3 * B * E if lt["mode"] == "1vsall" else 2 * rows)
+    # per layer: the self part, its dropout, the output and its activation, and the messages
+    # of the 2T training edges (with inverses)
+    encoder = L * (4 * E * dim + 2 * 2 * data.train.shape[0] * dim)
+    return {"params": n_params * nbytes * copies, "activations": (per_batch + encoder) * nbytes,
+            "n_params": n_params, "batch": B, "copies": copies,
+            "hint": "reduce model.link.dim or data.batch_size"}
+
+
 def memory_estimate(cfg: dict, data) -> dict | None:
     """Bytes one training step of ``cfg``'s model on ``data`` needs, about: ``params``
     (weights, gradients and optimizer state) and ``activations`` (one batch, kept for the
     backward pass, and their gradients). The model is built on the meta device, so nothing is
     allocated; None when a basis cannot be built there (its estimate is then skipped)."""
+    if is_link(cfg):
+        return _link_memory(cfg, data)
     try:
         with torch.device("meta"):
             model = build_lm(cfg, data) if cfg["model"]["lm"] else \
@@ -861,15 +1063,16 @@ def check_memory(cfg: dict, data, device: str | torch.device = "cpu") -> dict | 
                         f"parameters x{est['copies']} with gradients and optimizer state: "
                         f"{_gib(est['params'])}; activations of a batch of {est['batch']}: "
                         f"{_gib(est['activations'])}), more than the {_gib(free)} available "
-                        "on this machine: reduce channels, layers or data.batch_size")
+                        f"on this machine: "
+                        f"{est.get('hint', 'reduce channels, layers or data.batch_size')}")
     return est
 
 
 def build_model(cfg: dict, data) -> nn.Module:
     """The model described by ``cfg['model']`` for ``data`` (a registry dataset)."""
     try:
-        model = build_lm(cfg, data) if cfg["model"]["lm"] else \
-            StructNet(cfg, data_info(data, cfg))
+        model = build_link(cfg, data) if is_link(cfg) else build_lm(cfg, data) \
+            if cfg["model"]["lm"] else StructNet(cfg, data_info(data, cfg))
         return model.to(getattr(torch, cfg["model"]["dtype"]))
     except ConfigError:
         raise

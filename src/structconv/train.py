@@ -9,7 +9,9 @@ split across the processes and the per-process losses are scaled so that DDP's g
 is the gradient of the global batch's mean loss. With ``[train.sampler]`` a node-classification
 model trains on sampled mini-batches (``structconv.minibatch``): each optimizer step takes
 ``accumulate`` batches on every process, the same global batches whatever the process count, and
-evaluation is exact (full batch, or layer by layer over whole neighbourhoods).
+evaluation is exact (full batch, or layer by layer over whole neighbourhoods). A ``[model.link]``
+config trains a ``sc.kg.LinkPredictor`` on a knowledge graph's triples (one process), validated
+and tested by filtered ranking (``evaluate_link``).
 """
 
 from __future__ import annotations
@@ -39,7 +41,15 @@ from .checkpoint import (
     save_weights,
     set_rng_state,
 )
-from .config import ConfigError, build_model, check_memory, sampler_spec, validate
+from .config import (
+    ConfigError,
+    build_model,
+    check_memory,
+    is_link,
+    link_train_spec,
+    sampler_spec,
+    validate,
+)
 from .data.registry import load_dataset
 from .io import atomic_write_bytes, atomic_write_json
 from .minibatch import (
@@ -51,8 +61,8 @@ from .minibatch import (
     restrictions,
 )
 
-__all__ = ["TrainingError", "train", "evaluate", "load_data", "resolve_device", "load_run",
-           "make_optimizer", "count_parameters"]
+__all__ = ["TrainingError", "train", "evaluate", "evaluate_link", "load_data", "resolve_device",
+           "load_run", "make_optimizer", "count_parameters"]
 
 
 class TrainingError(ValueError):
@@ -87,9 +97,17 @@ def load_data(cfg: dict):
         data = load_dataset(d["name"], d.get("root"), **d.get("options", {}))
     except TypeError as e:  # an option the loader does not take
         raise ConfigError(f"data.options for {d['name']!r}: {e}") from None
-    if getattr(data, "task", None) not in ("image", "node", "text"):
-        raise ConfigError(f"dataset {d['name']!r} is a {getattr(data, 'task', '?')} task; "
-                          "train handles image, node and text tasks")
+    task = getattr(data, "task", None)
+    if is_link(cfg) and task != "link":
+        raise ConfigError(f"model.link predicts links: it needs a knowledge-graph dataset "
+                          f"(fb15k-237, wn18rr or a folder of train/valid/test.txt triples), but "
+                          f"dataset {d['name']!r} is a {task} task")
+    if task == "link" and not is_link(cfg):
+        raise ConfigError(f"dataset {d['name']!r} is a link-prediction task: describe the model "
+                          "with a [model.link] table (decoder, dim, ...), not layers")
+    if task not in ("image", "node", "text", "link"):
+        raise ConfigError(f"dataset {d['name']!r} is a {task or '?'} task; train handles "
+                          "image, node, text and link tasks")
     if sampler_spec(cfg) and data.task != "node":
         raise ConfigError(f"train.sampler samples graph neighbourhoods, but dataset "
                           f"{d['name']!r} is a {data.task} task: use a node-classification "
@@ -104,6 +122,8 @@ def make_optimizer(cfg: dict, model: nn.Module) -> torch.optim.Optimizer:
     if t["optimizer"] == "sgd":
         return torch.optim.SGD(params, lr=t["lr"], momentum=t["momentum"],
                                weight_decay=t["weight_decay"])
+    if t["optimizer"] == "adagrad":
+        return torch.optim.Adagrad(params, lr=t["lr"], weight_decay=t["weight_decay"])
     cls = torch.optim.AdamW if t["optimizer"] == "adamw" else torch.optim.Adam
     return cls(params, lr=t["lr"], weight_decay=t["weight_decay"])
 
@@ -222,8 +242,17 @@ def _write_metrics(run: Path, history: list[dict]) -> None:
     _replace_text(run / "metrics.csv", buf.getvalue())
 
 
-def plot_curves(run: Path, history: list[dict]) -> None:
-    """Learning curves (loss and accuracy per epoch) as ``curves.png`` (with the plots extra)."""
+#: the two panels of ``curves.png``: (title, y label, [(metrics key, legend label)])
+CLASSIFICATION_PANELS = (("loss", "cross-entropy", (("train_loss", "train"), ("val_loss", "val"))),
+                         ("accuracy", "accuracy", (("train_acc", "train"), ("val_acc", "val"))))
+LINK_PANELS = (("loss", "training loss", (("loss", "train"),)),
+               ("filtered ranking (validation)", "value",
+                (("val_mrr", "MRR"), ("val_hits@1", "Hits@1"), ("val_hits@10", "Hits@10"))))
+
+
+def plot_curves(run: Path, history: list[dict], panels=CLASSIFICATION_PANELS) -> None:
+    """Learning curves (loss and accuracy per epoch, or the ``panels`` given) as
+    ``curves.png`` (with the plots extra); epochs without a value (None) are left out."""
     try:
         Figure = require("matplotlib.figure", "plots", "curves.png").Figure
     except MissingExtra as e:  # the run's results stand without its picture
@@ -231,16 +260,13 @@ def plot_curves(run: Path, history: list[dict]) -> None:
         return
 
     fig = Figure(figsize=(9, 3.5))
-    ax1, ax2 = fig.subplots(1, 2)
-    ep = [h["epoch"] for h in history]
-    ax1.plot(ep, [h["train_loss"] for h in history], label="train")
-    ax1.plot(ep, [h["val_loss"] for h in history], label="val")
-    ax1.set(xlabel="epoch", ylabel="cross-entropy", title="loss")
-    ax1.legend()
-    ax2.plot(ep, [h["train_acc"] for h in history], label="train")
-    ax2.plot(ep, [h["val_acc"] for h in history], label="val")
-    ax2.set(xlabel="epoch", ylabel="accuracy", title="accuracy")
-    ax2.legend()
+    for ax, (title, ylabel, curves) in zip(fig.subplots(1, len(panels)), panels):
+        for key, label in curves:
+            pts = [(h["epoch"], h[key]) for h in history if h.get(key) is not None]
+            ax.plot([e for e, _ in pts], [v for _, v in pts], label=label,
+                    marker="." if len(pts) < len(history) else None)
+        ax.set(xlabel="epoch", ylabel=ylabel, title=title)
+        ax.legend()
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
@@ -289,7 +315,9 @@ def train(cfg: dict | None, out: str | Path, device: str = "cpu", resume: bool =
     ``out/config.json``). ``stop_after`` ends the process after that many epochs of this call
     (as if interrupted), for tests of resuming.
     """
-    t = _Trainer(cfg, Path(out), device, resume, progress)
+    run = Path(out)
+    link = is_link(cfg if not resume else _setup_run(run, None, True))
+    t = (_LinkTrainer if link else _Trainer)(cfg, run, device, resume, progress)
     epochs_run = 0
     for epoch in range(t.start + 1, t.cfg["train"]["epochs"] + 1):
         if t.state["stopped"]:
@@ -371,6 +399,7 @@ class _Trainer:
             self.loader = make_loader(cfg, self.data, restr, self.dtype, w.rank, w.size)
             self.net = SampledNet(model, restr)
         if w.size > 1:
+            _need_one_process(cfg, w.size)
             # a size-1 dim's stride is arbitrary: a (1, P, Q) weight's grad can carry another
             # one than DDP's bucket view; the copy it warns about costs nothing at these sizes
             warnings.filterwarnings("ignore", message=".*Grad strides do not match bucket view")
@@ -413,11 +442,7 @@ class _Trainer:
             steps = (self._step(inputs, targets, epoch, step)
                      for step, (inputs, targets) in enumerate(batches))
             n_steps = len(batches)
-        bar = None
-        if self.progress and self.w.main:
-            from tqdm import tqdm
-
-            bar = tqdm(total=n_steps, desc=f"epoch {epoch}", leave=False, unit="batch")
+        bar = self._bar(epoch, n_steps)
         for stats in steps:
             for i in range(3):
                 totals[i] += stats[i].item()
@@ -428,6 +453,14 @@ class _Trainer:
         if bar is not None:
             bar.close()
         return self._record(epoch, totals, time.perf_counter() - t0)
+
+    def _bar(self, epoch: int, n_steps: int):
+        """The epoch's progress bar (rank 0, with --progress), or None."""
+        if not (self.progress and self.w.main):
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=n_steps, desc=f"epoch {epoch}", leave=False, unit="batch")
 
     def _sampled_steps(self, epoch: int):
         """The epoch's optimizer steps over sampled mini-batches; yields each step's global
@@ -531,7 +564,7 @@ class _Trainer:
         _write_metrics(self.run, self.state["history"])
         if self.tb is not None:
             for k, v in row.items():
-                if k != "epoch":
+                if k != "epoch" and v is not None:  # None: not validated this epoch
                     self.tb.add_scalar(k, v, epoch)
         every = t_cfg["checkpoint_every"]
         # every N epochs, or (0) whenever checkpoint_seconds have passed: a checkpoint
@@ -543,9 +576,12 @@ class _Trainer:
                             self.state, self.best_state)
             self.last_ckpt = time.monotonic()
         if self.progress:
-            print(f"epoch {epoch:3d}  train_loss {row['train_loss']:.4f}  "
-                  f"val_loss {row['val_loss']:.4f}  val_acc {row['val_acc']:.4f}  "
-                  f"{row['items_per_s']:.0f} items/s", flush=True)
+            print(self._line(row), flush=True)
+
+    def _line(self, row: dict) -> str:
+        return (f"epoch {row['epoch']:3d}  train_loss {row['train_loss']:.4f}  "
+                f"val_loss {row['val_loss']:.4f}  val_acc {row['val_acc']:.4f}  "
+                f"{row['items_per_s']:.0f} items/s")
 
     def finish(self) -> dict:
         """The result: the best-validation weights evaluated on the test split, written out."""
@@ -570,6 +606,142 @@ class _Trainer:
             if self.tb is not None:
                 self.tb.close()
         D.barrier()
+        return result
+
+
+# -- link prediction -----------------------------------------------------------------------------
+#: the trainer's split names -> a knowledge graph's
+_KG_SPLITS = {"train": "train", "val": "valid", "test": "test"}
+_RANKS = ("mrr", "hits@1", "hits@3", "hits@10")
+
+
+def _need_one_process(cfg: dict, size: int) -> None:
+    # the 1-vs-all loss needs every entity vector on each process: DDP would gain little
+    if is_link(cfg):
+        raise ConfigError(f"link-prediction ([model.link]) training runs in one process; "
+                          f"--nproc {size} (DDP) is not supported for it: use --nproc 1")
+
+
+def _link_known(data) -> Tensor:
+    # the filter of the standard filtered setting: every true triple of every split
+    return torch.cat([data.train, data.valid, data.test])
+
+
+@torch.no_grad()
+def evaluate_link(model: nn.Module, data, cfg: dict, split: str, limit: int = 0,
+                  known: Tensor | None = None) -> dict:
+    """Filtered and raw MRR, MR and Hits@1/3/10 (``sc.kg.evaluate``, both directions, filtered
+    by train + valid + test) of a link predictor on ``split`` (``val``: the valid triples), its
+    first ``limit`` triples (0: all); ``n`` is the number of rankings."""
+    from .kg import link_metrics
+
+    triples = data.split(_KG_SPLITS[split])
+    if limit:
+        triples = triples[:limit]
+    dev, was = next(model.parameters()).device, model.training
+    known = _link_known(data) if known is None else known
+    m = link_metrics(model, triples.to(dev), known, cfg["data"]["eval_batch_size"])
+    model.train(was)
+    return {**m, "n": 2 * int(triples.shape[0])}
+
+
+class _LinkTrainer(_Trainer):
+    """A link predictor's run (``[model.link]``): shuffled batches of training queries (each
+    triple, and its inverse (t, r + R, h) for 1-vs-all or a reciprocal decoder), the loss of
+    ``sc.kg`` (1-vs-all or negative sampling, label smoothing, N3/L2), filtered validation
+    ranking every ``eval_every`` epochs; checkpoints, resume and best weights as other tasks."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.spec = link_train_spec(self.cfg)
+        t, R = self.data.train, self.data.num_relations
+        if self.spec["mode"] == "1vsall" or self.model.decoder.reciprocal:
+            t = torch.cat([t, torch.stack([t[:, 2], t[:, 1] + R, t[:, 0]], 1)])
+        self.queries, self.known = t, _link_known(self.data)
+
+    def epoch(self, epoch: int) -> bool:
+        """One pass over the training queries, validation ranking when due, checkpoint."""
+        from .kg.model import _batch_loss
+
+        t0, sp, B = time.perf_counter(), self.spec, self.cfg["data"]["batch_size"]
+        self.model.train()
+        # batch order and negatives from (seed, epoch): the same after a resume
+        gen = _epoch_generator(self.cfg["seed"], epoch)
+        perm = torch.randperm(self.queries.shape[0], generator=gen)
+        starts = range(0, perm.numel(), B)
+        bar, totals = self._bar(epoch, len(starts)), [0.0, 0.0, 0.0]
+        reg = None if sp["reg"] == "none" else sp["reg"]
+        for step, i in enumerate(starts):
+            q = self.queries[perm[i:i + B]].to(self.dev)
+            loss = _batch_loss(self.model, q, sp["mode"], sp["label_smoothing"], sp["negatives"],
+                               reg, sp["reg_weight"], gen)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            n = float(q.shape[0])
+            stats = self._apply_step(torch.tensor([loss.item() * n, 0.0, n], dtype=torch.float64,
+                                                  device=self.dev), epoch, step)
+            totals = [a + b for a, b in zip(totals, stats.tolist())]
+            if bar is not None:
+                bar.set_postfix(loss=f"{totals[0] / totals[2]:.4f}")
+                bar.update()
+        if bar is not None:
+            bar.close()
+        return self._record(epoch, totals, time.perf_counter() - t0)
+
+    def _record(self, epoch: int, totals: list, dt: float) -> bool:
+        """Rank the validation triples when due, keep the best weights by the monitor, stop
+        early, write metrics and checkpoints."""
+        t_cfg, state, sp = self.cfg["train"], self.state, self.spec
+        row = {"epoch": epoch, "loss": totals[0] / totals[2],
+               **{f"val_{k}": None for k in _RANKS}, "seconds": round(dt, 4),
+               "lr": self.opt.param_groups[0]["lr"]}
+        last = epoch == t_cfg["epochs"]
+        if epoch % sp["eval_every"] == 0 or last:
+            m = evaluate_link(self.model, self.data, self.cfg, "val", sp["val_limit"], self.known)
+            row.update({f"val_{k}": m[k] for k in _RANKS})
+            score = row[t_cfg["monitor"]]
+            if state["best"] is None or score > state["best"]:
+                state["best"], state["best_epoch"], state["bad_epochs"] = score, epoch, 0
+                self.best_state = {k: v.detach().clone()
+                                   for k, v in self.model.state_dict().items()}
+            else:
+                state["bad_epochs"] += 1
+            if t_cfg["patience"] and state["bad_epochs"] >= t_cfg["patience"]:
+                state["stopped"] = True
+        state["history"].append(row)
+        last = last or state["stopped"]
+        self._write(epoch, row, last)
+        return last
+
+    def _line(self, row: dict) -> str:
+        val = "  ".join(f"{k} {row[k]:.4f}" for k in ("val_mrr", "val_hits@1", "val_hits@10")
+                        if row[k] is not None)
+        rate = self.queries.shape[0] / max(row["seconds"], 1e-9)
+        return (f"epoch {row['epoch']:3d}  loss {row['loss']:.4f}  {val}{'  ' if val else ''}"
+                f"{rate:.0f} queries/s")
+
+    def finish(self) -> dict:
+        """The best-validation weights ranked on the full valid and test sets, written out."""
+        model, data, cfg, state = self.model, self.data, self.cfg, self.state
+        if self.best_state is not None:
+            model.load_state_dict(self.best_state)
+        t0 = time.perf_counter()
+        test = evaluate_link(model, data, cfg, "test", 0, self.known)
+        val = evaluate_link(model, data, cfg, "val", 0, self.known)
+        result = {"model": cfg.get("name", "model"), "dataset": data.name, "task": "link",
+                  "parameters": self.n_params, "epochs": len(state["history"]),
+                  "best_epoch": state["best_epoch"],
+                  **{f"val_{k}": val[k] for k in _RANKS}, **{f"test_{k}": test[k] for k in _RANKS},
+                  "val": val, "test": test, "early_stopped": state["stopped"], "world_size": 1,
+                  "train_time_s": round(sum(h["seconds"] for h in state["history"]), 3),
+                  "eval_time_s": round(time.perf_counter() - t0, 3)}
+        save_weights(self.run / "best.safetensors", model.state_dict(),
+                     {"epoch": state["best_epoch"]})
+        atomic_write_json(self.run / "result.json", result)
+        if state["history"]:
+            plot_curves(self.run, state["history"], LINK_PANELS)
+        if self.tb is not None:
+            self.tb.close()
         return result
 
 

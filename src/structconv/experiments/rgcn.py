@@ -85,6 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="one basis matrix per relation (R-GCN), or those plus the --top "
                              "best supported mined paths of length 2 (the paper's sorts)")
     parser.add_argument("--top", type=int, default=10, help="mined 2-sorts to add")
+    parser.add_argument("--no-backtrack", action="store_true",
+                        help="mine no path that steps back along an inverse (r . r^-1)")
 
 
 def run(args) -> int:
@@ -105,7 +107,7 @@ def run(args) -> int:
         names = data.relation_names
         mined = mine_sorts(data.edge_index, data.edge_type, data.num_nodes,
                            num_relations=data.num_relations, relations=names, top=args.top,
-                           confidence=False)
+                           confidence=False, backtrack=not args.no_backtrack)
         s["sort_list"] = [(r,) for r in range(data.num_relations)] + [m.sort for m in mined]
         s["mined"] = [(m.name, m.support) for m in mined]
         print(f"  mined 2-sorts: {', '.join(f'{n} ({c})' for n, c in s['mined'])}")
@@ -137,6 +139,7 @@ def run(args) -> int:
           f"{'wall':>8}")
     print(f"{args.dataset:<7} {str(s['num_bases']):>5} {data.num_relations + len(mined):>6} "
           f"{mean:>9.2f} ± {std:<4.2f} {pub:>9.2f} {wall:>7.1f}s")
-    tag = "" if not mined else f"-mined{len(mined)}"
+    tag = "" if not mined else f"-mined{len(mined)}" + ("-nobt" if args.no_backtrack else "")
+    tag += "" if s["num_bases"] is None else f"-H{s['num_bases']}"
     atomic_write_json(Path(args.out) / f"rgcn-{args.dataset}{tag}.json", result)
     return 0

@@ -137,13 +137,15 @@ def _batch_loss(model: LinkPredictor, q: Tensor, mode: str, label_smoothing: flo
     else:
         n, E = q.shape[0], model.num_entities
         neg = q.repeat(negatives, 1)
-        corrupt = torch.randint(0, E, (neg.shape[0],), generator=gen)
-        side = torch.rand(neg.shape[0], generator=gen) < 0.5
+        # drawn on the CPU generator, whatever the device: the same negatives everywhere
+        corrupt = torch.randint(0, E, (neg.shape[0],), generator=gen).to(q.device)
+        side = (torch.rand(neg.shape[0], generator=gen) < 0.5).to(q.device)
         neg[:, 0] = torch.where(side, corrupt, neg[:, 0])
         neg[:, 2] = torch.where(side, neg[:, 2], corrupt)
         both = torch.cat([q, neg])
         s = model.decoder(ent[both[:, 0]], both[:, 1], ent[both[:, 2]])
-        y = torch.cat([torch.ones(n), torch.zeros(neg.shape[0])])
+        y = torch.cat([torch.ones(n, dtype=s.dtype, device=s.device),
+                       torch.zeros(neg.shape[0], dtype=s.dtype, device=s.device)])
         if label_smoothing:
             y = y * (1 - label_smoothing) + label_smoothing / 2
         loss = F.binary_cross_entropy_with_logits(s, y)
