@@ -50,6 +50,8 @@ def train_seed(data, s: dict, seed: int) -> dict:
     net = RGCN(data.edge_index, data.edge_type, data.num_nodes, data.num_relations,
                s["hidden"], data.num_classes, num_bases=s["num_bases"],
                sorts=s.get("sort_list")).to(data.edge_index.device)
+    with torch.no_grad():
+        theta0 = net.conv2.conv.param().clone()
     first = {id(p) for p in net.first_layer_parameters()}
     opt = torch.optim.Adam([
         dict(params=[p for p in net.parameters() if id(p) in first],
@@ -68,10 +70,27 @@ def train_seed(data, s: dict, seed: int) -> dict:
     net.eval()
     with torch.no_grad():
         pred = net().argmax(1)
+    # how much the model used each sort: how far training moved its (hidden, classes) map in
+    # layer 2 (a sort it never needs keeps its initial weights, whatever their size)
+    with torch.no_grad():
+        norms = (net.conv2.conv.param() - theta0).flatten(1).norm(dim=1).tolist()
     train_acc = float((pred[data.train_idx] == data.train_y).float().mean())
     test_acc = float((pred[data.test_idx] == data.test_y).float().mean())
     return dict(seed=seed, train_acc=100 * train_acc, test_acc=100 * test_acc,
-                seconds=time.perf_counter() - t0, train_loss=losses)
+                seconds=time.perf_counter() - t0, train_loss=losses, sort_norms=norms)
+
+
+def _most_weighted(runs: list[dict], data, s: dict, top: int = 8) -> list[tuple[str, float]]:
+    """The sorts whose layer-2 maps training moved most (mean over seeds), by name."""
+    from ..basis.sorts import sort_name
+
+    sorts = s.get("sort_list") or [(r,) for r in range(data.num_relations)]
+    mean = torch.tensor([r["sort_norms"] for r in runs]).mean(0)
+    order = torch.argsort(mean, descending=True)[:top].tolist()
+    out = [(sort_name(sorts[k], data.relation_names), float(mean[k])) for k in order]
+    print("  most used sorts (layer-2 change by training, mean over seeds): "
+          + ", ".join(f"{n} {v:.2f}" for n, v in out))
+    return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -121,6 +140,7 @@ def run(args) -> int:
         print(f"  seed {r['seed']:>3}: test {r['test_acc']:.2f}  train {r['train_acc']:.1f}  "
               f"{r['seconds']:.1f}s", flush=True)
     wall = time.perf_counter() - t0
+    weighted = _most_weighted(runs, data, s)
     accs = [r["test_acc"] for r in runs]
     mean = statistics.fmean(accs)
     std = statistics.stdev(accs) if len(accs) > 1 else 0.0
@@ -133,7 +153,7 @@ def run(args) -> int:
                    train=len(data.train_idx), test=len(data.test_idx)),
         hardware=dict(machine=platform.machine(), processor=platform.processor(),
                       threads=torch.get_num_threads(), device=str(data.edge_index.device)),
-        torch=torch.__version__, runs=runs,
+        torch=torch.__version__, runs=runs, most_weighted_sorts=weighted,
     )
     print(f"{'dataset':<7} {'bases':>5} {'sorts':>6} {'test acc (%)':>16} {'published':>9} "
           f"{'wall':>8}")
