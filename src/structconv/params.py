@@ -169,10 +169,14 @@ class Grouped(Parameterization):
             u = basis.propagate(x).reshape(b, N, K, g, P // g)
             return torch.einsum("bnkgp,kgpq->bngq", u, th.weight.to(x.dtype)).reshape(b, N, Q)
 
+        # a block einsum with small blocks runs far below the GEMM rate (batched (n, b) x
+        # (b, b) products): charge blocks narrower than the full-rate inner size accordingly
+        # (measured: 5x5 blocks ~25x slower per multiply-add than a large GEMM)
+        slow = 1.0 if P == g else max(1.0, costs.weight("tap_full_rate_p", dev) / (P // g))
         routes = [
-            Route("grouped_input", B * (M * K * P * Q / g + basis.propagate_sum_flops(Q)),
+            Route("grouped_input", B * (slow * M * K * P * Q / g + basis.propagate_sum_flops(Q)),
                   B * M * K * Q, input_side, device_type=dev),
-            Route("grouped_basis", B * (basis.propagate_flops(P) + N * K * P * Q / g),
+            Route("grouped_basis", B * (basis.propagate_flops(P) + slow * N * K * P * Q / g),
                   B * N * K * P, basis_side, device_type=dev),
         ]
         if P == g:
