@@ -45,6 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decoder", choices=["distmult", "complex"], default="distmult")
     parser.add_argument("--mode", choices=["1vsall", "negative"], default="1vsall")
     parser.add_argument("--dim", type=int, default=200, help="entity vector size (reals)")
+    parser.add_argument("--init-std", type=float, default=1e-3,
+                        help="initial scale of entity and relation vectors (1e-3 suits "
+                             "1-vs-all with N3; an R-GCN trained by negative sampling needs "
+                             "~0.1: DistMult's gradients are products of two vectors)")
     parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--lr", type=float, default=0.1)
@@ -95,7 +99,8 @@ def _model(args, data, graph, sorts, names) -> LinkPredictor:
     torch.manual_seed(args.seed or 0)
     return LinkPredictor(data.num_entities, data.num_relations, args.dim, args.decoder,
                          encoder_layers=args.encoder_layers, graph=graph, sorts=sorts,
-                         relations=names, edge_dropout=args.edge_dropout)
+                         relations=names, edge_dropout=args.edge_dropout,
+                         init_std=args.init_std)
 
 
 def _train_and_test(args, data, model, folder: Path, tag: str, epochs: int, mined) -> None:
