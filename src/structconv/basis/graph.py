@@ -414,6 +414,34 @@ class ChebyshevBasis(_GraphBasis):
         return _uncols_heads([self._recurrence(zs[k], k + 1)[k] for k in range(self.K)], B)
 
 
+def stack_single_sorts(sorts, op_of, identity: bool, n_eye: int, M: int, N: int, device,
+                       dtype):
+    """The identity (on the first ``n_eye`` entries) and the 1-sorts of ``sorts`` as one flat
+    (len(flat_k), M, N) ``Sparse`` basis (one SpMM for all of them; None if there are none);
+    returns (flat, flat_k: their positions k, [(k, sort)] of the longer sorts). ``op_of(r)``
+    is relation r's ``SparseOperator``."""
+    off = int(identity)
+    flat_k, idx, vals, longer = [], [], [], []
+    if identity:
+        ar = torch.arange(n_eye, device=device)
+        idx.append(torch.stack([torch.zeros_like(ar), ar, ar]))
+        vals.append(torch.ones(n_eye, dtype=dtype, device=device))
+        flat_k.append(0)
+    for j, s in enumerate(sorts):
+        if len(s) == 1:
+            op = op_of(s[0])
+            idx.append(torch.stack([torch.full_like(op.src, len(flat_k)), op.src, op.dst]))
+            vals.append(op.value)
+            flat_k.append(off + j)
+        else:
+            longer.append((off + j, s))
+    flat = None
+    if flat_k:
+        flat = Sparse(torch.cat(idx, 1), torch.cat(vals), (len(flat_k), M, N))
+        flat.cost_kernel = "graph"
+    return flat, flat_k, longer
+
+
 class RelationalBasis(Basis):
     """One basis matrix per random-walk sort (a tuple of relations), optionally the identity first.
 
@@ -428,31 +456,12 @@ class RelationalBasis(Basis):
         self.identity = bool(identity)
         self.ops = ops
         super().__init__(len(self.sorts) + int(self.identity), M, N)
-        off = int(self.identity)
-        flat_k, idx, vals = [], [], []
         dev = next(iter(ops.values())).device if ops else torch.device("cpu")
         dtype = next(iter(ops.values())).dtype if ops else torch.get_default_dtype()
-        if self.identity:
-            ar = torch.arange(M, device=dev)
-            idx.append(torch.stack([torch.zeros_like(ar), ar, ar]))
-            vals.append(torch.ones(M, dtype=dtype, device=dev))
-            flat_k.append(0)
-        self._walks = []  # (k, relations) for sorts longer than one relation
-        for j, s in enumerate(self.sorts):
-            if len(s) == 1:
-                op = ops[s[0]]
-                kk = torch.full_like(op.src, len(flat_k))
-                idx.append(torch.stack([kk, op.src, op.dst]))
-                vals.append(op.value)
-                flat_k.append(off + j)
-            else:
-                self._walks.append((off + j, s))
-        self._flat_k = flat_k
-        self._flat = None
-        if flat_k:
-            self._flat = Sparse(torch.cat(idx, 1), torch.cat(vals), (len(flat_k), M, N))
-            self._flat.cost_kernel = "graph"
-        self._flat_is_all = flat_k == list(range(self.K))
+        # (k, relations) for sorts longer than one relation
+        self._flat, self._flat_k, self._walks = stack_single_sorts(
+            self.sorts, lambda r: ops[r], self.identity, M, M, N, dev, dtype)
+        self._flat_is_all = self._flat_k == list(range(self.K))
 
     def __repr__(self):
         return (f"RelationalBasis(K={self.K}, sorts={self.sorts}, identity={self.identity}, "

@@ -21,7 +21,7 @@ import torch
 from ..data.kg import load_kg
 from ..data.registry import data_root
 from ..io import atomic_write_json
-from ..kg import LinkPredictor, evaluate, link_metrics, mine_sorts, train_link
+from ..kg import LinkPredictor, link_metrics, mine_sorts, train_link
 from ._common import hardware, param_count, set_threads
 
 __all__ = ["add_arguments", "run", "PUBLISHED"]
@@ -105,7 +105,6 @@ def _model(args, data, graph, sorts, names) -> LinkPredictor:
 
 def _train_and_test(args, data, model, folder: Path, tag: str, epochs: int, mined) -> None:
     """Train (resuming from ``folder``), then rank the full test set; writes result.json."""
-    R, E = data.num_relations, data.num_entities
     known = torch.cat([data.train, data.valid, data.test])
 
     def valid(epoch):
@@ -123,11 +122,7 @@ def _train_and_test(args, data, model, folder: Path, tag: str, epochs: int, mine
                          log=lambda s: print("  " + s, flush=True), checkpoint_dir=folder)
     train_wall = time.perf_counter() - t0
     t = time.perf_counter()
-    model.eval()
-    with torch.no_grad():
-        ent = model.entities()
-    test = evaluate(lambda h, r: model.score_tails(h, r, ent), data.test, known, E, R,
-                    batch_size=args.eval_batch)
+    test = link_metrics(model, data.test, known, args.eval_batch)
     eval_wall = time.perf_counter() - t
     pub = PUBLISHED.get((args.dataset, args.decoder, args.mode, args.encoder_layers))
     result = dict(recipe="kg-link", dataset=data.name, tag=tag,

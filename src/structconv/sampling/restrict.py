@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from ..basis import graph as G
-from ..basis.base import Basis, Sparse
+from ..basis.base import Basis
 from ..basis.graph import SparseOperator, _cols, _heads, _uncols, _uncols_heads
 from .sampler import Block, Sample
 
@@ -232,32 +232,16 @@ class RestrictedRelational(Basis):
         M, N = sizes[H], sizes[0]
         super().__init__(len(self.sorts) + int(self.identity), M, N)
         self.sizes, self.hops = sizes, H
-        off = int(self.identity)
-        idx, vals, flat_k = [], [], []
         anyop = next((o for hop in ops for o in hop.values()), None)
         dev = anyop.device if anyop is not None else torch.device("cpu")
         dtype = anyop.dtype if anyop is not None else torch.get_default_dtype()
-        if self.identity:
-            ar = torch.arange(N, device=dev)
-            idx.append(torch.stack([torch.zeros_like(ar), ar, ar]))
-            vals.append(torch.ones(N, dtype=dtype, device=dev))
-            flat_k.append(0)
-        self._walks = []
-        for j, s in enumerate(self.sorts):
-            if len(s) == 1:
-                op = ops[0][s[0]]
-                idx.append(torch.stack([torch.full_like(op.src, len(flat_k)), op.src, op.dst]))
-                vals.append(op.value)
-                flat_k.append(off + j)
-            else:
-                L = len(s)
-                chain = [ops[h][s[L - 1 - h]] for h in range(L)]  # inner first: rL ... r1
-                self._walks.append((off + j, RestrictedPower(chain, sizes, (L,), M=M)))
+        # the targets are the first N sources: the identity sits on them
+        self._flat, flat_k, longer = G.stack_single_sorts(
+            self.sorts, lambda r: ops[0][r], self.identity, N, M, N, dev, dtype)
         self._flat_k = flat_k
-        self._flat = None
-        if flat_k:
-            self._flat = Sparse(torch.cat(idx, 1), torch.cat(vals), (len(flat_k), M, N))
-            self._flat.cost_kernel = "graph"
+        # each longer sort: a chain of restricted one-hop operators, inner first: rL ... r1
+        self._walks = [(k, RestrictedPower([ops[h][s[len(s) - 1 - h]] for h in range(len(s))],
+                                           sizes, (len(s),), M=M)) for k, s in longer]
         self._flat_is_all = flat_k == list(range(self.K))
 
     def __repr__(self):
