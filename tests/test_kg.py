@@ -288,6 +288,40 @@ def test_encoder_graph_holds_training_edges_only():
     assert len(have) == 2 * len({tuple(x) for x in train.tolist()})
 
 
+def test_sort_contributions_are_the_norms_of_each_sorts_term():
+    train, _, E, R = _tiny_kg()
+    ei, et = sc.kg.inverse_graph(train, R)
+    sorts = [(r,) for r in range(2 * R)] + [(0, 1), (R, 2)]
+    torch.manual_seed(1)
+    model = sc.kg.LinkPredictor(E, R, 8, encoder_layers=2, graph=(ei, et), block=4, sorts=sorts,
+                                init_std=0.3)
+    model.train()
+    got = model.sort_contributions(chunk=3)  # chunks split sorts unevenly: 3 + 3 + ... + 2
+    assert got.shape == (2, len(sorts)) and model.training
+    model.eval()
+    with torch.no_grad():
+        x = model.entity
+        for i, (layer, root) in enumerate(zip(model.layers, model.roots)):
+            theta = layer.param()
+            terms = []
+            for k, s in enumerate(sorts):
+                a = sc.basis.relational(ei, et, E, [s], normalization="mean",
+                                        num_relations=2 * R).to_dense()[0]
+                terms.append(a.T @ x @ theta[k])
+            want = torch.stack([t.norm() for t in terms])
+            torch.testing.assert_close(got[i], want, rtol=1e-5, atol=1e-6)
+            y = layer(x, ei, et)
+            # the terms are the layer's output, split by sort
+            torch.testing.assert_close(sum(terms) + layer.bias, y, rtol=1e-5, atol=1e-5)
+            x = y + x @ root
+            x = torch.relu(x) if i == 0 else x
+
+
+def test_sort_contributions_need_an_encoder():
+    with pytest.raises(ValueError, match="encoder_layers > 0"):
+        sc.kg.LinkPredictor(5, 2, 4).sort_contributions()
+
+
 # -- real data --------------------------------------------------------------------------------
 def _kg_root():
     root = os.environ.get("STRUCTCONV_DATA")
@@ -354,6 +388,17 @@ def test_cli_kg_sorts_kg_link_and_bench(tmp_path, capsys):
     assert main(["bench", "kg", "--quick", "--repeats", "1", "--out", str(tmp_path / "b")]) == 0
     b = json.loads((tmp_path / "b" / "kg.json").read_text())
     assert b["eval"]["eval_seconds"] > 0 and b["sorts"]["ratio_2sorts_over_single"] > 0
+    # an R-GCN encoder with mined sorts reports which sorts it used, by name
+    assert main(["reproduce", "kg-link", "--dataset", "wn18rr", "--data", str(root), "--quick",
+                 "--dim", "10", "--mode", "negative", "--encoder-layers", "1", "--sorts", "mined",
+                 "--top", "2", "--out", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert "most used sorts" in out and "mined 2-sorts' ranks among" in out
+    res = json.loads((tmp_path / "runs" / "kg_link" / "wn18rr-distmult-negative-d10-enc1-mined" /
+                      "result.json").read_text())
+    use = res["sort_usage"]
+    assert len(use["mined"]) == 2 and all(1 <= m[1] <= use["sorts"] for m in use["mined"])
+    assert use["mined"][0][0] == res["mined"][0]["name"]
 
 
 @pytest.mark.parametrize("lines,match", [

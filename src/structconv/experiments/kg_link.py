@@ -13,10 +13,12 @@ epoch's end; the run checkpoints every epoch and continues when started again wi
 from __future__ import annotations
 
 import argparse
+import copy
 import time
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from ..data.kg import load_kg
 from ..data.registry import data_root
@@ -61,6 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sorts", choices=["single", "mined"], default="single",
                         help="encoder sorts: every relation alone, or plus --top mined 2-sorts")
     parser.add_argument("--top", type=int, default=10)
+    parser.add_argument("--block", type=int, default=5,
+                        help="encoder block size (block-diagonal weights, block x block)")
     parser.add_argument("--edge-dropout", type=float, default=0.4)
     parser.add_argument("--time-limit", type=float, default=None, help="seconds of training")
     parser.add_argument("--eval-every", type=int, default=2)
@@ -78,7 +82,9 @@ def run(args) -> int:
     R, E = data.num_relations, data.num_entities
     epochs = 2 if args.quick else args.epochs
     tag = args.tag or (f"{args.dataset}-{args.decoder}-{args.mode}-d{args.dim}"
-                       f"-enc{args.encoder_layers}" + ("-mined" if args.sorts == "mined" else ""))
+                       f"-enc{args.encoder_layers}" + ("-mined" if args.sorts == "mined" else "")
+                       + (f"-block{args.block}" if args.encoder_layers and args.block != 5
+                          else ""))
     folder = Path(args.out) / "kg_link" / tag
     folder.mkdir(parents=True, exist_ok=True)
     sorts, mined = None, []
@@ -99,7 +105,7 @@ def _model(args, data, graph, sorts, names) -> LinkPredictor:
     torch.manual_seed(args.seed or 0)
     return LinkPredictor(data.num_entities, data.num_relations, args.dim, args.decoder,
                          encoder_layers=args.encoder_layers, graph=graph, sorts=sorts,
-                         relations=names, edge_dropout=args.edge_dropout,
+                         relations=names, edge_dropout=args.edge_dropout, block=args.block,
                          init_std=args.init_std)
 
 
@@ -113,6 +119,9 @@ def _train_and_test(args, data, model, folder: Path, tag: str, epochs: int, mine
         m["eval_seconds"] = time.perf_counter() - t
         return m
 
+    # the untrained encoder: what each sort's share is before training (sorts reaching more
+    # nodes start larger, so the usage report compares against it)
+    init = copy.deepcopy(model) if model.layers else None
     t0 = time.perf_counter()
     history = train_link(model, data.train, mode=args.mode, epochs=epochs, batch_size=args.batch,
                          lr=args.lr, optimizer=args.optimizer, label_smoothing=args.label_smoothing,
@@ -132,9 +141,47 @@ def _train_and_test(args, data, model, folder: Path, tag: str, epochs: int, mine
                   test=test, test_eval_seconds=eval_wall, published_mrr=pub, history=history,
                   mined=[m.as_dict() for m in mined], hardware=hardware(),
                   torch=torch.__version__)
+    if model.layers:
+        result["sort_usage"] = _sort_usage(model, init, data.relation_names, mined)
     atomic_write_json(folder / "result.json", result)
     print(f"test (filtered, {2 * len(data.test)} rankings, {eval_wall:.1f} s): "
           f"MRR {test['mrr']:.4f}  H@1 {test['hits@1']:.4f}  H@3 {test['hits@3']:.4f}  "
           f"H@10 {test['hits@10']:.4f}  (raw MRR {test['raw_mrr']:.4f}); published "
           f"{pub if pub is not None else '-'}; {len(history)} epochs")
     print(f"wrote {folder / 'result.json'}")
+
+
+def _shares(model: LinkPredictor) -> tuple[Tensor, Tensor]:
+    c = model.sort_contributions()
+    return c, (c / c.sum(1, keepdim=True)).mean(0)
+
+
+def _sort_usage(model: LinkPredictor, init: LinkPredictor, names, mined, top: int = 8) -> dict:
+    """Which sorts the trained encoder relies on: each sort's share of the norm of the sort
+    terms ``A_kᵀ x Θ_k`` (``LinkPredictor.sort_contributions``), mean over layers, by name, with
+    its share in the untrained encoder, and the rank of every mined sort among all K."""
+    from ..basis.sorts import sort_name
+
+    sorts = model.layers[0].sorts or [(r,) for r in range(len(names))]
+    c, share = _shares(model)
+    _, share0 = _shares(init)
+    order = torch.argsort(share, descending=True).tolist()
+    rank = {k: i + 1 for i, k in enumerate(order)}
+    top_sorts = [(sort_name(sorts[k], names), float(share[k]), float(share0[k]))
+                 for k in order[:top]]
+    first_mined = len(sorts) - len(mined)
+    mined_ranks = [(m.name, rank[first_mined + i], float(share[first_mined + i]),
+                    float(share0[first_mined + i])) for i, m in enumerate(mined)]
+    print(f"most used sorts (share of the sort terms' norm, mean over layers, trained <- "
+          f"untrained; uniform {1 / len(sorts):.4f}): "
+          + ", ".join(f"{n} {v:.4f} <- {v0:.4f}" for n, v, v0 in top_sorts))
+    if mined_ranks:
+        total, total0 = (sum(m[i] for m in mined_ranks) for i in (2, 3))
+        print(f"mined 2-sorts' ranks among {len(sorts)}: "
+              + ", ".join(f"{n} #{r} ({v:.4f})" for n, r, v, _ in mined_ranks)
+              + f"; their total share {total:.4f} (untrained {total0:.4f})")
+    return dict(measure="share of sum_k ||A_k^T x Theta_k||_F, mean over layers; "
+                        "(name, share, untrained share)",
+                sorts=len(sorts), top=top_sorts, mined=mined_ranks,
+                mined_share=sum(m[2] for m in mined_ranks),
+                mined_share_untrained=sum(m[3] for m in mined_ranks), per_layer=c.tolist())

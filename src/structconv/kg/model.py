@@ -98,6 +98,38 @@ class LinkPredictor(nn.Module):
                 x = torch.relu(x)
         return self.dropout(x)
 
+    @torch.no_grad()
+    def sort_contributions(self, chunk: int = 32) -> Tensor:
+        """(layers, K) Frobenius norm of each sort's term ``A_kᵀ x Θ_k`` in each encoder layer's
+        output, on the whole training graph in eval mode (how much the model relies on each
+        sort; unlike the size of ``Θ_k`` it accounts for how many nodes the sort reaches and
+        for the features it carries). Sorts are taken ``chunk`` at a time: the per-sort
+        outputs are (E, chunk, dim), never (E, K, dim)."""
+        from ..basis.graph import relational
+
+        if not self.layers:
+            raise ValueError("LinkPredictor.sort_contributions needs an R-GCN encoder "
+                             "(encoder_layers > 0)")
+        was_training = self.training
+        self.eval()
+        R2, E = 2 * self.num_relations, self.num_entities
+        out, x = [], self.entity
+        for i, (layer, root) in enumerate(zip(self.layers, self.roots)):
+            sorts = layer.sorts or [(r,) for r in range(R2)]
+            theta = layer.param()  # (K, P, Q)
+            norms = []
+            for s in range(0, len(sorts), chunk):
+                b = relational(self.edge_index, self.edge_type, E, sorts[s:s + chunk],
+                               normalization="mean", num_relations=R2, dtype=x.dtype)
+                z = torch.einsum("mp,kpq->mkq", x, theta[s:s + chunk]).unsqueeze(0)
+                norms.append(b.propagate_heads(z)[0].norm(dim=(0, 2)))
+            out.append(torch.cat(norms))
+            x = layer(x, self.edge_index, self.edge_type) + x @ root
+            if i < len(self.layers) - 1:
+                x = torch.relu(x)
+        self.train(was_training)
+        return torch.stack(out)
+
     def score_tails(self, head: Tensor, rel: Tensor, entities: Tensor | None = None) -> Tensor:
         """(B, E) scores of every entity as the tail of (head, rel); ``rel + R`` = inverse."""
         e = self.entities() if entities is None else entities
