@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from cli_helpers import run_cli
 
 from structconv.cli import build_parser, main
 from structconv.config import shipped_configs
-
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-CLI = [sys.executable, "-m", "structconv.cli"]
 
 TINY = """
 name = "tiny"
@@ -32,8 +28,7 @@ epochs = 3
 """
 
 
-def run(*args, cwd=None):
-    return subprocess.run(CLI + list(args), env=ENV, capture_output=True, text=True, cwd=cwd)
+run = run_cli
 
 
 def _one_error_line(err: str):
@@ -118,9 +113,8 @@ def test_bench_and_plot_basis(tmp_path):
     assert isinstance(c["torch_threads"], int) and c["cpu"]
     assert "conditions:" in r.stdout
     env = dict(os.environ, STRUCTCONV_COSTS=str(tmp_path / "costs"))
-    r = subprocess.run([sys.executable, "-m", "structconv.cli", "bench", "routes", "--calibrate",
-                        "--quick", "--repeats", "1", "--out", str(tmp_path / "b")],
-                       capture_output=True, text=True, env=env, timeout=300)
+    r = run_cli("bench", "routes", "--calibrate", "--quick", "--repeats", "1", "--out",
+                tmp_path / "b", env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "grid_shift" in r.stdout and (tmp_path / "costs" / "costs.json").is_file()
     assert main(["plot-basis", "grid", "--in-shape", "3", "4", "--kernel", "2", "--out",

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 import time
 
 import pytest
 import torch
+from cli_helpers import run_cli
 from safetensors.torch import load_file
 
 from structconv.cli import main
@@ -26,9 +24,6 @@ from structconv.minibatch import (
     restrictions,
 )
 from structconv.train import load_data, train
-
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-CLI = [sys.executable, "-m", "structconv.cli"]
 
 MIXED = """
 [data]
@@ -172,9 +167,8 @@ def test_sampled_ddp_two_processes_match_one_process_on_the_same_batches(tmp_pat
     # 8 training seeds in batches of 3: 3 batches, so the 2-process run's last step wraps
     over = ["train.epochs=3", 'model.dtype="float64"', "train.sampler.batch_size=3",
             "model.layers.1.dropout=0.3"]
-    r = subprocess.run(CLI + ["train", "--config", "gcn_karate_sampled", *over, "--nproc", "2",
-                              "--out", str(tmp_path / "ddp")], env=ENV, capture_output=True,
-                       text=True)
+    r = run_cli("train", "--config", "gcn_karate_sampled", *over, "--nproc", "2",
+                "--out", tmp_path / "ddp")
     assert r.returncode == 0, r.stderr
     # one process taking both ranks' batches in each step
     cfg = load_config("gcn_karate_sampled", over + ["train.sampler.accumulate=2"])

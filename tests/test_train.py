@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from cli_helpers import CLI, ENV, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
@@ -27,9 +26,6 @@ from structconv.config import (
 )
 from structconv.data.registry import DATASETS, data_root
 from structconv.train import TrainingError, _eval_batches, _losses, load_data, train
-
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-CLI = [sys.executable, "-m", "structconv.cli"]
 
 
 def _available(cfg) -> bool:
@@ -205,8 +201,7 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
         proc.wait()
     assert killed_at is not None and killed_at < 25, "the run ended before it could be killed"
     assert not (run / "result.json").exists()
-    r = subprocess.run(CLI + ["train", "--resume", str(run)], env=ENV, capture_output=True,
-                       text=True)
+    r = run_cli("train", "--resume", run)
     assert r.returncode == 0, r.stderr
     # the uninterrupted reference, in this process on one thread as the subprocesses
     cfg = apply_overrides(parse_config(TINY), over)
@@ -229,9 +224,7 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
 def test_ddp_two_processes_match_single_process(tmp_path):
     over = ["train.epochs=2", "data.options.limit=300", "model.dtype=\"float64\"",
             "data.batch_size=50", "model.layers.1.pool.kind=\"max\""]
-    base = CLI + ["train", "--config", "cnn_digits", *over]
-    r = subprocess.run(base + ["--out", str(tmp_path / "ddp"), "--nproc", "2"], env=ENV,
-                       capture_output=True, text=True)
+    r = run_cli("train", "--config", "cnn_digits", *over, "--out", tmp_path / "ddp", "--nproc", "2")
     assert r.returncode == 0, r.stderr
     cfg = apply_overrides(load_config("cnn_digits"), over)
     cfg["name"] = "cnn_digits"
