@@ -28,7 +28,7 @@ from ..basis.mining import _walk_pairs, mine_sorts
 from ..data.kg import KGData, load_kg
 from ..data.registry import data_root
 from ..io import atomic_write_json
-from ..kg import DistMult, evaluate
+from ..kg import DistMult, evaluate, score_triples
 from ..nn.convert import from_pyg
 from ..nn.graph import RGCNConv
 from ._util import interleaved_times, record
@@ -109,6 +109,34 @@ def bench_sorts(args) -> dict:
     return r
 
 
+def _link_batch(train, n: int, seed: int, size: int = 30000):
+    """(2 size, 3) triples and their labels: ``size`` training triples and as many head-or-tail
+    corruptions, as ``train_link`` draws a negative-sampling batch."""
+    g = torch.Generator().manual_seed(seed)
+    pos = train[torch.randperm(len(train), generator=g)[:size]]
+    neg = pos.clone()
+    corrupt = torch.randint(0, n, (len(pos),), generator=g)
+    side = torch.rand(len(pos), generator=g) < 0.5
+    neg[:, 0] = torch.where(side, corrupt, neg[:, 0])
+    neg[:, 2] = torch.where(side, neg[:, 2], corrupt)
+    return torch.cat([pos, neg]), torch.cat([torch.ones(len(pos)), torch.zeros(len(neg))])
+
+
+def _encoders(D: int, R2: int) -> dict:
+    """Two-layer block-diagonal R-GCN encoders by implementation, all with the same weights
+    (structconv's converted from PyG's where PyG is installed)."""
+    try:
+        from torch_geometric.nn import FastRGCNConv
+        from torch_geometric.nn import RGCNConv as PygRGCNConv
+    except ImportError:
+        return {"structconv": [RGCNConv(D, D, R2, num_blocks=D // 5) for _ in range(2)]}
+    pyg = [PygRGCNConv(D, D, R2, num_blocks=D // 5) for _ in range(2)]
+    fast = [FastRGCNConv(D, D, R2, num_blocks=D // 5) for _ in range(2)]
+    for a, b in zip(fast, pyg):
+        a.load_state_dict(b.state_dict())
+    return {"structconv": [from_pyg(m) for m in pyg], "pyg_rgcn": pyg, "pyg_fast_rgcn": fast}
+
+
 def bench_rgcn(args) -> dict:
     d = _data("WN18RR", args.quick)
     ei, et = d.graph("train")
@@ -116,33 +144,9 @@ def bench_rgcn(args) -> dict:
     torch.manual_seed(args.seed)
     entity = (torch.randn(n, D) * 0.1).requires_grad_()
     decoder = DistMult(d.num_relations, D, reciprocal=True, init_std=0.1)
-    # one batch as train_link draws it: positives and as many head-or-tail corruptions
-    g = torch.Generator().manual_seed(args.seed)
-    pos = d.train[torch.randperm(len(d.train), generator=g)[:30000]]
-    neg = pos.clone()
-    corrupt = torch.randint(0, n, (len(pos),), generator=g)
-    side = torch.rand(len(pos), generator=g) < 0.5
-    neg[:, 0] = torch.where(side, corrupt, neg[:, 0])
-    neg[:, 2] = torch.where(side, neg[:, 2], corrupt)
-    batch = torch.cat([pos, neg])
-    y = torch.cat([torch.ones(len(pos)), torch.zeros(len(neg))])
-    try:
-        from torch_geometric.nn import FastRGCNConv
-        from torch_geometric.nn import RGCNConv as PygRGCNConv
-    except ImportError:
-        pyg = None
-    else:
-        pyg = [PygRGCNConv(D, D, R2, num_blocks=D // 5) for _ in range(2)]
-    # the same weights in every implementation (converted from PyG's where it is installed)
-    ours = ([from_pyg(m) for m in pyg] if pyg else
-            [RGCNConv(D, D, R2, num_blocks=D // 5) for _ in range(2)])
-    models = {"structconv": ours}
-    if pyg:
-        models["pyg_rgcn"] = pyg
-        fast = [FastRGCNConv(D, D, R2, num_blocks=D // 5) for _ in range(2)]
-        for a, b in zip(fast, pyg):
-            a.load_state_dict(b.state_dict())
-        models["pyg_fast_rgcn"] = fast
+    batch, y = _link_batch(d.train, n, args.seed)
+    models = _encoders(D, R2)
+    ours = models["structconv"]
 
     def zero(layers):
         for p in [entity, *decoder.parameters()] + [p for m in layers for p in m.parameters()]:
@@ -152,7 +156,7 @@ def bench_rgcn(args) -> dict:
         def run():
             zero(layers)
             h = step_out(layers, entity, ei, et)
-            s = decoder(h[batch[:, 0]], batch[:, 1], h[batch[:, 2]])
+            s = score_triples(decoder, h, batch)
             torch.nn.functional.binary_cross_entropy_with_logits(s, y).backward()
         return run
 

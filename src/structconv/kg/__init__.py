@@ -10,8 +10,15 @@ from ..basis.mining import MinedSort, mine_sorts
 from .decoders import DECODERS, ComplEx, DistMult
 from .evaluate import FilterIndex, check_triples, evaluate
 from .graphs import training_graph
-from .model import LinkPredictor, inverse_graph, link_metrics, regularizer, train_link
+from .model import (
+    LinkPredictor,
+    inverse_graph,
+    link_metrics,
+    regularizer,
+    score_triples,
+    train_link,
+)
 
 __all__ = ["evaluate", "FilterIndex", "check_triples", "DistMult", "ComplEx", "DECODERS",
            "LinkPredictor", "train_link", "link_metrics", "inverse_graph", "regularizer",
-           "mine_sorts", "MinedSort", "training_graph"]
+           "mine_sorts", "MinedSort", "training_graph", "score_triples"]
