@@ -28,7 +28,8 @@ from ..basis.mining import _walk_pairs, mine_sorts
 from ..data.kg import KGData, load_kg
 from ..data.registry import data_root
 from ..io import atomic_write_json
-from ..kg import DistMult, evaluate, score_triples
+from ..kg import DistMult, evaluate
+from ..kg.model import corrupt_triples, score_triples
 from ..nn.convert import from_pyg
 from ..nn.graph import RGCNConv
 from ._util import interleaved_times, record
@@ -114,11 +115,7 @@ def _link_batch(train, n: int, seed: int, size: int = 30000):
     corruptions, as ``train_link`` draws a negative-sampling batch."""
     g = torch.Generator().manual_seed(seed)
     pos = train[torch.randperm(len(train), generator=g)[:size]]
-    neg = pos.clone()
-    corrupt = torch.randint(0, n, (len(pos),), generator=g)
-    side = torch.rand(len(pos), generator=g) < 0.5
-    neg[:, 0] = torch.where(side, corrupt, neg[:, 0])
-    neg[:, 2] = torch.where(side, neg[:, 2], corrupt)
+    neg = corrupt_triples(pos, n, 1, g)
     return torch.cat([pos, neg]), torch.cat([torch.ones(len(pos)), torch.zeros(len(neg))])
 
 

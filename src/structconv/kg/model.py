@@ -24,7 +24,7 @@ from .decoders import DECODERS
 from .evaluate import check_triples, evaluate
 
 __all__ = ["LinkPredictor", "train_link", "link_metrics", "inverse_graph", "regularizer",
-           "score_triples"]
+           "score_triples", "corrupt_triples"]
 
 
 def inverse_graph(train: Tensor, num_relations: int) -> tuple[Tensor, Tensor]:
@@ -90,14 +90,18 @@ class LinkPredictor(nn.Module):
         if self.training and self.edge_dropout:
             keep = torch.rand(et.numel(), device=et.device) >= self.edge_dropout
             ei, et = ei[:, keep], et[keep]
-        for i, (layer, root) in enumerate(zip(self.layers, self.roots)):
-            self_part = x @ root
-            if self.training and self.self_dropout:
-                self_part = F.dropout(self_part, self.self_dropout)
-            x = layer(x, ei, et) + self_part
-            if i < len(self.layers) - 1:
-                x = torch.relu(x)
+        for i in range(len(self.layers)):
+            x = self._layer(i, x, ei, et)
         return self.dropout(x)
+
+    def _layer(self, i: int, x: Tensor, ei: Tensor, et: Tensor) -> Tensor:
+        """Encoder layer ``i`` on (E, dim) ``x``: relation part + self part (dropped out in
+        training), ReLU between layers."""
+        self_part = x @ self.roots[i]
+        if self.training and self.self_dropout:
+            self_part = F.dropout(self_part, self.self_dropout)
+        x = self.layers[i](x, ei, et) + self_part
+        return torch.relu(x) if i < len(self.layers) - 1 else x
 
     @torch.no_grad()
     def sort_contributions(self, chunk: int = 32) -> Tensor:
@@ -113,21 +117,21 @@ class LinkPredictor(nn.Module):
                              "(encoder_layers > 0)")
         was_training = self.training
         self.eval()
-        R2, E = 2 * self.num_relations, self.num_entities
-        out, x = [], self.entity
-        for i, (layer, root) in enumerate(zip(self.layers, self.roots)):
-            sorts = layer.sorts or [(r,) for r in range(R2)]
+        R2, ei, et, x = 2 * self.num_relations, self.edge_index, self.edge_type, self.entity
+        # every layer has the same sorts (see __init__): one basis per chunk serves them all
+        sorts = self.layers[0].sorts or [(r,) for r in range(R2)]
+        chunks = [(s, relational(ei, et, self.num_entities, sorts[s:s + chunk],
+                                 normalization="mean", num_relations=R2, dtype=x.dtype))
+                  for s in range(0, len(sorts), chunk)]
+        out = []
+        for i, layer in enumerate(self.layers):
             theta = layer.param()  # (K, P, Q)
             norms = []
-            for s in range(0, len(sorts), chunk):
-                b = relational(self.edge_index, self.edge_type, E, sorts[s:s + chunk],
-                               normalization="mean", num_relations=R2, dtype=x.dtype)
-                z = torch.einsum("mp,kpq->mkq", x, theta[s:s + chunk]).unsqueeze(0)
+            for s, b in chunks:
+                z = torch.einsum("mp,kpq->mkq", x, theta[s:s + b.K]).unsqueeze(0)
                 norms.append(b.propagate_heads(z)[0].norm(dim=(0, 2)))
             out.append(torch.cat(norms))
-            x = layer(x, self.edge_index, self.edge_type) + x @ root
-            if i < len(self.layers) - 1:
-                x = torch.relu(x)
+            x = self._layer(i, x, ei, et)
         self.train(was_training)
         return torch.stack(out)
 
@@ -149,6 +153,19 @@ def score_triples(decoder: nn.Module, entities: Tensor, triples: Tensor) -> Tens
     ht = entities.index_select(0, torch.cat([triples[:, 0], triples[:, 2]]))
     head, tail = ht.chunk(2)
     return decoder(head, triples[:, 1], tail)
+
+
+def corrupt_triples(triples: Tensor, num_entities: int, negatives: int,
+                    gen: torch.Generator) -> Tensor:
+    """(negatives T, 3) corruptions of (T, 3) triples: each copy's head or tail (a fair coin)
+    replaced by a uniform entity (R-GCN's negative sampling)."""
+    neg = triples.repeat(negatives, 1)
+    # drawn on the CPU generator, whatever the device: the same negatives everywhere
+    corrupt = torch.randint(0, num_entities, (neg.shape[0],), generator=gen).to(neg.device)
+    side = (torch.rand(neg.shape[0], generator=gen) < 0.5).to(neg.device)
+    neg[:, 0] = torch.where(side, corrupt, neg[:, 0])
+    neg[:, 2] = torch.where(side, neg[:, 2], corrupt)
+    return neg
 
 
 def regularizer(kind: str | None, vectors: list[Tensor]) -> Tensor | float:
@@ -177,13 +194,8 @@ def _batch_loss(model: LinkPredictor, q: Tensor, mode: str, label_smoothing: flo
         scores = model.decoder.score_all(ent[q[:, 0]], r, ent)
         loss = F.cross_entropy(scores, q[:, 2], label_smoothing=label_smoothing)
     else:
-        n, E = q.shape[0], model.num_entities
-        neg = q.repeat(negatives, 1)
-        # drawn on the CPU generator, whatever the device: the same negatives everywhere
-        corrupt = torch.randint(0, E, (neg.shape[0],), generator=gen).to(q.device)
-        side = (torch.rand(neg.shape[0], generator=gen) < 0.5).to(q.device)
-        neg[:, 0] = torch.where(side, corrupt, neg[:, 0])
-        neg[:, 2] = torch.where(side, neg[:, 2], corrupt)
+        n = q.shape[0]
+        neg = corrupt_triples(q, model.num_entities, negatives, gen)
         s = score_triples(model.decoder, ent, torch.cat([q, neg]))
         y = torch.cat([torch.ones(n, dtype=s.dtype, device=s.device),
                        torch.zeros(neg.shape[0], dtype=s.dtype, device=s.device)])
