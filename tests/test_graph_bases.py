@@ -429,3 +429,57 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="powers"):
         PowerBasis(SparseOperator(ei[0], ei[1], w, N, N), (2, 1))
     assert isinstance(sc.basis.relational(ei, et, N), RelationalBasis)
+
+
+# -- the graph family's public edge forms, and defects fixed with them (issue 23, issue 25) -----
+@pytest.mark.parametrize("kind", ["cheb", "sgc", "diffusion"])
+def test_basis_param_route_keeps_float64_accuracy(kind):
+    """A float32-built polynomial basis runs its dense form in the call's dtype: the
+    basis_param route agrees with the others to float64 rounding (it was 1e-8)."""
+    import structconv as sc
+    g = torch.Generator().manual_seed(3)
+    ei = torch.randint(0, 30, (2, 120), generator=g)
+    b = {"cheb": lambda: sc.basis.chebyshev(ei, 30, 5), "sgc": lambda: sc.basis.sgc(ei, 30, 3),
+         "diffusion": lambda: sc.basis.diffusion(ei, 30, 4)}[kind]()
+    assert b.dtype == torch.float32
+    x = torch.randn(2, 30, 4, dtype=torch.float64, generator=g)
+    th = torch.randn(b.K, 4, 3, dtype=torch.float64, generator=g)
+    ref = sc.convolve(x, b, th, route="input_param")
+    for route in ("basis_input", "basis_param"):
+        y = sc.convolve(x, b, th, route=route)
+        assert float((y - ref).abs().max() / ref.abs().max()) < 1e-13, route
+
+
+def test_relational_sort_naming_a_missing_relation_is_an_error():
+    """sorts=[(0,), (99,)] on a graph of 3 relations was an all-zero matrix, silently."""
+    import structconv as sc
+    ei = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    et = torch.tensor([0, 1, 2])
+    with pytest.raises(ValueError, match=r"relation ids in \[0, 2\].*num_relations="):
+        sc.basis.relational(ei, et, 3, sorts=[(0,), (99,)])
+    # a relation without edges is fine when the caller says how many there are
+    b = sc.basis.relational(ei, et, 3, sorts=[(0,), (4,)], num_relations=5)
+    assert b.to_dense()[1].abs().sum() == 0
+
+
+def test_edge_forms_name_their_self_loop_entries():
+    """gcn_norm / laplacian give a value per input edge (zero on a replaced self loop) and the
+    diagonal per node, and their COO entries build the same operator as the basis."""
+    from structconv.basis import edges as E
+    from structconv.basis.graph import chebyshev, gcn
+    ei = torch.tensor([[0, 1, 1, 2, 3], [1, 0, 1, 3, 2]])  # (1, 1) is a loop; node 4 isolated
+    w = torch.tensor([1.0, 2.0, 5.0, 0.5, 1.5], dtype=torch.float64)
+    f = E.gcn_norm(ei, 5, w)
+    assert f.keep.tolist() == [True, True, False, True, True]
+    assert f.value[2] == 0 and f.diag.shape == (5,)
+    # node 1 keeps its existing loop's weight 5 (PyG's add_remaining_self_loops)
+    deg1 = 1.0 + 5.0
+    assert torch.isclose(f.diag[1], torch.tensor(5.0 / deg1, dtype=torch.float64))
+    src, dst, v = f.coo()
+    dense = torch.zeros(5, 5, dtype=torch.float64).index_put_((src, dst), v, accumulate=True)
+    assert torch.allclose(dense, gcn(ei, 5, w).to_dense()[0])
+    lap = E.laplacian(ei, 5, w)
+    src, dst, v = lap.coo()
+    dense = torch.zeros(5, 5, dtype=torch.float64).index_put_((src, dst), v, accumulate=True)
+    assert torch.allclose(dense, chebyshev(ei, 5, 2, w).to_dense()[1])
+    assert lap.value[2] == 0 and not lap.keep[2]

@@ -105,18 +105,18 @@ def test_layer_caches_see_edits_that_bump_no_version(kind, layer):
 def test_structure_cache_fingerprint_changes_with_content():
     import torch
 
-    from structconv.basis.graph import _GraphCache
+    from structconv.basis.cache import GraphCache
 
     ei = torch.randint(0, 50, (2, 5000))
-    fp = _GraphCache._fingerprint((ei, None))
-    assert _GraphCache._same(fp, _GraphCache._fingerprint((ei.clone(), None)))
+    fp = GraphCache.fingerprint((ei, None))
+    assert GraphCache.same(fp, GraphCache.fingerprint((ei.clone(), None)))
     for i, j in [(0, 1), (7, 3000), (100, 4999)]:
         e = ei.clone()
         e[0, i], e[0, j] = ei[0, j], ei[0, i]  # an exchange of two entries
         if ei[0, i] != ei[0, j]:
-            assert not _GraphCache._same(_GraphCache._fingerprint((e, None)), fp)
+            assert not GraphCache.same(GraphCache.fingerprint((e, None)), fp)
         e[1, i] += 1  # one entry changed
-        assert not _GraphCache._same(_GraphCache._fingerprint((e, None)), fp)
+        assert not GraphCache.same(GraphCache.fingerprint((e, None)), fp)
 
 
 # ------------------------------------------------------- converters never silently differ

@@ -9,226 +9,45 @@ are applied by recurrence (``S^k x = S S^{k-1} x``, Chebyshev ``T_k = 2 L̂ T_{k
 their adjoint sums ``Σ_k A_kᵀ z_k`` by Horner / Clenshaw, so that every primitive costs as many
 SpMMs as the highest power. No matrix power is ever formed.
 
-Structure caching (``cache=True`` in the constructors): the built basis is kept in a small LRU
-keyed on the *identity* of the ``edge_index`` / ``edge_weight`` / ``edge_type`` tensors (``id``
-checked against a weak reference, so a freed tensor whose id is reused never matches), their
-``_version`` counters (an in-place edit invalidates), shapes, dtypes, devices, data pointers and
-every option. Keying on identity costs O(1) per call, where a content hash would read every edge.
+Argument checks and normalisations are the public ``basis.edges``; the column layouts of the
+SpMMs ``basis.layout``; the structure cache (``cache=True`` in the constructors) ``basis.cache``.
 """
 
 from __future__ import annotations
 
-import numbers
-import threading
-import weakref
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+import copy
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from .._checks import check_index_tensor
 from ..sparse import SparseMatrix
 from .base import Basis, Sparse
+from .cache import cached, clear_graph_cache, graph_cache_info
+from .edges import (
+    EdgeForm,
+    check_edge_type,
+    check_edges,
+    check_K,
+    check_norm,
+    check_num_nodes,
+    check_sorts,
+    gcn_norm,
+    infer_num_relations,
+    laplacian,
+    random_walk,
+    relation_values,
+    value_dtype,
+)
+from .layout import cols, heads, uncols, uncols_heads
 from .sorts import parse_sorts, sort_name  # noqa: F401  (sort_name re-exported)
 
 __all__ = [
     "gcn", "chebyshev", "diffusion", "sgc", "relational",
-    "SparseOperator", "PowerBasis", "ChebyshevBasis", "RelationalBasis",
-    "clear_graph_cache", "graph_cache_info",
+    "SparseOperator", "OperatorBasis", "PowerBasis", "ChebyshevBasis", "RelationalBasis",
+    "clear_graph_cache", "graph_cache_info", "operator_of", "diffusion_form",
+    "relation_operators", "pair_nodes",
 ]
-
-_INF = float("inf")
-
-
-# ------------------------------------------------------------------------------------------------
-# validation
-def _check_num_nodes(num_nodes, what: str = "num_nodes") -> int:
-    # any integer: a Python int, a NumPy integer, a 0-d integer tensor (never a bool)
-    if isinstance(num_nodes, Tensor) and num_nodes.dim() == 0 and \
-            not num_nodes.is_floating_point() and num_nodes.dtype != torch.bool:
-        num_nodes = int(num_nodes)
-    if isinstance(num_nodes, bool) or not isinstance(num_nodes, numbers.Integral) or \
-            num_nodes < 1:
-        raise ValueError(f"{what} must be a positive int, got {num_nodes!r}")
-    return int(num_nodes)
-
-
-def _check_edges(edge_index: Tensor, num_src: int, num_dst: int | None = None,
-                 edge_weight: Tensor | None = None) -> None:
-    """Raise unless edge_index is (2, E) integer with sources < num_src and targets < num_dst."""
-    check_index_tensor(edge_index, rows=2, what="edge_index [source; target]")
-    num_dst = num_src if num_dst is None else num_dst
-    E = edge_index.shape[1]
-    # value checks need concrete data: while torch.compile traces, shapes are checked only
-    if E and not torch.compiler.is_compiling():
-        for row, name, lim in ((0, "source", num_src), (1, "target", num_dst)):
-            lo, hi = int(edge_index[row].min()), int(edge_index[row].max())
-            if lo < 0 or hi >= lim:
-                raise ValueError(
-                    f"edge_index {name} ids must lie in [0, {lim - 1}] for {lim} nodes, got "
-                    f"values in [{lo}, {hi}]"
-                )
-    if edge_weight is not None:
-        if not isinstance(edge_weight, Tensor):
-            raise TypeError(f"edge_weight must be a tensor, got {type(edge_weight).__name__}")
-        if edge_weight.dim() != 1 or edge_weight.shape[0] != E:
-            raise ValueError(
-                f"edge_weight must be ({E},) to match edge_index (2, {E}), got "
-                f"{tuple(edge_weight.shape)}"
-            )
-        if not edge_weight.is_floating_point():
-            raise TypeError(f"edge_weight must be a floating tensor, got {edge_weight.dtype}")
-
-
-def _check_K(K, what: str = "K", low: int = 1) -> int:
-    if isinstance(K, bool) or not isinstance(K, int) or K < low:
-        raise ValueError(f"{what} must be an int >= {low}, got {K!r}")
-    return K
-
-
-def _value_dtype(edge_weight: Tensor | None, dtype) -> torch.dtype:
-    # as PyG: an explicit edge_weight keeps its dtype, otherwise ones of ``dtype``
-    if edge_weight is not None:
-        return edge_weight.dtype
-    return dtype if dtype is not None else torch.get_default_dtype()
-
-
-# ------------------------------------------------------------------------------------------------
-# normalisations, computed in the same order as PyG's so float64 results agree to rounding
-def _remaining_self_loops(src, dst, w, n: int, fill: float, dtype):
-    """PyG's add_remaining_self_loops: one loop per node; an existing loop keeps its weight."""
-    if torch.compiler.is_compiling():
-        return _remaining_self_loops_static(src, dst, w, n, fill, dtype)
-    mask = src != dst
-    loop = torch.arange(n, device=src.device)
-    if w is not None:
-        loop_w = w.new_full((n,), fill)
-        inv = ~mask
-        loop_w[src[inv]] = w[inv]
-        w = torch.cat([w[mask], loop_w])
-    return torch.cat([src[mask], loop]), torch.cat([dst[mask], loop]), w
-
-
-def _remaining_self_loops_static(src, dst, w, n: int, fill: float, dtype):
-    """The same operator with static shapes (for torch.compile, which cannot trace a boolean
-    selection): existing loops stay as zero-weight entries, and one loop per node follows with
-    the existing loop's weight or ``fill``. Zero entries change no sum, so the basis is equal."""
-    loop = torch.arange(n, device=src.device)
-    is_loop = src == dst
-    w_in = torch.ones(src.shape[0], dtype=dtype, device=src.device) if w is None else w
-    has = torch.zeros(n, dtype=w_in.dtype, device=src.device).index_add(0, src, is_loop.to(
-        w_in.dtype))
-    old = torch.zeros(n, dtype=w_in.dtype, device=src.device).index_add(
-        0, src, torch.where(is_loop, w_in, torch.zeros_like(w_in)))
-    loop_w = torch.where(has > 0, old, torch.full_like(old, fill))
-    if w is None:
-        # PyG's loops without given weights are ones; the zeroed originals keep the graph's
-        w_out = torch.cat([(~is_loop).to(w_in.dtype), torch.ones_like(loop_w)])
-    else:
-        w_out = torch.cat([torch.where(is_loop, torch.zeros_like(w), w), loop_w])
-    return torch.cat([src, loop]), torch.cat([dst, loop]), w_out
-
-
-def _inv_sqrt(deg: Tensor) -> Tensor:
-    d = deg.pow(-0.5)
-    return d.masked_fill(d == _INF, 0.0)
-
-
-def _gcn_values(src, dst, w, n, *, add_self_loops, normalize, improved, dtype):
-    if add_self_loops:
-        src, dst, w = _remaining_self_loops(src, dst, w, n, 2.0 if improved else 1.0, dtype)
-    if w is None:
-        w = torch.ones(src.shape[0], dtype=dtype, device=src.device)
-    if normalize:
-        deg = torch.zeros(n, dtype=w.dtype, device=w.device).index_add(0, dst, w)
-        dis = _inv_sqrt(deg)
-        w = dis[src] * w * dis[dst]
-    return src, dst, w
-
-
-def _laplacian_values(src, dst, w, n, *, normalization, lambda_max, batch, dtype):
-    """PyG ChebConv's scaled Laplacian 2 L / lambda_max - I (self loops of the input dropped)."""
-    mask = src != dst
-    if torch.compiler.is_compiling():
-        # static shapes: the input's loops stay as zero-weight entries (no sum changes)
-        w = torch.ones(src.shape[0], dtype=dtype, device=src.device) if w is None else w
-        w = w * mask.to(w.dtype)
-    else:
-        src, dst = src[mask], dst[mask]
-        w = torch.ones(src.shape[0], dtype=dtype, device=src.device) if w is None else w[mask]
-    deg = torch.zeros(n, dtype=w.dtype, device=w.device).index_add(0, src, w)
-    if normalization is None:
-        off, diag = -w, deg
-    elif normalization == "sym":
-        dis = _inv_sqrt(deg)
-        off, diag = -(dis[src] * w * dis[dst]), torch.ones(n, dtype=w.dtype, device=w.device)
-    else:  # "rw"
-        dinv = 1.0 / deg
-        dinv = dinv.masked_fill(dinv == _INF, 0.0)
-        off, diag = -(dinv[src] * w), torch.ones(n, dtype=w.dtype, device=w.device)
-    loop = torch.arange(n, device=src.device)
-    src, dst, v = torch.cat([src, loop]), torch.cat([dst, loop]), torch.cat([off, diag])
-    if lambda_max is None:
-        lam = 2.0 * v.max()
-    elif isinstance(lambda_max, Tensor):
-        lam = lambda_max.to(v.device)
-    else:
-        lam = torch.tensor(float(lambda_max), dtype=v.dtype, device=v.device)
-    if batch is not None and lam.numel() > 1:
-        lam = lam[batch[src]]
-    elif lam.numel() > 1:
-        raise ValueError(
-            f"lambda_max has {lam.numel()} entries (one per graph) but no batch vector was given"
-        )
-    else:
-        lam = lam.reshape(())
-    v = (2.0 * v) / lam
-    v = v.masked_fill(v == _INF, 0.0)
-    v = torch.cat([v[:-n], v[-n:] - 1])
-    return src, dst, v
-
-
-def _rw_values(src, dst, w, n, *, dtype):
-    if w is None:
-        w = torch.ones(src.shape[0], dtype=dtype, device=src.device)
-    deg = torch.zeros(n, dtype=w.dtype, device=w.device).index_add(0, src, w)
-    dinv = 1.0 / deg
-    dinv = dinv.masked_fill(dinv == _INF, 0.0)
-    return src, dst, dinv[src] * w
-
-
-# ------------------------------------------------------------------------------------------------
-def _cols(x: Tensor) -> Tensor:
-    """(B, M, C) -> (M, B*C), a free view when B == 1 (squeeze, whose backward is free too)."""
-    B, M, C = x.shape
-    return x.squeeze(0) if B == 1 else x.permute(1, 0, 2).reshape(M, B * C)
-
-
-def _uncols(Y: Tensor, B: int) -> Tensor:
-    """(N, B*C) -> (B, N, C)."""
-    N = Y.shape[0]
-    return Y.unsqueeze(0) if B == 1 else Y.reshape(N, B, -1).transpose(0, 1)
-
-
-def _uncols_heads(Ys: list[Tensor], B: int) -> Tensor:
-    """K blocks (N, B*C) -> (B, N, K, C)."""
-    out = torch.stack(Ys, 1)  # (N, K, B*C)
-    N, K, BC = out.shape
-    if B == 1:
-        return out.unsqueeze(0)
-    return out.reshape(N, K, B, BC // B).permute(2, 0, 1, 3)
-
-
-def _heads(z: Tensor) -> list[Tensor]:
-    """(B, M, K, C) -> K blocks (M, B*C).
-
-    ``unbind`` (a view per head, one stack in backward) rather than K ``select``s, whose
-    backward would zero-fill and add K copies of the whole of z.
-    """
-    if z.shape[2] == 1:
-        return [_cols(z.squeeze(2))]
-    return [_cols(h) for h in z.unbind(2)]
 
 
 class SparseOperator:
@@ -272,22 +91,40 @@ class SparseOperator:
         return self.t.to_dense().t().contiguous()
 
 
-class _GraphBasis(Basis):
-    """Common plumbing of the polynomial bases: one square operator, lazy dtype casts."""
+class OperatorBasis(Basis):
+    """A basis applied by sparse operators that cast themselves lazily (a CSR per dtype and
+    device, cached): ``cast_like`` copies no structure, and ``to_dense`` computes in the dtype
+    of the call it was cast for (a polynomial's recurrence rounds in the operator's dtype
+    otherwise: float32 accuracy for a float64 ``basis_param`` route)."""
 
     cost_kernel = "graph"
+    #: the dtype ``to_dense`` computes in (None: the operators'); set on ``cast_like``'s views
+    compute_dtype: torch.dtype | None = None
+
+    def cast_like(self, t):
+        if not t.is_floating_point() or t.dtype == (self.compute_dtype or self.dtype):
+            return self
+        memo, key = self._memo, ("compute_dtype", t.dtype)
+        view = memo.get(key)
+        if view is None:
+            # a shallow copy sharing the operators and the plan cache (plans key on dtype)
+            view = copy.copy(self)
+            view.compute_dtype = t.dtype
+            memo[key] = view
+        return view
+
+    def to_dense(self) -> Tensor:
+        eye = torch.eye(self.M, dtype=self.compute_dtype or self.dtype,
+                        device=self.device).unsqueeze(0)
+        return self.propagate(eye)[0].permute(1, 2, 0).contiguous()  # (N, K, M) -> (K, M, N)
+
+
+class _GraphBasis(OperatorBasis):
+    """Common plumbing of the polynomial bases: one operator S."""
 
     def __init__(self, K: int, op: SparseOperator):
         super().__init__(K, op.M, op.N)
         self.op = op
-
-    def cast_like(self, t):
-        # the operator casts its CSR lazily (cached per dtype/device), so no copy is needed
-        return self
-
-    def to_dense(self) -> Tensor:
-        eye = torch.eye(self.M, dtype=self.dtype, device=self.device).unsqueeze(0)
-        return self.propagate(eye)[0].permute(1, 2, 0).contiguous()  # (N, K, M) -> (K, M, N)
 
     def _spmm_cost(self, n_spmm: float, C: int, adds: float = 0.0) -> float:
         return self.flop_weight * n_spmm * max(self.op.nnz, 1) * C + adds * self.N * C
@@ -322,18 +159,18 @@ class PowerBasis(_GraphBasis):
 
     def propagate(self, x):
         B = x.shape[0]
-        cur = _cols(x)
+        cur = cols(x)
         outs = [cur] if self.powers[0] == 0 else []
         for p in range(1, self.powers[-1] + 1):
             cur = self.op.apply_t(cur)
             if p in self._pos:
                 outs.append(cur)
-        return _uncols_heads(outs, B)
+        return uncols_heads(outs, B)
 
     def propagate_sum(self, z):
         # Horner: Σ_k (Sᵀ)^{p_k} z_k = Sᵀ(...Sᵀ(Sᵀ z_top + z_next)...) + z_0
         B = z.shape[0]
-        zs = _heads(z)
+        zs = heads(z)
         acc = None
         for p in range(self.powers[-1], 0, -1):
             if p in self._pos:
@@ -343,12 +180,12 @@ class PowerBasis(_GraphBasis):
                 acc = self.op.apply_t(acc)
         if 0 in self._pos:
             acc = acc + zs[0] if acc is not None else zs[0].clone()
-        return _uncols(acc, B)
+        return uncols(acc, B)
 
     def propagate_heads(self, z):
         # all heads step together: one SpMM per power on the heads that still need it
         B, _, K, C = z.shape
-        cur = _heads(z)
+        cur = heads(z)
         for step in range(1, self.powers[-1] + 1):
             active = [k for k in range(K) if self.powers[k] >= step]
             if len(active) == 1:
@@ -357,7 +194,7 @@ class PowerBasis(_GraphBasis):
             out = self.op.apply_t(torch.cat([cur[k] for k in active], 1))
             for k, blk in zip(active, out.split(cur[active[0]].shape[1], 1)):
                 cur[k] = blk
-        return _uncols_heads(cur, B)
+        return uncols_heads(cur, B)
 
 
 class ChebyshevBasis(_GraphBasis):
@@ -366,7 +203,7 @@ class ChebyshevBasis(_GraphBasis):
     def __init__(self, op: SparseOperator, K: int):
         if op.M != op.N:
             raise ValueError(f"Chebyshev needs a square operator, got (M, N)=({op.M}, {op.N})")
-        super().__init__(_check_K(K), op)
+        super().__init__(check_K(K), op)
 
     def __repr__(self):
         return f"ChebyshevBasis(K={self.K}, N={self.N}, nnz={self.op.nnz})"
@@ -389,14 +226,14 @@ class ChebyshevBasis(_GraphBasis):
         return outs
 
     def propagate(self, x):
-        return _uncols_heads(self._recurrence(_cols(x), self.K), x.shape[0])
+        return uncols_heads(self._recurrence(cols(x), self.K), x.shape[0])
 
     def propagate_sum(self, z):
         # Clenshaw: b_k = z_k + 2 L̂ᵀ b_{k+1} - b_{k+2};  y = z_0 + L̂ᵀ b_1 - b_2  (K-1 SpMMs)
         B, K = z.shape[0], self.K
-        zs = _heads(z)
+        zs = heads(z)
         if K == 1:
-            return _uncols(zs[0].clone(), B)
+            return uncols(zs[0].clone(), B)
         b1, b2 = zs[K - 1], None
         for k in range(K - 2, 0, -1):
             t = 2.0 * self.op.apply_t(b1) + zs[k]
@@ -406,12 +243,12 @@ class ChebyshevBasis(_GraphBasis):
         y = self.op.apply_t(b1) + zs[0]
         if b2 is not None:
             y = y - b2
-        return _uncols(y, B)
+        return uncols(y, B)
 
     def propagate_heads(self, z):
         B = z.shape[0]
-        zs = _heads(z)
-        return _uncols_heads([self._recurrence(zs[k], k + 1)[k] for k in range(self.K)], B)
+        zs = heads(z)
+        return uncols_heads([self._recurrence(zs[k], k + 1)[k] for k in range(self.K)], B)
 
 
 def stack_single_sorts(sorts, op_of, identity: bool, n_eye: int, M: int, N: int, device,
@@ -532,7 +369,7 @@ class RelationalBasis(Basis):
         hundreds of relations (a knowledge graph's) cost about one pass over the edges."""
         flat, walks, segs, tgt_all, n = self._compact()
         B, M, P = x.shape
-        X = _cols(x)
+        X = cols(x)
         parts = [] if flat is None else [flat.apply_t(X)]
         parts += [op.apply_t(self._walk(X, prefix)) for prefix, op in walks]
         U = torch.cat(parts) if len(parts) > 1 else parts[0]  # (rows, B*P)
@@ -596,7 +433,7 @@ class RelationalBasis(Basis):
             flat = self._flat.propagate(x)
             for j, k in enumerate(self._flat_k):
                 parts[k] = flat[:, :, j:j + 1]
-        X, memo = _cols(x), {}
+        X, memo = cols(x), {}
         for k, s in self._walks:
             # walks sharing a prefix share its SpMMs
             cur, done = X, ()
@@ -605,7 +442,7 @@ class RelationalBasis(Basis):
                 if done not in memo:
                     memo[done] = self.ops[r].apply_t(cur)
                 cur = memo[done]
-            parts[k] = _uncols(cur, B).unsqueeze(2)
+            parts[k] = uncols(cur, B).unsqueeze(2)
         return self._assemble(parts)
 
     def propagate_sum(self, z):
@@ -615,9 +452,9 @@ class RelationalBasis(Basis):
         y = None
         if self._flat is not None:
             y = self._flat.propagate_sum(z[:, :, self._flat_k])
-        zs = _heads(z)
+        zs = heads(z)
         for k, s in self._walks:
-            w = _uncols(self._walk(zs[k], s), B)
+            w = uncols(self._walk(zs[k], s), B)
             y = w if y is None else y + w
         return y
 
@@ -630,119 +467,20 @@ class RelationalBasis(Basis):
             flat = self._flat.propagate_heads(z[:, :, self._flat_k])
             for j, k in enumerate(self._flat_k):
                 parts[k] = flat[:, :, j:j + 1]
-        zs = _heads(z)
+        zs = heads(z)
         for k, s in self._walks:
-            parts[k] = _uncols(self._walk(zs[k], s), B).unsqueeze(2)
+            parts[k] = uncols(self._walk(zs[k], s), B).unsqueeze(2)
         return self._assemble(parts)
 
 
 # ------------------------------------------------------------------------------------------------
-# structure cache
-class _GraphCache:
-    """A small LRU of built bases keyed on tensor identity + version + options (see module doc)."""
-
-    def __init__(self, maxsize: int = 16):
-        self.maxsize = maxsize
-        self._d: OrderedDict = OrderedDict()
-        self._lock = threading.RLock()  # re-entrant: a weakref callback may fire under it
-        self.hits = self.misses = 0
-
-    @staticmethod
-    def _tkey(t):
-        if t is None:
-            return None
-        if not isinstance(t, Tensor):
-            return ("object", id(t))  # never hits: only tensors are keyed by identity
-        return (id(t), t._version, tuple(t.shape), t.dtype, str(t.device), t.data_ptr())
-
-    @staticmethod
-    def _fingerprint(tensors: tuple) -> list:
-        """A content checksum of the key tensors, so that an edit that bumps no version counter
-        (through ``.numpy()``, ``.data`` or another tensor on the same storage) misses the
-        cache: the column sums of the flattened entries laid out in 64 columns, and the sum of
-        the rest. Any change of one entry, and any exchange of two entries whose distance is
-        not a multiple of 64, changes it; one read of the entries (10M edges: ~4.5 ms, against
-        ~0.5 s to build the basis; Cora-size: ~45 us a call, measured)."""
-        out = []
-        for t in tensors:
-            if not isinstance(t, Tensor):
-                out.append(None)
-                continue
-            flat = t.detach().reshape(-1)
-            flat = flat.to(torch.float64) if flat.is_floating_point() else flat.to(torch.int64)
-            n = flat.numel() // 64 * 64
-            out.append(torch.cat([flat[:n].view(-1, 64).sum(0), flat[n:].sum().reshape(1)]))
-        return out
-
-    @staticmethod
-    def _same(a: list, b: list) -> bool:
-        return all((x is None and y is None) or (x is not None and y is not None and
-                                                 torch.equal(x, y)) for x, y in zip(a, b))
-
-    def get(self, tensors: tuple, options: tuple, build: Callable[[], Basis]) -> Basis:
-        key = (tuple(self._tkey(t) for t in tensors), options)
-        fp = self._fingerprint(tensors)
-        with self._lock:
-            hit = self._d.get(key)
-            if hit is not None:
-                refs, basis, fp_hit = hit
-                alive = all((r is None and t is None) or (r is not None and r() is t)
-                            for r, t in zip(refs, tensors))
-                if alive and self._same(fp_hit, fp):
-                    self._d.move_to_end(key)
-                    self.hits += 1
-                    return basis
-                self._d.pop(key, None)
-        basis = build()
-        refs = []
-        for t in tensors:
-            if isinstance(t, Tensor):
-                # a dead key tensor frees its entry at once (its id may be reused)
-                refs.append(weakref.ref(t, lambda _r, key=key: self._drop(key)))
-            else:
-                refs.append(None)
-        with self._lock:
-            self.misses += 1
-            self._d[key] = (refs, basis, fp)
-            while len(self._d) > self.maxsize:
-                self._d.popitem(last=False)
-        return basis
-
-    def _drop(self, key):
-        with self._lock:
-            self._d.pop(key, None)
-
-    def clear(self):
-        with self._lock:
-            self._d.clear()
-            self.hits = self.misses = 0
-
-
-_CACHE = _GraphCache()
-
-
-def clear_graph_cache() -> None:
-    """Forget every cached graph structure."""
-    _CACHE.clear()
-
-
-def graph_cache_info() -> dict:
-    """``{"entries", "hits", "misses", "maxsize"}`` of the structure cache."""
-    return dict(entries=len(_CACHE._d), hits=_CACHE.hits, misses=_CACHE.misses,
-                maxsize=_CACHE.maxsize)
-
-
-def _cached(cache: bool, tensors: tuple, options: tuple, build: Callable[[], Basis]) -> Basis:
-    # a weight that requires grad must be re-read every call, so it is never cached; while
-    # torch.compile traces, the structure is part of the graph
-    if not cache or torch.compiler.is_compiling() or \
-            any(isinstance(t, Tensor) and t.requires_grad for t in tensors):
-        return build()
-    return _CACHE.get(tensors, options, build)
-
-
-# ------------------------------------------------------------------------------------------------
 # public constructors
+def operator_of(form: EdgeForm, M: int | None = None, N: int | None = None) -> SparseOperator:
+    """The ``SparseOperator`` of an edge form (its kept edges, then its diagonal entries)."""
+    n = form.num_nodes
+    return SparseOperator(*form.coo(), n if M is None else M, n if N is None else N)
+
+
 def gcn(edge_index: Tensor, num_nodes: int, edge_weight: Tensor | None = None,
         add_self_loops: bool = True, normalize: bool = True, *, improved: bool = False,
         dtype: torch.dtype | None = None, cache: bool = False) -> PowerBasis:
@@ -750,42 +488,33 @@ def gcn(edge_index: Tensor, num_nodes: int, edge_weight: Tensor | None = None,
 
     ``improved`` gives remaining self loops weight 2 where edge weights are given (as PyG).
     """
-    n = _check_num_nodes(num_nodes)
+    n = check_num_nodes(num_nodes)
     opts = ("gcn", n, bool(add_self_loops), bool(normalize), bool(improved), dtype)
 
     def build():
         # validated on a miss only: a hit is the same, unchanged tensor as a checked one
-        _check_edges(edge_index, n, edge_weight=edge_weight)
-        src, dst, v = _gcn_values(edge_index[0].long(), edge_index[1].long(), edge_weight, n,
-                                  add_self_loops=add_self_loops, normalize=normalize,
-                                  improved=improved, dtype=_value_dtype(edge_weight, dtype))
-        return PowerBasis(SparseOperator(src, dst, v, n, n), (1,))
+        check_edges(edge_index, n, edge_weight=edge_weight)
+        form = gcn_norm(edge_index, n, edge_weight, add_self_loops=add_self_loops,
+                        normalize=normalize, improved=improved, dtype=dtype)
+        return PowerBasis(operator_of(form), (1,))
 
-    return _cached(cache, (edge_index, edge_weight), opts, build)
+    return cached(cache, (edge_index, edge_weight), opts, build)
 
 
 def sgc(edge_index: Tensor, num_nodes: int, K: int, edge_weight: Tensor | None = None,
         add_self_loops: bool = True, *, dtype: torch.dtype | None = None,
         cache: bool = False) -> PowerBasis:
     """K=1 basis S^K with S the GCN-normalised adjacency (PyG's ``SGConv``), applied K times."""
-    n = _check_num_nodes(num_nodes)
-    K = _check_K(K)
+    n = check_num_nodes(num_nodes)
+    K = check_K(K)
     opts = ("sgc", n, K, bool(add_self_loops), dtype)
 
     def build():
-        _check_edges(edge_index, n, edge_weight=edge_weight)
-        src, dst, v = _gcn_values(edge_index[0].long(), edge_index[1].long(), edge_weight, n,
-                                  add_self_loops=add_self_loops, normalize=True, improved=False,
-                                  dtype=_value_dtype(edge_weight, dtype))
-        return PowerBasis(SparseOperator(src, dst, v, n, n), (K,))
+        check_edges(edge_index, n, edge_weight=edge_weight)
+        form = gcn_norm(edge_index, n, edge_weight, add_self_loops=add_self_loops, dtype=dtype)
+        return PowerBasis(operator_of(form), (K,))
 
-    return _cached(cache, (edge_index, edge_weight), opts, build)
-
-
-def _check_norm(normalization, allowed, what):
-    if normalization not in allowed:
-        raise ValueError(f"unknown {what} normalization {normalization!r}: use one of "
-                         f"{list(allowed)}")
+    return cached(cache, (edge_index, edge_weight), opts, build)
 
 
 def chebyshev(edge_index: Tensor, num_nodes: int, K: int, edge_weight: Tensor | None = None,
@@ -796,9 +525,9 @@ def chebyshev(edge_index: Tensor, num_nodes: int, K: int, edge_weight: Tensor | 
     ``normalization`` is ``"sym"``, ``"rw"`` or None (L = D - A); ``lambda_max`` a number, a
     0-d tensor or one value per graph of ``batch``; None means PyG's default 2·max(L).
     """
-    n = _check_num_nodes(num_nodes)
-    K = _check_K(K)
-    _check_norm(normalization, (None, "sym", "rw"), "Chebyshev")
+    n = check_num_nodes(num_nodes)
+    K = check_K(K)
+    check_norm(normalization, (None, "sym", "rw"), "Chebyshev")
     if batch is not None and (batch.dim() != 1 or batch.shape[0] != n):
         raise ValueError(f"batch must be ({n},) for {n} nodes, got {tuple(batch.shape)}")
     lam_key = lambda_max if not isinstance(lambda_max, Tensor) else None
@@ -807,14 +536,26 @@ def chebyshev(edge_index: Tensor, num_nodes: int, K: int, edge_weight: Tensor | 
     opts = ("cheb", n, K, normalization, lam_key, dtype)
 
     def build():
-        _check_edges(edge_index, n, edge_weight=edge_weight)
-        src, dst, v = _laplacian_values(
-            edge_index[0].long(), edge_index[1].long(), edge_weight, n,
-            normalization=normalization, lambda_max=lambda_max, batch=batch,
-            dtype=_value_dtype(edge_weight, dtype))
-        return ChebyshevBasis(SparseOperator(src, dst, v, n, n), K)
+        check_edges(edge_index, n, edge_weight=edge_weight)
+        form = laplacian(edge_index, n, edge_weight, normalization=normalization,
+                         lambda_max=lambda_max, batch=batch, dtype=dtype)
+        return ChebyshevBasis(operator_of(form), K)
 
-    return _cached(cache, tensors, opts, build)
+    return cached(cache, tensors, opts, build)
+
+
+def diffusion_form(edge_index: Tensor, num_nodes: int, edge_weight: Tensor | None = None,
+                   normalization: str | None = "sym", dtype=None) -> EdgeForm:
+    """The one-step operator S of ``diffusion``: "sym" D_in^-1/2 A D_in^-1/2 (no added loops),
+    "rw" D_out^-1 A, None the (weighted) adjacency."""
+    if normalization == "sym":
+        return gcn_norm(edge_index, num_nodes, edge_weight, add_self_loops=False, dtype=dtype)
+    if normalization == "rw":
+        return random_walk(edge_index, num_nodes, edge_weight, dtype=dtype)
+    src, dst = edge_index[0].long(), edge_index[1].long()
+    v = edge_weight if edge_weight is not None else torch.ones(
+        src.shape[0], dtype=value_dtype(None, dtype), device=src.device)
+    return EdgeForm(src, dst, v, None, None, num_nodes)
 
 
 def diffusion(edge_index: Tensor, num_nodes: int, K: int, edge_weight: Tensor | None = None,
@@ -825,99 +566,64 @@ def diffusion(edge_index: Tensor, num_nodes: int, K: int, edge_weight: Tensor | 
     ``"sym"``: D_in^-1/2 A D_in^-1/2 without added loops (PyG's ``TAGConv``); ``"rw"``:
     S = D_out^-1 A (rows of nodes without out-edges stay zero); None: the (weighted) adjacency.
     """
-    n = _check_num_nodes(num_nodes)
-    K = _check_K(K, low=0)
-    _check_norm(normalization, (None, "sym", "rw"), "diffusion")
+    n = check_num_nodes(num_nodes)
+    K = check_K(K, low=0)
+    check_norm(normalization, (None, "sym", "rw"), "diffusion")
     opts = ("diffusion", n, K, normalization, dtype)
 
     def build():
-        _check_edges(edge_index, n, edge_weight=edge_weight)
-        src, dst = edge_index[0].long(), edge_index[1].long()
-        vd = _value_dtype(edge_weight, dtype)
-        if normalization == "sym":
-            src, dst, v = _gcn_values(src, dst, edge_weight, n, add_self_loops=False,
-                                      normalize=True, improved=False, dtype=vd)
-        elif normalization == "rw":
-            src, dst, v = _rw_values(src, dst, edge_weight, n, dtype=vd)
-        else:
-            v = edge_weight if edge_weight is not None else torch.ones(
-                src.shape[0], dtype=vd, device=src.device)
-        return PowerBasis(SparseOperator(src, dst, v, n, n), tuple(range(K + 1)))
+        check_edges(edge_index, n, edge_weight=edge_weight)
+        form = diffusion_form(edge_index, n, edge_weight, normalization, dtype)
+        return PowerBasis(operator_of(form), tuple(range(K + 1)))
 
-    return _cached(cache, (edge_index, edge_weight), opts, build)
+    return cached(cache, (edge_index, edge_weight), opts, build)
 
 
-def _relation_values(src, dst, w, M, N, normalization):
-    if normalization is None:
-        return w
-    if normalization == "mean":
-        # R-GCN's 1/c_{n,r}: (weighted) mean over the incoming edges of this relation
-        deg = torch.zeros(N, dtype=w.dtype, device=w.device).index_add(0, dst, w)
-        dinv = 1.0 / deg
-        return dinv.masked_fill(dinv == _INF, 0.0)[dst] * w
-    din = torch.zeros(N, dtype=w.dtype, device=w.device).index_add(0, dst, w)
-    dout = torch.zeros(M, dtype=w.dtype, device=w.device).index_add(0, src, w)
-    return _inv_sqrt(dout)[src] * w * _inv_sqrt(din)[dst]
-
-
-def _pair_nodes(num_nodes) -> tuple[int, int]:
+def pair_nodes(num_nodes) -> tuple[int, int]:
     """(M, N) from an int or a (num_sources, num_targets) pair."""
     if isinstance(num_nodes, (tuple, list)):
         if len(num_nodes) != 2:
             raise ValueError(f"num_nodes must be an int or a (M, N) pair, got {num_nodes!r}")
-        return (_check_num_nodes(num_nodes[0], "num_nodes[0]"),
-                _check_num_nodes(num_nodes[1], "num_nodes[1]"))
-    M = _check_num_nodes(num_nodes)
+        return (check_num_nodes(num_nodes[0], "num_nodes[0]"),
+                check_num_nodes(num_nodes[1], "num_nodes[1]"))
+    M = check_num_nodes(num_nodes)
     return M, M
 
 
-def _check_edge_type(edge_type, E: int) -> None:
-    if not isinstance(edge_type, Tensor):
-        raise TypeError(f"edge_type must be a tensor, got {type(edge_type).__name__}")
-    if edge_type.dim() != 1 or edge_type.shape[0] != E:
-        raise ValueError(f"edge_type must be ({E},) to match edge_index (2, {E}), got "
-                         f"{tuple(edge_type.shape)}")
-    if edge_type.is_floating_point():
-        raise TypeError(f"edge_type must be an integer tensor, got {edge_type.dtype}")
-    if E and not torch.compiler.is_compiling() and int(edge_type.min()) < 0:
-        raise ValueError(f"edge_type ids must be >= 0, got min {int(edge_type.min())}")
+def relation_operators(edge_index: Tensor, edge_type: Tensor, relations, M: int, N: int,
+                       edge_weight: Tensor | None = None, normalization: str | None = "mean",
+                       dtype=None) -> dict[int, SparseOperator]:
+    """Relation id -> its normalised (M, N) operator, for each id in ``relations``."""
+    E = edge_index.shape[1]
+    src, dst, et = edge_index[0].long(), edge_index[1].long(), edge_type.long()
+    w = edge_weight if edge_weight is not None else torch.ones(
+        E, dtype=value_dtype(None, dtype), device=src.device)
+    ops = {}
+    for r in sorted(relations):
+        m = et == r
+        if torch.compiler.is_compiling():
+            # static shapes: every edge, weighted zero outside relation r
+            s_r, d_r, w_r = src, dst, w * m.to(w.dtype)
+        else:
+            s_r, d_r, w_r = src[m], dst[m], w[m]
+        ops[r] = SparseOperator(s_r, d_r, relation_values(s_r, d_r, w_r, M, N, normalization),
+                                M, N)
+    return ops
 
 
-def _num_relations(edge_type: Tensor, num_relations, sorts) -> int:
-    """The number of relations: given (and checked against the edge types) or inferred."""
-    if num_relations is not None and torch.compiler.is_compiling():
-        return num_relations
-    et_max = int(edge_type.max()) if edge_type.numel() else -1
-    if num_relations is None:
-        num_relations = et_max + 1
-        if sorts is not None:
-            flat = [r for s in sorts for r in ((s,) if isinstance(s, int) else s)]
-            num_relations = max([num_relations, *(r + 1 for r in flat)])
-    elif et_max >= num_relations:
-        raise ValueError(f"edge_type ids must be < num_relations={num_relations}, got max "
-                         f"{et_max}")
-    return num_relations
-
-
-def _check_sorts(sorts, num_relations: int, identity: bool, M: int, N: int) -> list[tuple]:
-    """Sorts as tuples of relation ids (None: every relation alone), each checked."""
-    if sorts is None:
-        sorts = [(r,) for r in range(num_relations)]
-    out = []
-    for s in sorts:
-        s = (s,) if isinstance(s, int) else tuple(s)
-        if not s or any(isinstance(r, bool) or not isinstance(r, int) or not
-                        0 <= r < num_relations for r in s):
-            raise ValueError(f"each sort must be a non-empty tuple of relation ids in "
-                             f"[0, {num_relations - 1}], got {s!r}")
-        if len(s) > 1 and M != N:
-            raise ValueError(f"sort {s} of length {len(s)} needs M == N, got (M, N)=({M}, {N})")
-        out.append(s)
-    if identity and M != N:
-        raise ValueError(f"identity needs M == N, got (M, N)=({M}, {N})")
-    if not out and not identity:
-        raise ValueError("relational needs at least one sort or identity=True")
-    return out
+def _named_sorts(sorts, relations, num_relations, edge_type):
+    """(sorts as id tuples, num_relations) where sorts or ``relations`` use names."""
+    if relations is not None:
+        if num_relations is not None and num_relations != len(relations):
+            raise ValueError(f"relations names {len(relations)} relations but num_relations="
+                             f"{num_relations}")
+        num_relations = len(relations)
+    if sorts is not None and (relations is not None or any(
+            isinstance(s, str) or (isinstance(s, (tuple, list)) and
+                                   any(isinstance(r, str) for r in s)) for s in sorts)):
+        R = num_relations if num_relations is not None else infer_num_relations(edge_type)
+        return parse_sorts(sorts, relations, R), R
+    return sorts, num_relations
 
 
 def relational(edge_index: Tensor, edge_type: Tensor, num_nodes, sorts=None,
@@ -932,46 +638,22 @@ def relational(edge_index: Tensor, edge_type: Tensor, num_nodes, sorts=None,
     (``"played.characterIn.genre"``). Each relation matrix is normalised on its own:
     ``"mean"`` over a target's incoming edges of that relation (R-GCN), ``"sym"`` by
     sqrt(out-degree · in-degree), or None. ``num_nodes`` is an int or a
-    ``(num_sources, num_targets)`` pair (bipartite, 1-sorts only).
+    ``(num_sources, num_targets)`` pair (bipartite, 1-sorts only). Without ``num_relations``
+    the relations are the edge types present; a sort naming another id is an error.
     """
-    M, N = _pair_nodes(num_nodes)
-    _check_edges(edge_index, M, N, edge_weight=edge_weight)
-    E = edge_index.shape[1]
-    _check_edge_type(edge_type, E)
-    _check_norm(normalization, (None, "mean", "sym"), "relational")
-    if relations is not None:
-        if num_relations is not None and num_relations != len(relations):
-            raise ValueError(f"relations names {len(relations)} relations but num_relations="
-                             f"{num_relations}")
-        num_relations = len(relations)
-    if sorts is not None and (relations is not None or any(
-            isinstance(s, str) or (isinstance(s, (tuple, list)) and
-                                   any(isinstance(r, str) for r in s)) for s in sorts)):
-        R = num_relations if num_relations is not None else _num_relations(
-            edge_type, None, None)
-        sorts = parse_sorts(sorts, relations, R)
-        num_relations = R
-    num_relations = _num_relations(edge_type, num_relations, sorts)
-    norm_sorts = _check_sorts(sorts, num_relations, identity, M, N)
+    M, N = pair_nodes(num_nodes)
+    check_edges(edge_index, M, N, edge_weight=edge_weight)
+    check_edge_type(edge_type, edge_index.shape[1])
+    check_norm(normalization, (None, "mean", "sym"), "relational")
+    sorts, num_relations = _named_sorts(sorts, relations, num_relations, edge_type)
+    num_relations = infer_num_relations(edge_type, num_relations)
+    norm_sorts = check_sorts(sorts, num_relations, identity, M, N)
     opts = ("relational", M, N, tuple(norm_sorts), normalization, bool(identity),
             num_relations, dtype)
 
     def build():
-        vd = _value_dtype(edge_weight, dtype)
-        src, dst, et = edge_index[0].long(), edge_index[1].long(), edge_type.long()
-        w = edge_weight if edge_weight is not None else torch.ones(E, dtype=vd,
-                                                                   device=src.device)
-        ops = {}
-        for r in sorted({r for s in norm_sorts for r in s}):
-            m = et == r
-            if torch.compiler.is_compiling():
-                # static shapes: every edge, weighted zero outside relation r
-                s_r, d_r, w_r = src, dst, w * m.to(w.dtype)
-            else:
-                s_r, d_r, w_r = src[m], dst[m], w[m]
-            ops[r] = SparseOperator(s_r, d_r, _relation_values(s_r, d_r, w_r, M, N,
-                                                               normalization), M, N)
+        ops = relation_operators(edge_index, edge_type, {r for s in norm_sorts for r in s}, M,
+                                 N, edge_weight, normalization, dtype)
         return RelationalBasis(ops, norm_sorts, identity, M, N)
 
-    return _cached(cache, (edge_index, edge_type, edge_weight), opts, build)
-
+    return cached(cache, (edge_index, edge_type, edge_weight), opts, build)

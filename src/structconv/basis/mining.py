@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .graph import _check_edge_type, _check_edges, _check_num_nodes
+from .edges import check_edge_type, check_edges, check_num_nodes
 from .sorts import inverse_name, sort_name
 
 __all__ = ["MinedSort", "mine_sorts"]
@@ -160,9 +160,9 @@ def mine_sorts(edge_index: Tensor, edge_type: Tensor, num_nodes: int, *,
     ``backtrack=False`` drops paths that step back along an inverse (``r . r^-1``), found from
     ``inverse`` ({relation: its inverse}) or from the ``^-1`` names.
     """
-    N = _check_num_nodes(num_nodes)
-    _check_edges(edge_index, N)
-    _check_edge_type(edge_type, edge_index.shape[1])
+    N = check_num_nodes(num_nodes)
+    check_edges(edge_index, N)
+    check_edge_type(edge_type, edge_index.shape[1])
     for name, v, lo in (("max_length", max_length, 1), ("min_length", min_length, 1),
                         ("top", top, 1), ("beam", beam, 1), ("min_support", min_support, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:

@@ -18,6 +18,8 @@ from torch import Tensor, nn
 
 from ..basis import graph as G
 from ..basis.base import Basis
+from ..basis.cache import cached
+from ..basis.edges import check_K, check_norm
 from ..engine import convolve, plan
 from ..params import ControlledSeparable, Full, Grouped, Parameterization
 from .convert import register_pyg
@@ -117,23 +119,41 @@ class GraphConvolution(nn.Module):
                 f"bias={self.bias is not None}")
 
     def basis(self, x: Tensor, edge_index: Tensor, *args, **kwargs) -> Basis:
+        """The layer's basis for this call (built from ``edge_index``, cached per graph)."""
         raise NotImplementedError
 
-    def _check_x(self, x) -> Tensor:
+    def basis_spec(self) -> dict:
+        """The layer's basis as ``{"kind": ..., **options}``: what a sampler restricts."""
+        raise NotImplementedError(f"{type(self).__name__} does not describe its basis")
+
+    def check_x(self, x) -> Tensor:
+        """x as node features of this layer's in_channels (else a clear error)."""
         x = _node_features(x, type(self).__name__)
         if x.shape[-1] != self.in_channels:
             raise ValueError(f"{type(self).__name__} has in_channels={self.in_channels} but x "
                              f"has {x.shape[-1]} features (shape {tuple(x.shape)})")
         return x
 
-    def forward(self, x: Tensor, edge_index: Tensor, *args, **kwargs) -> Tensor:
-        x = self._check_x(x)
-        b = self.basis(x, edge_index, *args, **kwargs)
+    def forward(self, x: Tensor, edge_index: Tensor | Basis, *args, **kwargs) -> Tensor:
+        """x (N, P) or (B, N, P) -> (N, Q) or (B, N, Q). ``edge_index`` may also be a built
+        basis of this layer's K (e.g. its restriction to a sampled block, whose N targets are
+        the first of its M inputs), used as it is."""
+        x = self.check_x(x)
+        if isinstance(edge_index, Basis):
+            b = self._given(edge_index)
+        else:
+            b = self.basis(x, edge_index, *args, **kwargs)
         return convolve(x, b, self.param, route=self.route, bias=self.bias)
+
+    def _given(self, basis: Basis) -> Basis:
+        if basis.K != self.param.K:
+            raise ValueError(f"{type(self).__name__} has K={self.param.K} weights but the "
+                             f"given basis has K={basis.K} matrices")
+        return basis
 
     def plan(self, x: Tensor, edge_index: Tensor, *args, **kwargs):
         """The planner's decision for this call (see ``sc.plan``)."""
-        x = self._check_x(x)
+        x = self.check_x(x)
         return plan(x, self.basis(x, edge_index, *args, **kwargs), self.param)
 
 
@@ -154,6 +174,11 @@ class GCNConv(GraphConvolution):
         self.flow = _check_flow(flow)
         self.aggr = _check_aggr(aggr, ("add", "sum"), "GCNConv")
 
+    def basis_spec(self) -> dict:
+        """This layer's basis as a kind and its options (``sc.sampling.GraphRestriction``)."""
+        return {"kind": "gcn", "add_self_loops": self.add_self_loops,
+                "normalize": self.normalize, "improved": self.improved}
+
     def basis(self, x, edge_index, edge_weight=None):
         edge_index = _edge_tensor(edge_index, "GCNConv")
         n = x.shape[-2]
@@ -164,7 +189,7 @@ class GCNConv(GraphConvolution):
             ei = edge_index.flip(0) if t2s else edge_index
             return G.gcn(ei, n, edge_weight, self.add_self_loops, self.normalize,
                          improved=self.improved, dtype=x.dtype)
-        return G._cached(self.cached, (edge_index, edge_weight), opts, build)
+        return cached(self.cached, (edge_index, edge_weight), opts, build)
 
 
 class ChebConv(GraphConvolution):
@@ -174,12 +199,16 @@ class ChebConv(GraphConvolution):
     def __init__(self, in_channels: int, out_channels: int, K: int,
                  normalization: str | None = "sym", bias: bool = True, *, cached: bool = True,
                  flow: str = "source_to_target", aggr: str = "add"):
-        G._check_K(K)
-        G._check_norm(normalization, (None, "sym", "rw"), "ChebConv")
+        check_K(K)
+        check_norm(normalization, (None, "sym", "rw"), "ChebConv")
         super().__init__(in_channels, out_channels, K, bias, cached)
         self.normalization = normalization
         self.flow = _check_flow(flow)
         self.aggr = _check_aggr(aggr, ("add", "sum"), "ChebConv")
+
+    def basis_spec(self) -> dict:
+        """This layer's basis as a kind and its options (``sc.sampling.GraphRestriction``)."""
+        return {"kind": "chebyshev", "K": self.param.K, "normalization": self.normalization}
 
     def basis(self, x, edge_index, edge_weight=None, batch=None, lambda_max=None):
         edge_index = _edge_tensor(edge_index, "ChebConv")
@@ -194,7 +223,7 @@ class ChebConv(GraphConvolution):
         if self.flow == "target_to_source":
             # PyG keeps the Laplacian of the given edges and sends messages backwards
             build = _transposed(build)
-        return G._cached(self.cached, (edge_index, edge_weight, batch, lam_t), opts, build)
+        return cached(self.cached, (edge_index, edge_weight, batch, lam_t), opts, build)
 
 
 class TAGConv(GraphConvolution):
@@ -203,7 +232,7 @@ class TAGConv(GraphConvolution):
     def __init__(self, in_channels: int, out_channels: int, K: int = 3, bias: bool = True,
                  normalize: bool = True, *, cached: bool = True, flow: str = "source_to_target",
                  aggr: str = "add"):
-        G._check_K(K, low=0)
+        check_K(K, low=0)
         super().__init__(in_channels, out_channels, K + 1, bias, cached)
         self.K, self.normalize = K, normalize
         self.flow = _check_flow(flow)
@@ -212,6 +241,11 @@ class TAGConv(GraphConvolution):
         b = 1.0 / math.sqrt(in_channels)
         with torch.no_grad():
             self.param.weight.uniform_(-b, b)
+
+    def basis_spec(self) -> dict:
+        """This layer's basis as a kind and its options (``sc.sampling.GraphRestriction``)."""
+        return {"kind": "diffusion", "K": self.K,
+                "normalization": "sym" if self.normalize else None}
 
     def basis(self, x, edge_index, edge_weight=None):
         edge_index = _edge_tensor(edge_index, "TAGConv")
@@ -223,7 +257,7 @@ class TAGConv(GraphConvolution):
             ei = edge_index.flip(0) if t2s else edge_index
             return G.diffusion(ei, n, self.K, edge_weight,
                                "sym" if self.normalize else None, dtype=x.dtype)
-        return G._cached(self.cached, (edge_index, edge_weight), opts, build)
+        return cached(self.cached, (edge_index, edge_weight), opts, build)
 
 
 class SGConv(GraphConvolution):
@@ -241,7 +275,7 @@ class SGConv(GraphConvolution):
     def __init__(self, in_channels: int, out_channels: int, K: int = 1, cached: bool = False,
                  add_self_loops: bool = True, bias: bool = True, *,
                  flow: str = "source_to_target", aggr: str = "add"):
-        G._check_K(K)
+        check_K(K)
         super().__init__(in_channels, out_channels, 1, bias, cached=True)
         self.K, self.add_self_loops, self.cache_features = K, add_self_loops, bool(cached)
         self.flow = _check_flow(flow)
@@ -254,6 +288,10 @@ class SGConv(GraphConvolution):
                 self.bias.uniform_(-b, b)
         self._feat = None
 
+    def basis_spec(self) -> dict:
+        """This layer's basis as a kind and its options (``sc.sampling.GraphRestriction``)."""
+        return {"kind": "sgc", "K": self.K, "add_self_loops": self.add_self_loops}
+
     def basis(self, x, edge_index, edge_weight=None):
         edge_index = _edge_tensor(edge_index, "SGConv")
         n = x.shape[-2]
@@ -263,16 +301,16 @@ class SGConv(GraphConvolution):
         def build():
             ei = edge_index.flip(0) if t2s else edge_index
             return G.sgc(ei, n, self.K, edge_weight, self.add_self_loops, dtype=x.dtype)
-        return G._cached(self.cached, (edge_index, edge_weight), opts, build)
+        return cached(self.cached, (edge_index, edge_weight), opts, build)
 
     def reset_cache(self) -> None:
         """Drop the kept features (``cached=True``)."""
         self._feat = None
 
     def forward(self, x, edge_index, edge_weight=None):
-        if not self.cache_features:
+        if not self.cache_features or isinstance(edge_index, Basis):
             return super().forward(x, edge_index, edge_weight)
-        x = self._check_x(x)
+        x = self.check_x(x)
         keys = (x, edge_index, edge_weight)
         sig = tuple(None if t is None else (t._version, tuple(t.shape), t.dtype) for t in keys)
         hit = self._feat
@@ -311,7 +349,7 @@ class RGCNConv(nn.Module):
         super().__init__()
         if num_bases is not None and num_blocks is not None:
             raise ValueError("RGCNConv cannot use both num_bases and num_blocks")
-        G._check_K(num_relations, "num_relations")
+        check_K(num_relations, "num_relations")
         self.relations = None if relations is None else [str(r) for r in relations]
         self.sorts = None if sorts is None else G.parse_sorts(sorts, self.relations,
                                                               num_relations)
@@ -381,6 +419,13 @@ class RGCNConv(nn.Module):
             raise ValueError("RGCNConv block-diagonal decomposition needs float features")
         return x_l, x_r
 
+    def basis_spec(self) -> dict:
+        """This layer's basis as a kind and its options (``sc.sampling.GraphRestriction``;
+        relations carry no edge weight)."""
+        return {"kind": "relational", "sorts": self.sorts,
+                "normalization": "mean" if self.aggr == "mean" else None,
+                "num_relations": self.num_relations}
+
     def basis(self, x, edge_index: Tensor, edge_type: Tensor | None = None) -> Basis:
         """The relational basis (R, M, N) of this call (x as in ``forward``)."""
         x_l, x_r = self._split(x)
@@ -404,16 +449,28 @@ class RGCNConv(nn.Module):
             return G.relational(ei, edge_type, (M, N) if M != N else M, sorts,
                                 normalization=norm, num_relations=self.num_relations,
                                 dtype=dtype)
-        return G._cached(self.cached, (edge_index, edge_type), opts, build)
+        return cached(self.cached, (edge_index, edge_type), opts, build)
 
-    def forward(self, x, edge_index: Tensor, edge_type: Tensor | None = None) -> Tensor:
+    def forward(self, x, edge_index: Tensor | Basis,
+                edge_type: Tensor | None = None) -> Tensor:
+        """(N, Q) outputs. ``edge_index`` may also be a built relational basis of this layer's
+        sorts (e.g. restricted to a sampled block): its N targets are the first N inputs, so
+        the root term reads the first N rows of a single ``x``."""
         x_l, x_r = self._split(x)
+        if isinstance(edge_index, Basis):
+            b = edge_index
+            if b.K != self.param.K:
+                raise ValueError(f"RGCNConv has {self.param.K} weights but the given basis "
+                                 f"has K={b.K} matrices")
+            if not isinstance(x, tuple):
+                x_r = x_r[:b.N]
+        else:
+            dtype = x_l.dtype if x_l.is_floating_point() else self._dtype()
+            b = self._basis(x_l.shape[0], x_r.shape[0], edge_index, edge_type, dtype)
         if x_l.is_floating_point():
-            b = self._basis(x_l.shape[0], x_r.shape[0], edge_index, edge_type, x_l.dtype)
             y = convolve(x_l, b, self.param, route=self.route)
         else:
             # one-hot inputs: X Θ_k is a row gather of Θ_k, then Σ_r A_rᵀ (X Θ_r)
-            b = self._basis(x_l.shape[0], x_r.shape[0], edge_index, edge_type, self._dtype())
             z = self.param()[:, x_l].permute(1, 0, 2).unsqueeze(0)  # (1, M, R, Q)
             y = b.propagate_sum(z.contiguous())[0]
         if self.root is not None:

@@ -21,11 +21,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..basis import graph as G
 from ..basis.base import Basis
-from ..engine import convolve
+from ..basis.edges import check_num_nodes
 from ..nn.attention import GATConv
-from ..nn.graph import ChebConv, GCNConv, GraphConvolution, RGCNConv, SGConv, TAGConv
+from ..nn.graph import GraphConvolution, RGCNConv
 from .restrict import BlockRestriction, GraphRestriction
 from .sampler import Block, NeighborSampler, Sample, check_fanout, check_seeds
 
@@ -54,41 +53,28 @@ def _check_int(v, what: str, low: int) -> int:
 def restriction_for(layer, edge_index: Tensor, num_nodes: int, *,
                     edge_weight: Tensor | None = None, edge_type: Tensor | None = None,
                     degrees: str = "full", dtype: torch.dtype | None = None):
-    """The restriction matching a graph layer (its kind and options), over the full graph.
-
-    GCNConv -> gcn, SGConv -> sgc (K hops), ChebConv -> chebyshev (K-1 hops), TAGConv ->
-    diffusion (K hops), RGCNConv -> relational (its sorts), GATConv -> its edge ``Block``. A
-    ``GraphRestriction`` / ``BlockRestriction`` is returned as it is.
+    """The restriction matching a graph layer (its ``basis_spec``: kind and options), over the
+    full graph: GCNConv -> gcn, SGConv -> sgc (K hops), ChebConv -> chebyshev (K-1 hops),
+    TAGConv -> diffusion (K hops), RGCNConv -> relational (its sorts), GATConv -> its edge
+    ``Block``. A ``GraphRestriction`` / ``BlockRestriction`` is returned as it is.
     """
     if isinstance(layer, (GraphRestriction, BlockRestriction)):
         return layer
     if isinstance(layer, GATConv):
         return BlockRestriction()
+    if not isinstance(layer, (GraphConvolution, RGCNConv)):
+        raise TypeError(f"no restriction for {type(layer).__name__}: give a GraphRestriction or "
+                        "a GCNConv, SGConv, ChebConv, TAGConv, RGCNConv or GATConv")
     flow = getattr(layer, "flow", "source_to_target")
     if flow != "source_to_target":
         raise ValueError(f"{type(layer).__name__} with flow={flow!r}: sampling draws incoming "
                          "edges, so only flow='source_to_target' layers can be restricted")
-    common = dict(edge_weight=edge_weight, degrees=degrees, dtype=dtype)
-    if isinstance(layer, GCNConv):
-        return GraphRestriction("gcn", edge_index, num_nodes, add_self_loops=layer.add_self_loops,
-                                normalize=layer.normalize, improved=layer.improved, **common)
-    if isinstance(layer, SGConv):
-        return GraphRestriction("sgc", edge_index, num_nodes, K=layer.K,
-                                add_self_loops=layer.add_self_loops, **common)
-    if isinstance(layer, ChebConv):
-        return GraphRestriction("chebyshev", edge_index, num_nodes, K=layer.param.K,
-                                normalization=layer.normalization, **common)
-    if isinstance(layer, TAGConv):
-        return GraphRestriction("diffusion", edge_index, num_nodes, K=layer.K,
-                                normalization="sym" if layer.normalize else None, **common)
-    if isinstance(layer, RGCNConv):
-        # RGCNConv's relations carry no edge weight
-        return GraphRestriction("relational", edge_index, num_nodes, edge_type=edge_type,
-                                sorts=getattr(layer, "sorts", None),
-                                normalization="mean" if layer.aggr == "mean" else None,
-                                num_relations=layer.num_relations, degrees=degrees, dtype=dtype)
-    raise TypeError(f"no restriction for {type(layer).__name__}: give a GraphRestriction or a "
-                    "GCNConv, SGConv, ChebConv, TAGConv, RGCNConv or GATConv")
+    spec = dict(layer.basis_spec())
+    kind = spec.pop("kind")
+    if kind == "relational":  # RGCNConv's relations carry no edge weight
+        edge_weight = None
+    return GraphRestriction(kind, edge_index, num_nodes, edge_weight=edge_weight,
+                            edge_type=edge_type, degrees=degrees, dtype=dtype, **spec)
 
 
 def apply_layer(layer, x, item):
@@ -103,32 +89,10 @@ def apply_layer(layer, x, item):
     if not isinstance(item, Basis):
         raise TypeError(f"a layer's mini-batch item must be a Basis or a Block, got "
                         f"{type(item).__name__}")
-    if isinstance(layer, RGCNConv):
-        return _rgcn(layer, x, item)
-    if isinstance(layer, GraphConvolution):
-        x = layer._check_x(x)
-        if item.K != layer.param.K:
-            raise ValueError(f"{type(layer).__name__} has K={layer.param.K} weights but the "
-                             f"basis has K={item.K} matrices")
-        return convolve(x, item, layer.param, route=layer.route, bias=layer.bias)
-    raise TypeError(f"apply_layer does not know {type(layer).__name__}")
-
-
-def _rgcn(layer: RGCNConv, x, basis: Basis) -> Tensor:
-    """RGCNConv.forward on a given (restricted) basis; the root term reads the targets' rows."""
-    x_l, x_r = layer._split(x)
-    if not isinstance(x, tuple):
-        x_r = x_r[:basis.N]  # targets first
-    if basis.K != layer.param.K:
-        raise ValueError(f"RGCNConv has {layer.param.K} weights but the basis has K={basis.K}")
-    if x_l.is_floating_point():
-        y = convolve(x_l, basis, layer.param, route=layer.route)
-    else:
-        z = layer.param()[:, x_l].permute(1, 0, 2).unsqueeze(0)  # one-hot rows: gathered
-        y = basis.propagate_sum(z.contiguous())[0]
-    if layer.root is not None:
-        y = y + (x_r @ layer.root if x_r.is_floating_point() else layer.root[x_r])
-    return y if layer.bias is None else y + layer.bias
+    if not isinstance(layer, (GraphConvolution, RGCNConv)):
+        raise TypeError(f"apply_layer does not know {type(layer).__name__}")
+    # the layers take a built basis in place of edge_index (as PyG's take an adj_t)
+    return layer(x, item)
 
 
 def apply_layers(layers: Sequence, x, items: Sequence, act: Callable | None = None):
@@ -252,7 +216,7 @@ class NeighborLoader:
                  dtype: torch.dtype | None = None, num_workers: int = 0,
                  persistent_workers: bool = False, pin_memory: bool = False, rank: int = 0,
                  world_size: int = 1):
-        n = G._check_num_nodes(num_nodes)
+        n = check_num_nodes(num_nodes)
         self.batch_size = _check_int(batch_size, "batch_size", 1)
         self.num_workers = _check_int(num_workers, "num_workers", 0)
         self.world_size = _check_int(world_size, "world_size", 1)
@@ -362,7 +326,7 @@ def inference(layers: Sequence, x: Tensor, edge_index: Tensor, num_nodes: int, *
     ``batch_size`` targets with their whole neighbourhoods: (num_nodes, ...) as the full-batch
     forward, without holding more than one layer's activations for all nodes. ``x``
     (num_nodes, F) features (or node ids for featureless first layers)."""
-    n = G._check_num_nodes(num_nodes)
+    n = check_num_nodes(num_nodes)
     bs = _check_int(batch_size, "batch_size", 1)
     if not isinstance(x, Tensor) or x.shape[0] != n:
         got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__

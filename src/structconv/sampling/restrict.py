@@ -23,28 +23,54 @@ Clenshaw from the output side, per head) gives the same restricted basis.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from ..basis import graph as G
 from ..basis.base import Basis
-from ..basis.graph import SparseOperator, _cols, _heads, _uncols, _uncols_heads
+from ..basis.edges import (
+    EdgeForm,
+    check_edge_type,
+    check_edges,
+    check_K,
+    check_norm,
+    check_num_nodes,
+    check_sorts,
+    gcn_norm,
+    graph_hops,
+    infer_num_relations,
+    laplacian,
+    relation_values,
+    value_dtype,
+)
+from ..basis.graph import OperatorBasis, SparseOperator
+from ..basis.layout import cols, heads, uncols, uncols_heads
 from .sampler import Block, Sample
 
 __all__ = ["GraphRestriction", "BlockRestriction", "RestrictedPower", "RestrictedChebyshev",
            "RestrictedRelational", "KINDS"]
 
-#: the graph basis kinds that can be restricted, with their options (defaults as basis.graph)
+
+def _defaults(build, names: Sequence[str]) -> dict:
+    """The options ``names`` of a ``sc.basis`` constructor with its own defaults (None for a
+    required one): a restriction takes the options the full basis takes, defaulted alike."""
+    params = inspect.signature(build).parameters
+    return {n: None if params[n].default is inspect.Parameter.empty else params[n].default
+            for n in names}
+
+
+#: the graph basis kinds that can be restricted, with their options and defaults: those of the
+#: ``sc.basis`` constructor of the same name
 KINDS = {
-    "gcn": {"add_self_loops": True, "normalize": True, "improved": False},
-    "sgc": {"K": None, "add_self_loops": True},
-    "chebyshev": {"K": None, "normalization": "sym", "lambda_max": None, "batch": None},
-    "diffusion": {"K": None, "normalization": "sym"},
-    "relational": {"sorts": None, "normalization": "mean", "identity": False,
-                   "num_relations": None},
+    "gcn": _defaults(G.gcn, ("add_self_loops", "normalize", "improved")),
+    "sgc": _defaults(G.sgc, ("K", "add_self_loops")),
+    "chebyshev": _defaults(G.chebyshev, ("K", "normalization", "lambda_max", "batch")),
+    "diffusion": _defaults(G.diffusion, ("K", "normalization")),
+    "relational": _defaults(G.relational, ("sorts", "normalization", "identity",
+                                           "num_relations")),
 }
 _DEGREES = ("full", "sample")
 
@@ -62,10 +88,8 @@ def _check_chain(ops: Sequence[SparseOperator], sizes: Sequence[int], H: int, wh
                              f"{ops[h].N})")
 
 
-class _Restricted(Basis):
+class _Restricted(OperatorBasis):
     """Common part: hop operators ``ops[h]`` U_{h+1} -> U_h (inner first), ``sizes`` |U_h|."""
-
-    cost_kernel = "graph"
 
     def __init__(self, K: int, ops: Sequence[SparseOperator], sizes: Sequence[int], H: int,
                  M: int | None = None):
@@ -77,19 +101,11 @@ class _Restricted(Basis):
                              f"|U_{H}|={self.sizes[H]}")
         super().__init__(K, M, self.sizes[0])
 
-    def cast_like(self, t):
-        # the operators cast their CSR lazily (cached per dtype and device)
-        return self
-
     def _nnz(self) -> int:
         return sum(max(op.nnz, 1) for op in self.ops)
 
     def apply_flops(self):
         return float(self._nnz() + self.K * self.N)
-
-    def to_dense(self) -> Tensor:
-        eye = torch.eye(self.M, dtype=self.dtype, device=self.device).unsqueeze(0)
-        return self.propagate(eye)[0].permute(1, 2, 0).contiguous()
 
 
 class RestrictedPower(_Restricted):
@@ -117,17 +133,17 @@ class RestrictedPower(_Restricted):
         # from the input side, all powers share the recurrence: after s steps the iterate is
         # S^s x on U_{H-s}, whose first |U_0| rows are the output (blocks are nested)
         B, H, n0 = x.shape[0], self.hops, self.sizes[0]
-        cur = _cols(x)[:self.sizes[H]]
+        cur = cols(x)[:self.sizes[H]]
         outs = [cur[:n0]] if 0 in self._pos else []
         for s in range(1, H + 1):
             cur = self.ops[H - s].apply_t(cur)
             if s in self._pos:
                 outs.append(cur[:n0])
-        return _uncols_heads(outs, B)
+        return uncols_heads(outs, B)
 
     def propagate_sum(self, z):
         # Horner from the input side: acc on U_h, z_p read on U_p
-        B, zs, acc = z.shape[0], _heads(z), None
+        B, zs, acc = z.shape[0], heads(z), None
         for h in range(self.hops, 0, -1):
             if h in self._pos:
                 zp = zs[self._pos[h]][:self.sizes[h]]
@@ -137,11 +153,11 @@ class RestrictedPower(_Restricted):
         if 0 in self._pos:
             z0 = zs[0][:self.sizes[0]]
             acc = z0.clone() if acc is None else acc + z0
-        return _uncols(acc, B)
+        return uncols(acc, B)
 
     def propagate_heads(self, z):
         # heads enter at their own hop and step inwards together (one SpMM per hop)
-        B, zs = z.shape[0], _heads(z)
+        B, zs = z.shape[0], heads(z)
         cur: dict[int, Tensor] = {}
         for h in range(self.hops, 0, -1):
             for k, p in enumerate(self.powers):
@@ -153,14 +169,14 @@ class RestrictedPower(_Restricted):
                 cur[k] = blk
         if 0 in self._pos:
             cur[0] = zs[0][:self.sizes[0]]
-        return _uncols_heads([cur[k] for k in range(self.K)], B)
+        return uncols_heads([cur[k] for k in range(self.K)], B)
 
 
 class RestrictedChebyshev(_Restricted):
     """A_k = T_k(L̂), k < K, restricted: (K, |U_{K-1}|, |U_0|); ``ops[h]`` L̂ on U_{h+1} -> U_h."""
 
     def __init__(self, ops: Sequence[SparseOperator], sizes: Sequence[int], K: int):
-        K = G._check_K(K)
+        K = check_K(K)
         super().__init__(K, ops, sizes, K - 1)
 
     def __repr__(self):
@@ -169,17 +185,17 @@ class RestrictedChebyshev(_Restricted):
     def propagate(self, x):
         # T_k x on U_{H-k}: X_k = 2 L̂ᵀ X_{k-1} - X_{k-2}, each iterate one hop further in
         B, H, n0 = x.shape[0], self.hops, self.sizes[0]
-        X = [_cols(x)[:self.sizes[H]]]
+        X = [cols(x)[:self.sizes[H]]]
         for k in range(1, self.K):
             y = self.ops[H - k].apply_t(X[-1])
             X.append(y if k == 1 else 2.0 * y - X[-2][:self.sizes[H - k]])
-        return _uncols_heads([t[:n0] for t in X], B)
+        return uncols_heads([t[:n0] for t in X], B)
 
     def propagate_sum(self, z):
         # Clenshaw from the input side: b_k on U_k; b_k = z_k + 2 L̂ᵀ b_{k+1} - b_{k+2}
-        B, K, zs, s = z.shape[0], self.K, _heads(z), self.sizes
+        B, K, zs, s = z.shape[0], self.K, heads(z), self.sizes
         if K == 1:
-            return _uncols(zs[0][:s[0]].clone(), B)
+            return uncols(zs[0][:s[0]].clone(), B)
         b1, b2 = zs[K - 1][:s[K - 1]], None
         for k in range(K - 2, 0, -1):
             t = 2.0 * self.ops[k].apply_t(b1) + zs[k][:s[k]]
@@ -189,12 +205,12 @@ class RestrictedChebyshev(_Restricted):
         y = self.ops[0].apply_t(b1) + zs[0][:s[0]]
         if b2 is not None:
             y = y - b2[:s[0]]
-        return _uncols(y, B)
+        return uncols(y, B)
 
     def propagate_heads(self, z):
         # head k starts at hop k; all heads step inwards together (one SpMM per hop).
         # state per head: (current iterate, previous iterate) of its own recurrence
-        B, zs, s = z.shape[0], _heads(z), self.sizes
+        B, zs, s = z.shape[0], heads(z), self.sizes
         cur: dict[int, tuple[Tensor, Tensor | None]] = {}
         for h in range(self.hops, 0, -1):
             if h < self.K:
@@ -205,8 +221,8 @@ class RestrictedChebyshev(_Restricted):
                 prev = cur[k][0]
                 cur[k] = (y, prev) if cur[k][1] is None else \
                     (2.0 * y - cur[k][1][:s[h - 1]], prev)
-        heads = [zs[0][:s[0]]] + [cur[k][0] for k in range(1, self.K)]
-        return _uncols_heads(heads, B)
+        out = [zs[0][:s[0]]] + [cur[k][0] for k in range(1, self.K)]
+        return uncols_heads(out, B)
 
 
 class RestrictedRelational(Basis):
@@ -289,69 +305,40 @@ class RestrictedRelational(Basis):
 
 
 # ------------------------------------------------------------------------------------------------
-# the full graph's operator in edge form: a value per edge of edge_index, a keep mask (the input's
-# self loops, which GCN and the Laplacian replace), the diagonal per node, the relation per edge
-@dataclass
-class _EdgeForm:
-    value: Tensor  # (E,) the operator's value of each edge
-    keep: Tensor | None  # (E,) bool: False for edges the operator drops (self loops replaced)
-    diag: Tensor | None  # (n,) the operator's diagonal entries added per node
-    rel: Tensor | None  # (E,) relation ids (relational kinds)
-
-
-def _split_loops(src, dst, v, n) -> _EdgeForm:
-    """An operator built as (the input's non-loop edges in order, then one entry per node)."""
-    mask = src != dst
-    value = torch.zeros(src.shape[0], dtype=v.dtype, device=v.device)
-    value[mask] = v[:-n]
-    return _EdgeForm(value, mask, v[-n:], None)
-
-
-def _edge_form(kind: str, src: Tensor, dst: Tensor, n: int, w: Tensor | None,
-               et: Tensor | None, opts: dict, dtype) -> _EdgeForm:
-    """The one-hop operator(s) of ``kind`` on the graph (src, dst) of n nodes, in edge form,
-    computed by basis.graph's own normalisations (so values agree with the full basis)."""
-    vd = G._value_dtype(w, dtype)
+def _edge_form(kind: str, edge_index: Tensor, n: int, w: Tensor | None, et: Tensor | None,
+               opts: dict, dtype) -> EdgeForm:
+    """The one-hop operator of ``kind`` on a graph of n nodes in edge form (values per input
+    edge, the diagonal per node), by the full basis's own normalisation, so that a restricted
+    layer's values agree with the full layer's. Relational: each relation normalised alone."""
     if kind in ("gcn", "sgc"):
-        loops = opts["add_self_loops"]
-        normalize = opts.get("normalize", True)
-        _, _, v = G._gcn_values(src, dst, w, n, add_self_loops=loops, normalize=normalize,
-                                improved=opts.get("improved", False), dtype=vd)
-        # with loops: PyG's add_remaining_self_loops order, non-loop edges then one per node
-        return _split_loops(src, dst, v, n) if loops else _EdgeForm(v, None, None, None)
+        return gcn_norm(edge_index, n, w, add_self_loops=opts["add_self_loops"],
+                        normalize=opts.get("normalize", True),
+                        improved=opts.get("improved", False), dtype=dtype)
     if kind == "chebyshev":
-        _, _, v = G._laplacian_values(src, dst, w, n, normalization=opts["normalization"],
-                                      lambda_max=opts["lambda_max"], batch=opts["batch"],
-                                      dtype=vd)
-        return _split_loops(src, dst, v, n)
+        return laplacian(edge_index, n, w, normalization=opts["normalization"],
+                         lambda_max=opts["lambda_max"], batch=opts["batch"], dtype=dtype)
     if kind == "diffusion":
-        norm = opts["normalization"]
-        if norm == "sym":
-            _, _, v = G._gcn_values(src, dst, w, n, add_self_loops=False, normalize=True,
-                                    improved=False, dtype=vd)
-        elif norm == "rw":
-            _, _, v = G._rw_values(src, dst, w, n, dtype=vd)
-        else:
-            v = w if w is not None else torch.ones(src.shape[0], dtype=vd, device=src.device)
-        return _EdgeForm(v, None, None, None)
-    # relational: each relation normalised on its own (a loop over relations, not edges)
-    w = w if w is not None else torch.ones(src.shape[0], dtype=vd, device=src.device)
+        return G.diffusion_form(edge_index, n, w, opts["normalization"], dtype)
+    src, dst = edge_index[0].long(), edge_index[1].long()
+    w = w if w is not None else torch.ones(src.shape[0], dtype=value_dtype(None, dtype),
+                                           device=src.device)
     value = torch.zeros(src.shape[0], dtype=w.dtype, device=w.device)
-    for r in sorted({r for s in opts["sorts"] for r in s}):
+    for r in sorted({r for s in opts["sorts"] for r in s}):  # a loop over relations, not edges
         m = et == r
-        value[m] = G._relation_values(src[m], dst[m], w[m], n, n, opts["normalization"])
-    return _EdgeForm(value, None, None, et)
+        value[m] = relation_values(src[m], dst[m], w[m], n, n, opts["normalization"])
+    return EdgeForm(src, dst, value, None, None, n)
 
 
 class GraphRestriction:
     """A graph basis kind over a full graph, ready to be restricted to samples.
 
     ``kind`` is one of ``KINDS`` (gcn, sgc, chebyshev, diffusion, relational) with the options
-    of the matching ``sc.basis`` constructor; ``edge_type`` (E,) for relational. The full
-    graph's operator values are computed once here (``degrees="full"``); with
-    ``degrees="sample"`` they are recomputed on each sampled subgraph. ``hops`` is the number
-    of sample hops one restricted basis consumes. Edge weights are constants here (detached):
-    the values are computed once, not on every call as a full-batch layer does.
+    of the matching ``sc.basis`` constructor (and its defaults); ``edge_type`` (E,) for
+    relational. The full graph's operator values are computed once here
+    (``degrees="full"``); with ``degrees="sample"`` they are recomputed on each sampled
+    subgraph. ``hops`` is the number of sample hops one restricted basis consumes. Edge
+    weights are constants here (detached): the values are computed once, not on every call
+    as a full-batch layer does.
     """
 
     def __init__(self, kind: str, edge_index: Tensor, num_nodes: int, *,
@@ -365,55 +352,57 @@ class GraphRestriction:
                             f"{sorted(KINDS[kind])}")
         if degrees not in _DEGREES:
             raise ValueError(f"degrees must be one of {list(_DEGREES)}, got {degrees!r}")
-        n = G._check_num_nodes(num_nodes)
-        G._check_edges(edge_index, n, edge_weight=edge_weight)
-        opts = {**KINDS[kind], **options}
-        edge_weight = None if edge_weight is None else edge_weight.detach()
+        n = check_num_nodes(num_nodes)
+        check_edges(edge_index, n, edge_weight=edge_weight)
         self.kind, self.num_nodes, self.degrees, self.dtype = kind, n, degrees, dtype
-        self.edge_weight, self.edge_type = edge_weight, None
+        self.edge_weight = None if edge_weight is None else edge_weight.detach()
+        self.edge_type = edge_type.long() if kind == "relational" and edge_type is not None \
+            else None
+        self.options = self._checked({**KINDS[kind], **options}, edge_index, edge_type, n)
+        o = self.options
+        self.hops = graph_hops(kind, o.get("K"), o.get("sorts"))
+        self._full = None
+        if degrees == "full":
+            self._full = _edge_form(kind, edge_index, n, self.edge_weight, self.edge_type, o,
+                                    dtype)
+
+    def _checked(self, opts: dict, edge_index: Tensor, edge_type, n: int) -> dict:
+        """The options with the full basis constructor's checks (K, normalisation, sorts)."""
+        kind = self.kind
         if kind in ("sgc", "chebyshev", "diffusion"):
             if opts["K"] is None:
                 raise TypeError(f"{kind} restriction needs the option K")
-            opts["K"] = G._check_K(opts["K"], low=0 if kind == "diffusion" else 1)
+            opts["K"] = check_K(opts["K"], low=0 if kind == "diffusion" else 1)
         if kind in ("chebyshev", "diffusion"):
-            G._check_norm(opts["normalization"], (None, "sym", "rw"), kind)
+            check_norm(opts["normalization"], (None, "sym", "rw"), kind)
         if kind == "relational":
             if edge_type is None:
                 raise ValueError("the relational restriction needs edge_type (E,)")
-            G._check_edge_type(edge_type, edge_index.shape[1])
-            G._check_norm(opts["normalization"], (None, "mean", "sym"), "relational")
-            R = G._num_relations(edge_type, opts["num_relations"], opts["sorts"])
-            opts["sorts"] = G._check_sorts(opts["sorts"], R, opts["identity"], n, n)
+            check_edge_type(edge_type, edge_index.shape[1])
+            check_norm(opts["normalization"], (None, "mean", "sym"), "relational")
+            R = infer_num_relations(edge_type, opts["num_relations"])
+            opts["sorts"] = check_sorts(opts["sorts"], R, opts["identity"], n, n)
             opts["num_relations"] = R
-            self.edge_type = edge_type.long()
-        self.options = opts
-        self.hops = {"gcn": 1, "sgc": opts.get("K"), "diffusion": opts.get("K"),
-                     "chebyshev": (opts.get("K") or 1) - 1,
-                     "relational": max((len(s) for s in opts.get("sorts") or ()),
-                                       default=0)}[kind]
-        self._full = None
-        if degrees == "full":
-            self._full = _edge_form(kind, edge_index[0].long(), edge_index[1].long(), n,
-                                    edge_weight, self.edge_type, opts, dtype)
+        return opts
 
     def __repr__(self):
         return f"GraphRestriction({self.kind!r}, hops={self.hops}, degrees={self.degrees!r})"
 
     def _form(self, sample: Sample) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
         """(value, keep, diag, rel) aligned with the sample's edges and nodes."""
+        rel = None if self.edge_type is None else self.edge_type[sample.edge_ids]
         if self._full is not None:
             f, e, v = self._full, sample.edge_ids, sample.node_ids
             return (f.value[e], None if f.keep is None else f.keep[e],
-                    None if f.diag is None else f.diag[v], None if f.rel is None else f.rel[e])
+                    None if f.diag is None else f.diag[v], rel)
         # the sampled subgraph as a graph of its own (every sampled node and edge)
         opts = dict(self.options)
         if self.kind == "chebyshev" and opts["batch"] is not None:
             opts["batch"] = opts["batch"][sample.node_ids]
         w = None if self.edge_weight is None else self.edge_weight[sample.edge_ids]
-        et = None if self.edge_type is None else self.edge_type[sample.edge_ids]
-        f = _edge_form(self.kind, sample.edge_index[0], sample.edge_index[1],
-                       sample.node_counts[-1], w, et, opts, self.dtype)
-        return f.value, f.keep, f.diag, f.rel
+        f = _edge_form(self.kind, sample.edge_index, sample.node_counts[-1], w, rel, opts,
+                       self.dtype)
+        return f.value, f.keep, f.diag, rel
 
     def _hop_ops(self, sample: Sample, hop: int, value, keep, diag, rel) -> list:
         """Per hop of this layer (inner first) the operator U_{h+1} -> U_h: a SparseOperator,

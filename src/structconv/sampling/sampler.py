@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..basis.graph import _check_edges, _check_num_nodes
+from ..basis.edges import check_edges, check_num_nodes
 
 __all__ = ["NeighborSampler", "Sample", "Block", "check_fanout", "check_seeds"]
 
@@ -178,8 +178,8 @@ class NeighborSampler:
     floyd_max_fanout = 64
 
     def __init__(self, edge_index: Tensor, num_nodes: int, edge_weight: Tensor | None = None):
-        n = _check_num_nodes(num_nodes)
-        _check_edges(edge_index, n, edge_weight=edge_weight)
+        n = check_num_nodes(num_nodes)
+        check_edges(edge_index, n, edge_weight=edge_weight)
         src, dst = edge_index[0].long(), edge_index[1].long()
         perm = torch.argsort(dst, stable=True)
         self.num_nodes, self.num_edges = n, int(src.shape[0])
