@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import structconv as sc
-from structconv.config import ConfigError, build_model, parse_config, validate
+from structconv.config import ConfigError, parse_config, validate
+from structconv.models import build_model
 
 
 class _Data:

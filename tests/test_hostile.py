@@ -255,7 +255,10 @@ def test_mnist_values_are_checked(tmp_path, kind):
 
 @pytest.mark.parametrize("override,match", [
     (["train.lr=1e300"], "train.lr must be at most 1e+30"),
-    (["model.layers.0.channels=1000000000"], "the model needs about"),
+    # parameters that cannot be allocated: refused when the model is built, naming the bytes
+    (["model.layers.0.channels=1000000000"], "its parameters do not fit in this machine"),
+    # parameters that fit but a batch's activations do not: refused by the memory estimate
+    (["data.batch_size=1000000"], "the model needs about"),
     (["data.batch_size=100000000"], "activations of a batch of 100000000"),
     (["data.batches_per_epoch=100000000"],
      "data.batches_per_epoch must be an int in [0, 1,000,000]"),
@@ -296,7 +299,8 @@ def test_pool_may_be_named_by_its_kind(tmp_path, capsys, pool):
 
 
 def test_memory_estimate_counts_parameters_and_activations():
-    from structconv.config import load_config, memory_estimate, validate
+    from structconv.config import load_config, validate
+    from structconv.models import memory_estimate
     from structconv.train import load_data
 
     cfg = validate(load_config("cnn_digits"))

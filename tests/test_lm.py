@@ -188,8 +188,9 @@ def test_bad_arguments_name_the_value():
 
 
 def test_config_builds_a_transformer_lm(tmp_path):
-    from structconv.config import ConfigError, build_model, load_config
+    from structconv.config import ConfigError, load_config
     from structconv.data.text import encode_text
+    from structconv.models import build_model
 
     data = encode_text("t", "the quick brown fox jumps over the lazy dog " * 20)
     data.task = "text"

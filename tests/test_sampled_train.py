@@ -13,16 +13,11 @@ from cli_helpers import run_cli
 from safetensors.torch import load_file
 
 from structconv.cli import main
-from structconv.config import ConfigError, build_model, load_config, parse_config
+from structconv.config import ConfigError, load_config, parse_config
 from structconv.data.registry import DatasetError, data_root, load_dataset, split_options
 from structconv.data.synthetic import synthetic_graph
-from structconv.minibatch import (
-    SampledNet,
-    StepLoader,
-    layerwise_logits,
-    make_loader,
-    restrictions,
-)
+from structconv.minibatch import SampledEval, StepLoader, batch_inputs, make_loader, restrictions
+from structconv.models import build_model
 from structconv.train import load_data, train
 
 MIXED = """
@@ -104,13 +99,14 @@ def _forward_error(text: str, data_edit=None) -> tuple[float, float]:
     torch.manual_seed(0)
     model = build_model(cfg, data).eval()
     restr = restrictions(model, cfg, data)
-    net = SampledNet(model, restr)
     x = torch.zeros(data.num_nodes, 0) if data.x is None else data.x
     full = model(x.double())
     loader = make_loader(cfg, data, restr, torch.float64)
     assert len(loader) >= 2
-    err = max((net(b) - full[b.seeds]).abs().max().item() for b in loader)
-    lw = layerwise_logits(model, cfg, data, "cpu", batch_size=6)
+    err = max((model(*batch_inputs(b, torch.float64)) - full[b.seeds]).abs().max().item()
+              for b in loader)
+    cfg["data"]["eval_batch_size"] = 6
+    lw = SampledEval(model, cfg, data).layerwise("cpu")
     return err, (lw - full).abs().max().item()
 
 
@@ -271,7 +267,7 @@ def test_sampled_cora_recipe_smoke(tmp_path, capsys):
 
 
 def test_memory_estimate_counts_a_mini_batch_not_the_graph():
-    from structconv.config import memory_estimate
+    from structconv.models import memory_estimate
 
     name = 'data.name="synthetic:nodes=20000,edges=100000,features=8"'
     full = load_config("gcn_karate", [name])

@@ -19,12 +19,12 @@ from structconv import params as P
 from structconv.config import (
     ConfigError,
     apply_overrides,
-    build_model,
     load_config,
     parse_config,
     shipped_configs,
 )
 from structconv.data.registry import DATASETS, data_root
+from structconv.models import build_model
 from structconv.train import TrainingError, _eval_batches, _losses, load_data, train
 
 
@@ -242,7 +242,7 @@ def test_ddp_two_processes_match_single_process(tmp_path):
 
 
 def test_sparse_input_dropout_matches_dropout_semantics():
-    from structconv.config import _dropout
+    from structconv.nn import sparse_dropout as _dropout
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(300, 200, generator=g, dtype=torch.float64)

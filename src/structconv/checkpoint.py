@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from .io import atomic_write_bytes, atomic_write_json
 
 __all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "save_weights",
            "load_weights", "tensors_digest", "optimizer_split", "optimizer_join", "rng_state",
-           "set_rng_state", "CHECKPOINT_JSON"]
+           "set_rng_state", "check_optimizer_state", "resume_training", "CHECKPOINT_JSON"]
 
 CHECKPOINT_JSON = "checkpoint.json"
 FORMAT = 1
@@ -237,3 +238,65 @@ def load_checkpoint(run_dir) -> dict:
     return {"epoch": epoch, "model": part("model."), "best": part("best.") or None,
             "optimizer": optimizer, "rng": (part("rng."), meta["rng"]),
             "trainer": meta["trainer"]}
+
+
+def _value_kind(v) -> str:
+    if v is None or isinstance(v, bool):
+        return "a bool or null"
+    if isinstance(v, (int, float)):
+        return "a finite number"
+    if isinstance(v, (list, tuple)):
+        return f"a list of {len(v)} numbers"
+    return type(v).__name__
+
+
+def check_optimizer_state(fresh: dict, saved: dict, where) -> None:
+    """The saved optimizer state has the fresh optimizer's parameter groups (count, params,
+    keys, value kinds) and per-parameter state of its own parameters: a JSON field edited
+    by hand is named instead of failing inside the optimizer's arithmetic."""
+    def bad(what: str):
+        raise CheckpointError(f"{where}: corrupt optimizer metadata ({what})")
+
+    groups = saved.get("param_groups")
+    if not isinstance(groups, list) or len(groups) != len(fresh["param_groups"]):
+        bad(f"param_groups must be a list of {len(fresh['param_groups'])}")
+    for i, (f, g) in enumerate(zip(fresh["param_groups"], groups)):
+        if not isinstance(g, dict) or set(g) != set(f):
+            bad(f"param_groups[{i}] must have the keys {', '.join(sorted(f))}")
+        if g["params"] != f["params"]:
+            bad(f"param_groups[{i}].params must be {f['params']}, got {g['params']!r}")
+        for k, v in f.items():
+            w = g[k]
+            if k == "params":
+                continue
+            nums = [w] if _value_kind(w) == "a finite number" else \
+                w if isinstance(w, (list, tuple)) else []
+            ok = _value_kind(w) == _value_kind(v) and all(
+                isinstance(u, (int, float)) and not isinstance(u, bool) and math.isfinite(u)
+                for u in nums)
+            if not ok:
+                bad(f"param_groups[{i}].{k} must be {_value_kind(v)}, got {w!r}")
+    ids = {p for f in fresh["param_groups"] for p in f["params"]}
+    for i, st in saved.get("state", {}).items():
+        if i not in ids:
+            bad(f"state for parameter {i}, which the optimizer does not have")
+        for k, v in st.items():
+            if not torch.is_tensor(v) and not (isinstance(v, (int, float)) and
+                                               not isinstance(v, bool)):
+                bad(f"state {i}.{k} must be a tensor or a number, got {v!r}")
+
+
+def resume_training(run_dir, model: torch.nn.Module, optimizer) -> dict:
+    """Restore a training run from its last checkpoint: the optimizer metadata checked against
+    the fresh optimizer (a hand-edited field is named), model and optimizer states loaded, the
+    RNG states set; returns the checkpoint (``epoch``, ``trainer``, ``best``, ...)."""
+    ck = load_checkpoint(run_dir)
+    check_optimizer_state(optimizer.state_dict(), ck["optimizer"],
+                          Path(run_dir) / CHECKPOINT_JSON)
+    try:
+        model.load_state_dict(ck["model"])
+        optimizer.load_state_dict(ck["optimizer"])
+    except (RuntimeError, KeyError, ValueError) as e:
+        raise CheckpointError(f"{run_dir}: checkpoint does not fit the model ({e})") from None
+    set_rng_state(*ck["rng"])
+    return ck

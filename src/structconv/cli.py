@@ -225,9 +225,9 @@ def _train_processes(args, cfg, out: Path, progress: bool) -> dict:
 
     if cfg is not None:
         # the workers must not race to create the run; validate it once here
-        from .train import _setup_run
+        from .train import prepare_run
 
-        _setup_run(out, cfg, False)
+        prepare_run(out, cfg, False)
     result_path = out / "result.json"
     # CUDA cannot be used in forked children once the driver is initialised: spawn there
     try:
@@ -247,11 +247,11 @@ def _train_processes(args, cfg, out: Path, progress: bool) -> dict:
 def _cmd_train(args) -> int:
     cfg, out = _train_target(args)
     _check_nproc(args)
-    from .train import _need_one_process, _setup_run, resolve_device
+    from .train import check_world_size, prepare_run, resolve_device
 
     resolve_device(args.device)
     if args.nproc > 1:  # refused here, before any worker starts
-        _need_one_process(cfg if cfg is not None else _setup_run(out, None, True), args.nproc)
+        check_world_size(cfg if cfg is not None else prepare_run(out, None, True), args.nproc)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     if args.nproc > 1:
         res = _train_processes(args, cfg, out, progress)

@@ -268,18 +268,24 @@ def convolve(x: Tensor, basis, theta, *, route: str = "auto",
     return y.squeeze(0) if added else y
 
 
-def featureless(basis, theta, *, bias: Tensor | None = None) -> Tensor:
+def featureless(basis, theta, *, bias: Tensor | None = None, rows: Tensor | None = None) -> Tensor:
     """``convolve(I, basis, theta)`` for featureless entries (one-hot inputs) without forming I.
 
-    With x = I (M, M) the input-side product x·Θ_k is Θ_k itself, so only the propagation
-    remains: y = Σ_k A_kᵀ Θ_k, one ``propagate_sum``. theta (K, M, Q) -> y (N, Q) (+ bias).
+    With x = I the input-side product x·Θ_k is Θ_k itself, so only the propagation remains:
+    y = Σ_k A_kᵀ Θ_k, one ``propagate_sum``. theta (K, M, Q) -> y (N, Q) (+ bias). ``rows``
+    (M,) names which entries' one-hot rows the basis's M inputs are (a basis restricted to a
+    sample of the P entries theta (K, P, Q) has rows for): x·Θ_k is then Θ_k[rows].
     """
     basis = as_basis(basis)
     th = as_theta(theta)
-    if th.K != basis.K or th.P != basis.M:
+    M = basis.M if rows is None else rows.shape[0]
+    if th.K != basis.K or (rows is None and th.P != basis.M) or M != basis.M:
         raise ValueError(f"featureless input needs theta (K, M, Q) with K={basis.K} and "
-                         f"M={basis.M} (basis (K, M, N)={basis.shape}), got (K, P, Q)="
+                         f"M={basis.M} (basis (K, M, N)={basis.shape}"
+                         + ("" if rows is None else f", {M} rows") + f"), got (K, P, Q)="
                          f"({th.K}, {th.P}, {th.Q})")
     t = th()
+    if rows is not None:
+        t = t[:, rows.to(t.device)]
     y = basis.cast_like(t).propagate_sum(t.permute(1, 0, 2).unsqueeze(0))[0]
     return y if bias is None else y + _check_bias(bias, th.Q, y.dtype)

@@ -1,32 +1,24 @@
-"""Declared models (``config.StructNet``) on sampled mini-batches: ``[train.sampler]``.
+"""Declared models on sampled mini-batches (``[train.sampler]``): batching and evaluation modes.
 
 A node-classification ``StructNet`` runs on a ``sampling.MiniBatch`` by giving each graph layer
-its restricted basis (``sampling.GraphRestriction`` built from the layer's basis table, or the
-hop's edge ``Block`` for graph attention) in place of the full graph's basis; pointwise layers
-(``linear``, ``mlp``) act on the rows they get. ``layerwise_logits`` evaluates the model on every
-node one layer at a time with whole neighbourhoods, exactly as the full-batch forward.
-``StepLoader`` deals the epoch's global batches so that an optimizer step covers the same
-``world_size x accumulate`` batches whatever the number of processes.
+its restriction in place of the full graph's structure (``StructNet.forward(x, structures,
+node_ids)``). What a layer's restriction is comes from its basis kind's ``Sampled`` trait
+(``restrictions``). ``SampledEval`` evaluates the model exactly: full batch, or layer by layer
+over whole neighbourhoods when the full-batch activations would not fit. ``StepLoader`` deals the
+epoch's global batches so that an optimizer step covers the same ``world_size x accumulate``
+batches whatever the number of processes.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
-from .config import (
-    AttentionConv,
-    Block,
-    ConfigError,
-    FixedConv,
-    _basis_spec,
-    _dropout,
-    available_memory,
-    memory_estimate,
-    sampler_spec,
-)
-from .engine import convolve
+from . import basis as B
+from ._checks import available_memory
+from .config import ConfigError, sampler_spec
+from .models.build import memory_estimate
+from .nn.layers import Convolution
 from .sampling import (
     BlockRestriction,
     GraphRestriction,
@@ -35,43 +27,24 @@ from .sampling import (
     NeighborSampler,
 )
 
-__all__ = ["restrictions", "SampledNet", "StepLoader", "make_loader", "layerwise_logits",
-           "eval_mode"]
+__all__ = ["restrictions", "batch_inputs", "StepLoader", "make_loader", "dropout_seed",
+           "SampledEval"]
 
 
-class _AttentionBlocks(BlockRestriction):
-    """The hop's edge block for a graph-attention layer; ``self_loops`` as the layer adds."""
-
-    def __init__(self, self_loops: bool):
-        self.self_loops = bool(self_loops)
-
-
-def _restriction(layer: dict, block: Block, data, degrees: str):
-    """The restriction of one declared layer, or None for a pointwise (0-hop, row-wise) one."""
-    if layer.get("type", "conv") != "conv":
+def _restriction(layer: dict, block: nn.Module, data, degrees: str):
+    """The restriction of one declared block, or None for a pointwise (row-wise) one."""
+    if block.pointwise:
         return None
-    spec = _basis_spec(layer["basis"])
-    kind, conv = spec["kind"], block.conv
-    if kind == "graph_attention":
-        return _AttentionBlocks(spec.get("add_self_loops", True))
-    ei, n = data.edge_index, data.num_nodes
-    # the options (and defaults) of the full basis built by sc.basis.kinds; values in the
-    # full basis's own dtype, so a restricted layer rounds as the full one does
-    if kind == "gcn":
-        return GraphRestriction("gcn", ei, n, add_self_loops=spec.get("add_self_loops", True),
-                                normalize=spec.get("normalize", True), degrees=degrees)
-    if kind == "sgc":
-        return GraphRestriction("sgc", ei, n, K=spec.get("hops", 2), degrees=degrees)
-    if kind in ("chebyshev", "diffusion"):
-        return GraphRestriction(kind, ei, n, K=spec.get("K", 3 if kind == "chebyshev" else 2),
-                                normalization=spec.get("normalization", "sym"), degrees=degrees)
-    if kind == "relational":
-        b = conv.basis
-        return GraphRestriction("relational", ei, n, edge_type=data.edge_type, sorts=b.sorts,
-                                identity=b.identity, num_relations=data.num_relations,
-                                normalization=spec.get("normalization", "mean"),
-                                degrees=degrees)
-    raise ConfigError(f"a {kind} basis cannot be sampled")
+    trait = B.sampled(layer["basis"])
+    if trait is None:
+        raise ConfigError(f"a {B.as_spec(layer['basis']).get('kind')} basis cannot be sampled")
+    basis = block.conv.basis if isinstance(block.conv, Convolution) else None
+    opts = trait.restriction(B.with_defaults(layer["basis"]), basis)
+    kind = opts.pop("kind")
+    if kind == "block":  # content-based: only the edge set is restricted
+        return BlockRestriction()
+    return GraphRestriction(kind, data.edge_index, data.num_nodes, edge_type=data.edge_type,
+                            degrees=degrees, **opts)
 
 
 def restrictions(model: nn.Module, cfg: dict, data, degrees: str = "full") -> list:
@@ -83,68 +56,13 @@ def restrictions(model: nn.Module, cfg: dict, data, degrees: str = "full") -> li
         raise ConfigError(f"train.sampler: {e}") from None
 
 
-def _conv(blk: Block, h: Tensor, item, r, node_ids: Tensor | None) -> Tensor:
-    """The block's convolution on a restricted basis / block: h (1, M, P) -> (1, N, Q)."""
-    conv = blk.conv
-    if isinstance(conv, FixedConv):
-        if conv.identity_input:
-            # featureless input x = I: x·Θ_k is Θ_k's rows of the batch's input nodes
-            t = conv.param()[:, node_ids[:item.M].to(h.device)]
-            y = item.propagate_sum(t.permute(1, 0, 2).unsqueeze(0))
-        else:
-            y = convolve(h, item, conv.param, route=conv.route)
-        return y if conv.bias is None else y + conv.bias
-    from . import attention as att
-
-    if not isinstance(conv, AttentionConv):
-        raise TypeError(f"{type(conv).__name__} cannot run on a sampled mini-batch")
-    theta, H = conv.param(), conv.heads
-    ei, N = item.edge_index.to(h.device), item.num_dst
-    if r.self_loops:  # as the full layer: the graph's own loops replaced by one per node
-        loops = torch.arange(N, device=h.device).repeat(2, 1)
-        ei = torch.cat([ei[:, ei[0] != ei[1]], loops], 1)
-    hk = torch.einsum("bmp,kpq->bmkq", h, theta[:H])
-    s = F.leaky_relu(conv.scores.edge_scores(hk, hk, ei), conv.slope)
-    basis = att.GraphAttention.from_scores(ei, s, item.num_src, N)
-    if conv.training and conv.dropout:
-        basis = att.GraphAttention(ei, F.dropout(basis.alpha, conv.dropout), item.num_src, N,
-                                   structure=basis.structure)
-    y = convolve(h, basis, theta[:H])
-    return y if conv.bias is None else y + conv.bias
-
-
-def block_forward(blk: Block, x: Tensor, item, r, node_ids: Tensor | None = None) -> Tensor:
-    """``Block.forward`` on a mini-batch: x (1, M, P) on the layer's input nodes -> (1, N, Q)
-    on its targets (the first N); ``item`` the layer's restricted basis or edge block, made by
-    restriction ``r``; ``node_ids`` the input nodes' ids (featureless input)."""
-    h = blk.norm(x) if blk.norm is not None else x
-    h = _dropout(h, blk.dropout, blk.training)
-    h = _conv(blk, h, item, r, node_ids)
-    if blk.act is not None:
-        h = blk.act(h)
-    return h + x[:, :h.shape[1]] if blk.residual else h
-
-
-class SampledNet(nn.Module):
-    """A node-classification ``StructNet`` applied to ``MiniBatch``es: logits (S, classes) of
-    the batch's seeds. Holds the model (its parameters, not copies): wrap this in DDP."""
-
-    def __init__(self, model: nn.Module, restr: list):
-        super().__init__()
-        self.model, self.restr = model, restr
-
-    def forward(self, batch: MiniBatch) -> Tensor:
-        m = self.model
-        x = batch.x
-        if x is None:  # featureless: the first layer reads Θ's rows of the batch's nodes
-            x = torch.zeros(batch.node_ids.shape[0], 0, device=batch.node_ids.device,
-                            dtype=next(m.parameters()).dtype)
-        h, items = x.unsqueeze(0), iter(batch.bases)
-        for blk, r in zip(m.blocks, self.restr):
-            h = blk(h) if r is None else block_forward(blk, h, next(items), r, batch.node_ids)
-        if m.classifier is not None:
-            h = m.classifier(h)
-        return h[0]
+def batch_inputs(batch: MiniBatch, dtype: torch.dtype) -> tuple:
+    """``StructNet``'s arguments for a mini-batch: (x (M, F) on the input nodes, or (M, 0) for
+    featureless nodes; the layers' restrictions; the input nodes' ids)."""
+    x = batch.x
+    if x is None:
+        x = torch.zeros(batch.node_ids.shape[0], 0, device=batch.node_ids.device, dtype=dtype)
+    return x, batch.bases, batch.node_ids
 
 
 class StepLoader(NeighborLoader):
@@ -158,7 +76,7 @@ class StepLoader(NeighborLoader):
         self.accumulate = int(accumulate)
 
     def steps(self) -> int:
-        return -(-self._num_global() // (self.world_size * self.accumulate))
+        return -(-self.num_global_batches() // (self.world_size * self.accumulate))
 
     def __len__(self) -> int:
         return self.steps() * self.accumulate
@@ -196,46 +114,63 @@ def dropout_seed(rng_seed: int) -> int:
     return (rng_seed * 6364136223846793005 + 1442695040888963407) % 2**63
 
 
-def eval_mode(model: nn.Module, cfg: dict, data, device) -> str:
-    """``full`` or ``layerwise``: the ``eval`` of ``[train.sampler]``; ``auto`` is full batch
-    when the full-batch forward's activations fit in half the free memory (cached)."""
-    mode = sampler_spec(cfg)["eval"]
-    if mode != "auto":
-        return mode
-    if getattr(model, "_sc_eval_mode", None) is None:
-        full = {**cfg, "train": {**cfg["train"], "sampler": {}}}
-        est, free = memory_estimate(full, data), available_memory(device)
-        fits = est is not None and (free is None or est["activations"] / 2 < free / 2)
-        model._sc_eval_mode = "full" if fits else "layerwise"
-    return model._sc_eval_mode
+class SampledEval:
+    """Exact evaluation of a sampled-trained node model: ``mode`` is ``[train.sampler]``'s
+    ``eval`` (``auto``: full batch when the full-batch forward's activations fit in half the
+    free memory, decided once); ``logits`` runs it."""
 
+    def __init__(self, model: nn.Module, cfg: dict, data):
+        self.model, self.cfg, self.data = model, cfg, data
+        self._mode = sampler_spec(cfg)["eval"]
+        self._layerwise = None  # (restrictions over whole neighbourhoods, sampler), built once
 
-@torch.no_grad()
-def layerwise_logits(model: nn.Module, cfg: dict, data, device, batch_size: int) -> Tensor:
-    """Every node's logits (N, classes), one block at a time over batches of ``batch_size``
-    targets with their whole neighbourhoods: equal to the full-batch forward, holding one
-    layer's activations for all nodes. Restrictions (full degrees) are cached on the model."""
-    if getattr(model, "_sc_layerwise", None) is None:
-        model._sc_layerwise = (restrictions(model, cfg, data, "full"),
-                               NeighborSampler(data.edge_index, data.num_nodes))
-    restr, sampler = model._sc_layerwise
-    dtype = next(model.parameters()).dtype
-    n = data.num_nodes
-    x = (torch.zeros(n, 0) if data.x is None else data.x).to(device=device, dtype=dtype)
-    h = x.unsqueeze(0)
-    for blk, r in zip(model.blocks, restr):
-        if r is None:
-            h = blk(h)
-            continue
-        out = None
-        for ids in torch.arange(n).split(batch_size):
-            s = sampler.sample(ids, [-1] * r.hops)
-            item = r.restrict(s, 0).to(device)
-            y = block_forward(blk, h[:, s.node_ids.to(device)], item, r, s.node_ids)
-            if out is None:
-                out = y.new_empty((1, n, y.shape[2]))
-            out[:, ids.to(device)] = y
-        h = out
-    if model.classifier is not None:
-        h = model.classifier(h)
-    return h[0]
+    def mode(self, device) -> str:
+        """``full`` or ``layerwise``."""
+        if self._mode == "auto":
+            full = {**self.cfg, "train": {**self.cfg["train"], "sampler": {}}}
+            est = memory_estimate(full, self.data, self.model)
+            free = available_memory(device)
+            fits = free is None or est["activations"] / 2 < free / 2
+            self._mode = "full" if fits else "layerwise"
+        return self._mode
+
+    @torch.no_grad()
+    def logits(self, device) -> Tensor:
+        """Every node's logits (N, classes): the full-batch forward, or one block at a time
+        over batches of ``data.eval_batch_size`` targets with their whole neighbourhoods (equal
+        to it, holding one layer's activations for all nodes)."""
+        if self.mode(device) == "full":
+            return self.model(self._x(device))
+        return self.layerwise(device)
+
+    def _x(self, device) -> Tensor:
+        data, dtype = self.data, next(self.model.parameters()).dtype
+        x = torch.zeros(data.num_nodes, 0) if data.x is None else data.x
+        return x.to(device=device, dtype=dtype)
+
+    @torch.no_grad()
+    def layerwise(self, device) -> Tensor:
+        """Every node's logits (N, classes), layer by layer over whole neighbourhoods."""
+        model, data, n = self.model, self.data, self.data.num_nodes
+        x = self._x(device)
+        if self._layerwise is None:
+            self._layerwise = (restrictions(model, self.cfg, data, "full"),
+                               NeighborSampler(data.edge_index, n))
+        restr, sampler = self._layerwise
+        h = x.unsqueeze(0)
+        for blk, r in zip(model.blocks, restr):
+            if r is None:
+                h = blk(h)
+                continue
+            out = None
+            for ids in torch.arange(n).split(self.cfg["data"]["eval_batch_size"]):
+                s = sampler.sample(ids, [-1] * r.hops)
+                item = r.restrict(s, 0).to(device)
+                y = blk(h[:, s.node_ids.to(device)], item, s.node_ids.to(device))
+                if out is None:
+                    out = y.new_empty((1, n, y.shape[2]))
+                out[:, ids.to(device)] = y
+            h = out
+        if model.classifier is not None:
+            h = model.classifier(h)
+        return h[0]

@@ -18,8 +18,16 @@ from .registry import KindError, Registry
 
 __all__ = [
     "Parameterization", "Full", "Grouped", "DepthwiseSeparable", "ControlledSeparable",
-    "LowRank", "Fixed", "as_theta", "make_param", "register", "build", "PARAMS",
+    "LowRank", "Fixed", "as_theta", "make_param", "register", "build", "PARAMS", "glorot_",
 ]
+
+
+def glorot_(t: Tensor) -> Tensor:
+    """Glorot / Xavier uniform init in place, as PyG's ``glorot``: U(-a, a) with
+    a = sqrt(6 / (fan_in + fan_out)) read off the last two dims; returns ``t``."""
+    a = math.sqrt(6.0 / (t.size(-2) + t.size(-1)))
+    with torch.no_grad():
+        return t.uniform_(-a, a)
 
 
 def _check_sizes(**kw):

@@ -37,32 +37,20 @@ from .checkpoint import (
     CheckpointError,
     load_checkpoint,
     load_weights,
+    resume_training,
     save_checkpoint,
     save_weights,
-    set_rng_state,
 )
-from .config import (
-    ConfigError,
-    build_model,
-    check_memory,
-    is_link,
-    link_train_spec,
-    sampler_spec,
-    validate,
-)
+from .config import ConfigError, is_link, link_train_spec, sampler_spec, validate
 from .data.registry import load_dataset
 from .io import atomic_write_bytes, atomic_write_json
-from .minibatch import (
-    SampledNet,
-    dropout_seed,
-    eval_mode,
-    layerwise_logits,
-    make_loader,
-    restrictions,
-)
+from .minibatch import SampledEval, batch_inputs, dropout_seed, make_loader, restrictions
+from .models.build import build_model, check_memory
+from .optim import epoch_generator
+from .optim import make_optimizer as _named_optimizer
 
 __all__ = ["TrainingError", "train", "evaluate", "evaluate_link", "load_data", "resolve_device",
-           "load_run", "make_optimizer", "count_parameters"]
+           "load_run", "make_optimizer", "count_parameters", "prepare_run", "check_world_size"]
 
 
 class TrainingError(ValueError):
@@ -116,28 +104,17 @@ def load_data(cfg: dict):
 
 
 def make_optimizer(cfg: dict, model: nn.Module) -> torch.optim.Optimizer:
-    """The optimizer of ``cfg['train']``."""
+    """The optimizer of ``cfg['train']`` over the model's trainable parameters."""
     t = cfg["train"]
-    params = [p for p in model.parameters() if p.requires_grad]
-    if t["optimizer"] == "sgd":
-        return torch.optim.SGD(params, lr=t["lr"], momentum=t["momentum"],
-                               weight_decay=t["weight_decay"])
-    if t["optimizer"] == "adagrad":
-        return torch.optim.Adagrad(params, lr=t["lr"], weight_decay=t["weight_decay"])
-    cls = torch.optim.AdamW if t["optimizer"] == "adamw" else torch.optim.Adam
-    return cls(params, lr=t["lr"], weight_decay=t["weight_decay"])
+    return _named_optimizer(t["optimizer"], model.parameters(), t["lr"], t["weight_decay"],
+                            t["momentum"])
 
 
 # -- batches -------------------------------------------------------------------------------------
-def _epoch_generator(seed: int, epoch: int) -> torch.Generator:
-    # data order depends only on (seed, epoch): the same after a resume, on every rank
-    return torch.Generator().manual_seed(seed * 100003 + epoch)
-
-
 def _train_batches(data, cfg: dict, epoch: int):
     """Global batches of one epoch: (inputs, targets) on CPU; node tasks give node indices."""
     d, seed = cfg["data"], cfg["seed"]
-    g = _epoch_generator(seed, epoch)
+    g = epoch_generator(seed, epoch)
     if data.task == "image":
         x, y = data.splits["train"]
         perm = torch.randperm(x.shape[0], generator=g)
@@ -199,19 +176,22 @@ def _losses(model, data, inputs, targets, device, dtype) -> tuple[Tensor, Tensor
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data, cfg: dict, split: str, device=None) -> dict:
-    """``{loss, acc, n}`` of a model on a split (mean cross-entropy, accuracy)."""
+def evaluate(model: nn.Module, data, cfg: dict, split: str, device=None,
+             sampled: SampledEval | None = None) -> dict:
+    """``{loss, acc, n}`` of a model on a split (mean cross-entropy, accuracy). A model
+    trained on sampled mini-batches is evaluated exactly by ``sampled`` (a ``SampledEval``,
+    made here when not given)."""
     device = device or next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     was = model.training
     model.eval()
+    if data.task == "node" and sampler_spec(cfg) and sampled is None:
+        sampled = SampledEval(model, cfg, data)
     tot, correct, n = 0.0, 0, 0
     for inputs, targets in _eval_batches(data, cfg, split):
-        if data.task == "node" and sampler_spec(cfg) and \
-                eval_mode(model, cfg, data, device) == "layerwise":
-            logits = layerwise_logits(model, cfg, data, device,
-                                      cfg["data"]["eval_batch_size"])[targets.to(device)]
-            y = data.y.to(device)[targets.to(device)]
+        if sampled is not None:
+            idx = targets.to(device)
+            logits, y = sampled.logits(device)[idx], data.y.to(device)[idx]
             loss, ok = F.cross_entropy(logits, y, reduction="none"), logits.argmax(-1) == y
         else:
             loss, ok = _losses(model, data, inputs, targets, device, dtype)
@@ -290,7 +270,9 @@ def _improved(cfg, val: dict, best) -> bool:
     return val["acc"] > best
 
 
-def _setup_run(run: Path, cfg: dict, resume: bool) -> dict:
+def prepare_run(run: Path, cfg: dict | None, resume: bool) -> dict:
+    """The config of a run in ``run``: read (and validated) from its ``config.json`` to
+    resume, or ``cfg`` when ``run`` holds no run yet (else TrainingError)."""
     cfg_path = run / "config.json"
     if resume:
         if not cfg_path.is_file():
@@ -316,7 +298,7 @@ def train(cfg: dict | None, out: str | Path, device: str = "cpu", resume: bool =
     (as if interrupted), for tests of resuming.
     """
     run = Path(out)
-    link = is_link(cfg if not resume else _setup_run(run, None, True))
+    link = is_link(cfg if not resume else prepare_run(run, None, True))
     t = (_LinkTrainer if link else _Trainer)(cfg, run, device, resume, progress)
     epochs_run = 0
     for epoch in range(t.start + 1, t.cfg["train"]["epochs"] + 1):
@@ -329,52 +311,6 @@ def train(cfg: dict | None, out: str | Path, device: str = "cpu", resume: bool =
     return t.finish()
 
 
-def _value_kind(v) -> str:
-    if v is None or isinstance(v, bool):
-        return "a bool or null"
-    if isinstance(v, (int, float)):
-        return "a finite number"
-    if isinstance(v, (list, tuple)):
-        return f"a list of {len(v)} numbers"
-    return type(v).__name__
-
-
-def _check_optimizer_state(fresh: dict, saved: dict, where) -> None:
-    """The saved optimizer state has the fresh optimizer's parameter groups (count, params,
-    keys, value kinds) and per-parameter state of its own parameters: a JSON field edited
-    by hand is named instead of failing inside the optimizer's arithmetic."""
-    def bad(what: str):
-        raise CheckpointError(f"{where}: corrupt optimizer metadata ({what})")
-
-    groups = saved.get("param_groups")
-    if not isinstance(groups, list) or len(groups) != len(fresh["param_groups"]):
-        bad(f"param_groups must be a list of {len(fresh['param_groups'])}")
-    for i, (f, g) in enumerate(zip(fresh["param_groups"], groups)):
-        if not isinstance(g, dict) or set(g) != set(f):
-            bad(f"param_groups[{i}] must have the keys {', '.join(sorted(f))}")
-        if g["params"] != f["params"]:
-            bad(f"param_groups[{i}].params must be {f['params']}, got {g['params']!r}")
-        for k, v in f.items():
-            w = g[k]
-            if k == "params":
-                continue
-            nums = [w] if _value_kind(w) == "a finite number" else \
-                w if isinstance(w, (list, tuple)) else []
-            ok = _value_kind(w) == _value_kind(v) and all(
-                isinstance(u, (int, float)) and not isinstance(u, bool) and math.isfinite(u)
-                for u in nums)
-            if not ok:
-                bad(f"param_groups[{i}].{k} must be {_value_kind(v)}, got {w!r}")
-    ids = {p for f in fresh["param_groups"] for p in f["params"]}
-    for i, st in saved.get("state", {}).items():
-        if i not in ids:
-            bad(f"state for parameter {i}, which the optimizer does not have")
-        for k, v in st.items():
-            if not torch.is_tensor(v) and not (isinstance(v, (int, float)) and
-                                               not isinstance(v, bool)):
-                bad(f"state {i}.{k} must be a tensor or a number, got {v!r}")
-
-
 class _Trainer:
     """One training run: the model, optimizer, data and the state a checkpoint holds."""
 
@@ -385,21 +321,23 @@ class _Trainer:
         if dev.type == "cuda" and w.size > 1:
             dev = torch.device("cuda", w.local_rank)
         self.dev = dev
-        self.cfg = cfg = _setup_run(run, cfg, resume)
+        self.cfg = cfg = prepare_run(run, cfg, resume)
         self.data = load_data(cfg)
-        check_memory(cfg, self.data, dev)
         torch.manual_seed(cfg["seed"])
-        self.model = model = build_model(cfg, self.data).to(dev)
+        # built once; the memory check reads its sizes before anything trains
+        model = build_model(cfg, self.data)
+        check_memory(cfg, self.data, dev, model)
+        self.model = model = model.to(dev)
         self.dtype = next(model.parameters()).dtype
         self.opt = make_optimizer(cfg, model)
-        self.net, self.loader = model, None
+        self.net, self.loader, self.sampled = model, None, None
         if sampler_spec(cfg):
             # mini-batches: the model on restricted bases, each rank its share of the batches
             restr = restrictions(model, cfg, self.data, sampler_spec(cfg)["degrees"])
             self.loader = make_loader(cfg, self.data, restr, self.dtype, w.rank, w.size)
-            self.net = SampledNet(model, restr)
+            self.sampled = SampledEval(model, cfg, self.data)
         if w.size > 1:
-            _need_one_process(cfg, w.size)
+            check_world_size(cfg, w.size)
             # a size-1 dim's stride is arbitrary: a (1, P, Q) weight's grad can carry another
             # one than DDP's bucket view; the copy it warns about costs nothing at these sizes
             warnings.filterwarnings("ignore", message=".*Grad strides do not match bucket view")
@@ -419,14 +357,7 @@ class _Trainer:
         self.last_ckpt = time.monotonic()
 
     def _resume(self) -> None:
-        ck = load_checkpoint(self.run)
-        _check_optimizer_state(self.opt.state_dict(), ck["optimizer"], self.run / "checkpoint.json")
-        try:
-            self.model.load_state_dict(ck["model"])
-            self.opt.load_state_dict(ck["optimizer"])
-        except (RuntimeError, KeyError, ValueError) as e:
-            raise CheckpointError(f"{self.run}: checkpoint does not fit the model ({e})") from None
-        set_rng_state(*ck["rng"])
+        ck = resume_training(self.run, self.model, self.opt)
         self.state, self.best_state, self.start = ck["trainer"], ck["best"], ck["epoch"]
 
     def epoch(self, epoch: int) -> bool:
@@ -491,7 +422,7 @@ class _Trainer:
             last = j == len(group) - 1
             ctx = self.net.no_sync() if w.size > 1 and not last else contextlib.nullcontext()
             with ctx:
-                logits = self.net(batch)
+                logits = self.net(*batch_inputs(batch, self.dtype))
                 loss = F.cross_entropy(logits, batch.y, reduction="none")
                 # as _step: DDP's mean of the scaled gradients is the gradient of the mean loss
                 # over every seed of the step
@@ -539,7 +470,7 @@ class _Trainer:
         """Validate, keep the best weights, stop early, write metrics and checkpoints."""
         t_cfg, state = self.cfg["train"], self.state
         tot_loss, tot_ok, tot_n = totals
-        val = evaluate(self.model, self.data, self.cfg, "val", self.dev)
+        val = evaluate(self.model, self.data, self.cfg, "val", self.dev, self.sampled)
         row = {"epoch": epoch, "train_loss": tot_loss / tot_n, "train_acc": tot_ok / tot_n,
                "val_loss": val["loss"], "val_acc": val["acc"], "time_s": round(dt, 4),
                "items_per_s": round(tot_n / max(dt, 1e-9), 1),
@@ -588,8 +519,9 @@ class _Trainer:
         model, data, cfg, state, w = self.model, self.data, self.cfg, self.state, self.w
         if self.best_state is not None:
             model.load_state_dict(self.best_state)
-        test = evaluate(model, data, cfg, "test", self.dev) if "test" in _splits(data) else None
-        val = evaluate(model, data, cfg, "val", self.dev)
+        test = evaluate(model, data, cfg, "test", self.dev, self.sampled) \
+            if "test" in _splits(data) else None
+        val = evaluate(model, data, cfg, "val", self.dev, self.sampled)
         result = {"model": cfg.get("name", "model"), "dataset": data.name,
                   "parameters": self.n_params, "epochs": len(state["history"]),
                   "best_epoch": state["best_epoch"], "val_loss": val["loss"],
@@ -615,7 +547,8 @@ _KG_SPLITS = {"train": "train", "val": "valid", "test": "test"}
 _RANKS = ("mrr", "hits@1", "hits@3", "hits@10")
 
 
-def _need_one_process(cfg: dict, size: int) -> None:
+def check_world_size(cfg: dict, size: int) -> None:
+    """Refuse (ConfigError) a run of ``cfg`` over ``size`` processes that it cannot use."""
     # the 1-vs-all loss needs every entity vector on each process: DDP would gain little
     if is_link(cfg):
         raise ConfigError(f"link-prediction ([model.link]) training runs in one process; "
@@ -652,41 +585,39 @@ class _LinkTrainer(_Trainer):
     ranking every ``eval_every`` epochs; checkpoints, resume and best weights as other tasks."""
 
     def __init__(self, *args):
+        from .kg import LinkObjective, training_queries
+
         super().__init__(*args)
-        self.spec = link_train_spec(self.cfg)
-        t, R = self.data.train, self.data.num_relations
-        if self.spec["mode"] == "1vsall" or self.model.decoder.reciprocal:
-            t = torch.cat([t, torch.stack([t[:, 2], t[:, 1] + R, t[:, 0]], 1)])
-        self.queries, self.known = t, _link_known(self.data)
+        self.spec = sp = link_train_spec(self.cfg)
+        self.objective = LinkObjective(sp["mode"], float(sp["label_smoothing"]),
+                                       None if sp["reg"] == "none" else sp["reg"],
+                                       float(sp["reg_weight"]), sp["negatives"])
+        self.queries = training_queries(self.model, self.data.train, sp["mode"]).to(self.dev)
+        self.known = _link_known(self.data)
 
     def epoch(self, epoch: int) -> bool:
-        """One pass over the training queries, validation ranking when due, checkpoint."""
-        from .kg.model import _batch_loss
+        """One pass over the training queries (``sc.kg.link_epoch``), validation ranking when
+        due, checkpoint."""
+        from .kg import link_epoch
 
-        t0, sp, B = time.perf_counter(), self.spec, self.cfg["data"]["batch_size"]
-        self.model.train()
-        # batch order and negatives from (seed, epoch): the same after a resume
-        gen = _epoch_generator(self.cfg["seed"], epoch)
-        perm = torch.randperm(self.queries.shape[0], generator=gen)
-        starts = range(0, perm.numel(), B)
-        bar, totals = self._bar(epoch, len(starts)), [0.0, 0.0, 0.0]
-        reg = None if sp["reg"] == "none" else sp["reg"]
-        for step, i in enumerate(starts):
-            q = self.queries[perm[i:i + B]].to(self.dev)
-            loss = _batch_loss(self.model, q, sp["mode"], sp["label_smoothing"], sp["negatives"],
-                               reg, sp["reg_weight"], gen)
-            self.opt.zero_grad(set_to_none=True)
-            loss.backward()
-            n = float(q.shape[0])
-            stats = self._apply_step(torch.tensor([loss.item() * n, 0.0, n], dtype=torch.float64,
-                                                  device=self.dev), epoch, step)
-            totals = [a + b for a, b in zip(totals, stats.tolist())]
+        B = self.cfg["data"]["batch_size"]
+        bar = self._bar(epoch, -(-self.queries.shape[0] // B))
+
+        def step(_, loss):
             if bar is not None:
-                bar.set_postfix(loss=f"{totals[0] / totals[2]:.4f}")
+                bar.set_postfix(loss=f"{loss:.4f}")
                 bar.update()
-        if bar is not None:
-            bar.close()
-        return self._record(epoch, totals, time.perf_counter() - t0)
+        try:
+            stats = link_epoch(self.model, self.queries, self.opt, self.objective, batch_size=B,
+                               seed=self.cfg["seed"], epoch=epoch,
+                               grad_clip=self.cfg["train"]["grad_clip"], on_step=step)
+        except ValueError as e:  # a non-finite loss
+            raise TrainingError(f"{e} (train.lr is {self.cfg['train']['lr']})") from None
+        finally:
+            if bar is not None:
+                bar.close()
+        n = stats["queries"]
+        return self._record(epoch, [stats["loss"] * n, 0.0, n], stats["seconds"])
 
     def _record(self, epoch: int, totals: list, dt: float) -> bool:
         """Rank the validation triples when due, keep the best weights by the monitor, stop
@@ -757,7 +688,7 @@ def load_run(run: str | Path, weights: str = "best", device: str = "cpu"):
     if not (run / "config.json").is_file():
         raise CheckpointError(f"{run}: not a run directory (no config.json); give a directory "
                               "made by structconv train")
-    cfg = _setup_run(run, None, resume=True)
+    cfg = prepare_run(run, None, resume=True)
     data = load_data(cfg)
     model = build_model(cfg, data).to(resolve_device(device))
     if weights == "best":

@@ -10,11 +10,24 @@ from .graph import *  # noqa: F403
 from .graph import __all__ as _graph_all
 from .grid import *  # noqa: F403
 from .grid import __all__ as _grid_all
-from .kinds import BASES, KindError, Structure, build, register
-from .mining import MinedSort, mine_sorts
+from .kinds import (
+    BASES,
+    KindError,
+    Sampled,
+    Structure,
+    as_spec,
+    build,
+    identity,
+    register,
+    sampled,
+    with_defaults,
+)
+from .mining import MinedSort, mine_sorts, single_and_mined_sorts
 from .sorts import INVERSE, inverse_name, parse_sorts, sort_name
 
 __all__ = ["Basis", "Dense", "Sparse", "Stack", "Product", "as_basis", "density",
            *_grid_all, *_graph_all,
-           "register", "build", "Structure", "BASES", "KindError",
-           "mine_sorts", "MinedSort", "parse_sorts", "sort_name", "inverse_name", "INVERSE"]
+           "register", "build", "Structure", "BASES", "KindError", "Sampled", "as_spec",
+           "with_defaults", "sampled", "identity",
+           "mine_sorts", "MinedSort", "single_and_mined_sorts", "parse_sorts", "sort_name",
+           "inverse_name", "INVERSE"]

@@ -288,8 +288,10 @@ class RelationalBasis(Basis):
     """
 
     def __init__(self, ops: dict[int, SparseOperator], sorts: Sequence[tuple[int, ...]],
-                 identity: bool, M: int, N: int):
+                 identity: bool, M: int, N: int, num_relations: int | None = None):
         self.sorts = [tuple(s) for s in sorts]
+        #: the relations of the graph (ids 0..num_relations-1), where known
+        self.num_relations = num_relations
         self.identity = bool(identity)
         self.ops = ops
         super().__init__(len(self.sorts) + int(self.identity), M, N)
@@ -654,6 +656,6 @@ def relational(edge_index: Tensor, edge_type: Tensor, num_nodes, sorts=None,
     def build():
         ops = relation_operators(edge_index, edge_type, {r for s in norm_sorts for r in s}, M,
                                  N, edge_weight, normalization, dtype)
-        return RelationalBasis(ops, norm_sorts, identity, M, N)
+        return RelationalBasis(ops, norm_sorts, identity, M, N, num_relations)
 
     return cached(cache, (edge_index, edge_type, edge_weight), opts, build)

@@ -68,14 +68,15 @@ class Grid(GridGeometry, Basis):
         self._flat_taps = None
 
     # -- description --------------------------------------------------------------------------
-    def _key(self):
+    def cache_key(self):
+        """The geometry that identifies this grid (shape, kernel, stride, padding, dilation)."""
         return (self.in_shape, self.kernel_size, self.stride, self.padding, self.dilation)
 
     def __eq__(self, other):
-        return isinstance(other, Grid) and self._key() == other._key()
+        return isinstance(other, Grid) and self.cache_key() == other.cache_key()
 
     def __hash__(self):
-        return hash(("Grid", self._key()))
+        return hash(("Grid", self.cache_key()))
 
     def __repr__(self):
         return (f"Grid(in_shape={self.in_shape}, kernel_size={self.kernel_size}, "
@@ -498,14 +499,15 @@ class AvgPool(GridGeometry, Basis):
         return A
 
     # -- fused kernel: F.avg_poolNd -------------------------------------------------------------
-    def _native_ok(self) -> bool:
+    def native_ok(self) -> bool:
+        """Whether torch's pooling kernel computes this pooling exactly."""
         return (self.native and self.ndim in (1, 2, 3)
                 and all(b == a and 2 * b <= k for (b, a), k in
                         zip(self.padding, self.kernel_size)))
 
     def pool_image(self, x: Tensor) -> Tensor:
         """x (B, C, *in_shape) -> (B, C, *out_shape) by F.avg_pool1d/2d/3d."""
-        if not self._native_ok():
+        if not self.native_ok():
             raise ValueError(f"no F.avg_poolNd kernel for {self!r} (needs 1-3 dims and symmetric "
                              "padding of at most half the kernel)")
         if x.dim() != self.ndim + 2 or tuple(x.shape[2:]) != self.in_shape:
@@ -524,7 +526,7 @@ class AvgPool(GridGeometry, Basis):
 
     def routes(self, x: Tensor, theta) -> list:
         """``native``: F.avg_poolNd and theta[0] on the side with fewer channels."""
-        if not self._native_ok():
+        if not self.native_ok():
             return []
         B, _, P = x.shape
         Q = theta.Q

@@ -8,33 +8,72 @@ with ``content=True`` and a builder that says so.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from ..registry import KindError, Registry, Structure
 from .base import Basis, Sparse, Stack
+from .edges import graph_hops
 from .graph import chebyshev, diffusion, gcn, relational, sgc
 from .grid import Grid
-from .mining import mine_sorts
+from .mining import single_and_mined_sorts
 
-__all__ = ["BASES", "register", "build", "Structure", "KindError"]
+__all__ = ["BASES", "register", "build", "Structure", "KindError", "as_spec", "with_defaults",
+           "Sampled", "sampled", "identity"]
 
 #: the basis kinds usable as ``basis = { kind = "..." }`` in a model config
 BASES = Registry("basis")
 
 
+@dataclass(frozen=True)
+class Sampled:
+    """How layers of a graph kind run on sampled mini-batches (a trait of the kind, read by the
+    config schema, the sampler and the memory estimate alike): ``hops(spec)`` the sample hops
+    one layer consumes (its receptive field), ``restriction(spec, basis)`` the
+    ``sc.sampling.GraphRestriction`` kind and options of its built basis, as a dict with
+    ``"kind"`` (``"block"``: only the edge set is restricted, for content-based kinds)."""
+
+    hops: Callable[[dict], int]
+    restriction: Callable[[dict, Basis | None], dict]
+
+
 def register(kind: str, build=None, **traits):
     """Make ``kind`` usable as ``basis = { kind = "KIND", ... }`` in a model config.
 
-    ``build(spec, structure) -> Basis``: ``spec`` is the layer's basis table (a dict),
-    ``structure`` a ``Structure`` (``grid``, ``edge_index``, ``num_nodes``, ``edge_type``,
-    ``num_relations``; ``None`` where the data has none). Usable as a decorator.
+    ``build(spec, structure) -> Basis``: ``spec`` is the layer's basis table (a dict, with the
+    kind's ``defaults`` trait filled in), ``structure`` a ``Structure`` (``grid``,
+    ``edge_index``, ``num_nodes``, ``edge_type``, ``num_relations``; ``None`` where the data has
+    none). Traits: ``defaults`` (a dict of the table's defaults), ``content=True`` (computed from
+    content by its layer), ``sampled`` (a ``Sampled``: the kind can be trained on sampled
+    mini-batches). Usable as a decorator.
     """
     return BASES.register(kind, build, **traits)
 
 
+def as_spec(spec) -> dict:
+    """A layer's basis table as a dict: a bare kind name is ``{"kind": name}``."""
+    return {"kind": spec} if isinstance(spec, str) else dict(spec)
+
+
+def with_defaults(spec) -> dict:
+    """The basis table with its kind's defaults filled in (the table's own values win)."""
+    spec = as_spec(spec)
+    kind = spec.get("kind")
+    defaults = BASES.trait(kind, "defaults", {}) if isinstance(kind, str) else {}
+    return {**defaults, **spec}
+
+
+def sampled(spec) -> Sampled | None:
+    """The ``Sampled`` trait of a basis table's kind (None: it cannot be sampled)."""
+    kind = as_spec(spec).get("kind")
+    return BASES.trait(kind, "sampled") if isinstance(kind, str) else None
+
+
 def build(spec, structure: Structure, where: str = "basis") -> Basis:
     """The ``Basis`` a config's basis table (or kind name) describes, for this data."""
-    spec = {"kind": spec} if isinstance(spec, str) else dict(spec)
+    spec = with_defaults(spec)
     kind = spec.get("kind")
     try:
         out = BASES.get(kind)(spec, structure)
@@ -44,6 +83,14 @@ def build(spec, structure: Structure, where: str = "basis") -> Basis:
         raise KindError(f"{where}: the builder of basis kind {kind!r} returned "
                         f"{type(out).__name__}, not a sc.basis.Basis")
     return out
+
+
+def identity(n: int, dtype=None, device=None) -> Sparse:
+    """The (1, n, n) identity basis: every entry acts on itself alone (a 1x1 convolution)."""
+    i = torch.arange(n, device=device)
+    return Sparse(torch.stack([torch.zeros_like(i), i, i]),
+                  torch.ones(n, dtype=dtype or torch.get_default_dtype(), device=device),
+                  (1, n, n))
 
 
 def _need(cond: bool, msg: str) -> None:
@@ -61,83 +108,116 @@ def _graph(structure: Structure, kind: str):
 MAX_ORDER = 1000
 
 
-def _order(spec: dict, key: str, default: int, low: int = 1) -> int:
-    v = spec.get(key, default)
+def _order(spec: dict, key: str, low: int = 1) -> int:
+    v = spec[key]
     _need(isinstance(v, int) and not isinstance(v, bool) and low <= v <= MAX_ORDER,
           f"{key} must be an int in [{low}, {MAX_ORDER}], got {v!r}")
     return v
 
 
-@register("grid")
+@register("grid", defaults={"kernel_size": 3, "stride": 1, "padding": 0, "dilation": 1,
+                            "causal": False})
 def _grid(spec, s: Structure) -> Basis:
     _need(s.grid is not None, "a grid basis needs grid-shaped input (images or sequences)")
-    k, d = spec.get("kernel_size", 3), spec.get("dilation", 1)
-    p = spec.get("padding", 0)
-    if spec.get("causal"):
+    k, d, p = spec["kernel_size"], spec["dilation"], spec["padding"]
+    if spec["causal"]:
         # causal 1-d shifts: output n sees inputs n-(k-1)*d .. n
         _need(len(s.grid) == 1, "causal shifts need a 1-d grid")
         p = [((int(k) - 1) * int(d), 0)]
-    return Grid(tuple(s.grid), k, stride=spec.get("stride", 1), padding=p, dilation=d)
+    return Grid(tuple(s.grid), k, stride=spec["stride"], padding=p, dilation=d)
 
 
 @register("identity")
 def _identity(spec, s: Structure) -> Basis:
     n = s.entries
     _need(n is not None, "an identity basis needs grid or graph data")
-    idx = torch.arange(n)
-    return Sparse(torch.stack([torch.zeros_like(idx), idx, idx]), torch.ones(n), (1, n, n))
+    return identity(n)
 
 
-@register("gcn")
+def _restricted_as(kind: str, *keys: str) -> Callable[[dict, Basis | None], dict]:
+    """A restriction of the sampler's ``kind`` whose options are the spec's ``keys``."""
+    return lambda spec, basis: {"kind": kind, **{k: spec[k] for k in keys}}
+
+
+@register("gcn", defaults={"add_self_loops": True, "normalize": True},
+          sampled=Sampled(lambda spec: graph_hops("gcn"),
+                          _restricted_as("gcn", "add_self_loops", "normalize")))
 def _gcn(spec, s: Structure) -> Basis:
     ei, n = _graph(s, "gcn")
-    return gcn(ei, n, add_self_loops=spec.get("add_self_loops", True),
-               normalize=spec.get("normalize", True))
+    return gcn(ei, n, add_self_loops=spec["add_self_loops"], normalize=spec["normalize"])
 
 
-@register("sgc")
+@register("sgc", defaults={"hops": 2},
+          sampled=Sampled(lambda spec: graph_hops("sgc", spec["hops"]),
+                          lambda spec, basis: {"kind": "sgc", "K": spec["hops"]}))
 def _sgc(spec, s: Structure) -> Basis:
     # SGC: the single matrix S^hops of the GCN-normalised adjacency, K = 1
     ei, n = _graph(s, "sgc")
-    return sgc(ei, n, _order(spec, "hops", 2))
+    return sgc(ei, n, _order(spec, "hops"))
 
 
-@register("chebyshev")
+@register("chebyshev", defaults={"K": 3, "normalization": "sym"},
+          sampled=Sampled(lambda spec: graph_hops("chebyshev", spec["K"]),
+                          _restricted_as("chebyshev", "K", "normalization")))
 def _chebyshev(spec, s: Structure) -> Basis:
     ei, n = _graph(s, "chebyshev")
-    return chebyshev(ei, n, _order(spec, "K", 3), normalization=spec.get("normalization", "sym"))
+    return chebyshev(ei, n, _order(spec, "K"), normalization=spec["normalization"])
 
 
-@register("diffusion")
+@register("diffusion", defaults={"K": 2, "normalization": "sym"},
+          sampled=Sampled(lambda spec: graph_hops("diffusion", spec["K"]),
+                          _restricted_as("diffusion", "K", "normalization")))
 def _diffusion(spec, s: Structure) -> Basis:
     ei, n = _graph(s, "diffusion")
-    return diffusion(ei, n, _order(spec, "K", 2, low=0),
-                     normalization=spec.get("normalization", "sym"))
+    return diffusion(ei, n, _order(spec, "K", low=0), normalization=spec["normalization"])
 
 
-@register("relational")
+def _sort_length(sort) -> int:
+    """Relations in a sort as a config writes it: an id, a list, or a dotted name."""
+    if isinstance(sort, list):
+        return len(sort)
+    return sort.count(".") + 1 if isinstance(sort, str) else 1
+
+
+def _relational_hops(spec: dict) -> int:
+    sorts = spec["sorts"]
+    if sorts == "mined":
+        return spec["max_length"]
+    if isinstance(sorts, list):
+        return max(map(_sort_length, sorts), default=0)
+    return 1
+
+
+def _relational_restriction(spec: dict, basis) -> dict:
+    # the built basis's sorts (a "mined" set is only known once mined)
+    return {"kind": "relational", "sorts": basis.sorts, "identity": basis.identity,
+            "normalization": spec["normalization"], "num_relations": basis.num_relations}
+
+
+@register("relational", defaults={"sorts": "single", "normalization": "mean", "identity": True,
+                                  "max_length": 2, "top": 10, "backtrack": True},
+          sampled=Sampled(_relational_hops, _relational_restriction))
 def _relational(spec, s: Structure) -> Basis:
     ei, n = _graph(s, "relational")
     _need(s.edge_type is not None, "a relational basis needs edge types")
     R = s.num_relations or 1
-    sorts = spec.get("sorts", "single")
+    sorts = spec["sorts"]
     # "single": one basis matrix per relation (R-GCN); "mined": those plus the `top` best
     # supported paths of length 2..max_length of the data's graph; else a list of sorts (ids,
     # name tuples or dotted strings)
     if sorts == "single":
         sorts = None
     elif sorts == "mined":
-        mined = mine_sorts(ei, s.edge_type, n, num_relations=R, relations=s.relations,
-                           max_length=_order(spec, "max_length", 2, low=2),
-                           top=_order(spec, "top", 10, low=1), confidence=False,
-                           backtrack=bool(spec.get("backtrack", True)))
-        sorts = [(r,) for r in range(R)] + [m.sort for m in mined]
+        sorts, _ = single_and_mined_sorts(
+            ei, s.edge_type, n, R, relations=s.relations,
+            max_length=_order(spec, "max_length", low=2), top=_order(spec, "top"),
+            backtrack=bool(spec["backtrack"]))
     elif isinstance(sorts, list):
         sorts = [tuple(x) if isinstance(x, list) else x for x in sorts]
     else:
         raise KindError(f"sorts must be 'single', 'mined' or a list of sorts, got {sorts!r}")
-    return relational(ei, s.edge_type, n, sorts, normalization=spec.get("normalization", "mean"),
-                      identity=bool(spec.get("identity", True)), num_relations=R,
+    return relational(ei, s.edge_type, n, sorts, normalization=spec["normalization"],
+                      identity=bool(spec["identity"]), num_relations=R,
                       relations=list(s.relations) if s.relations else None)
 
 
@@ -153,5 +233,8 @@ def _content(spec, s: Structure) -> Basis:
                     "basis")
 
 
-register("attention", _content, content=True)
-register("graph_attention", _content, content=True)
+register("attention", _content, content=True,
+         defaults={"heads": 1, "causal": False, "dim": None, "dropout": 0.0})
+register("graph_attention", _content, content=True,
+         defaults={"heads": 1, "dropout": 0.0, "add_self_loops": True, "negative_slope": 0.2},
+         sampled=Sampled(lambda spec: 1, lambda spec, basis: {"kind": "block"}))

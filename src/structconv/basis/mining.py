@@ -16,7 +16,7 @@ from torch import Tensor
 from .edges import check_edge_type, check_edges, check_num_nodes
 from .sorts import inverse_name, sort_name
 
-__all__ = ["MinedSort", "mine_sorts"]
+__all__ = ["MinedSort", "mine_sorts", "single_and_mined_sorts"]
 
 
 @dataclass
@@ -198,3 +198,16 @@ def mine_sorts(edge_index: Tensor, edge_type: Tensor, num_nodes: int, *,
         out.sort(key=lambda m: (-m.confidence, -m.support))
         out = out[:top]
     return out
+
+
+def single_and_mined_sorts(edge_index: Tensor, edge_type: Tensor, num_nodes: int,
+                           num_relations: int, *, relations: Sequence[str] | None = None,
+                           max_length: int = 2, top: int = 10,
+                           backtrack: bool = True) -> tuple[list[tuple[int, ...]], list]:
+    """The sorts of an encoder over mined paths: every relation alone, then the ``top`` best
+    supported paths of length 2..``max_length`` of this (training) graph; returns (sorts, the
+    ``MinedSort``s)."""
+    mined = mine_sorts(edge_index, edge_type, num_nodes, num_relations=num_relations,
+                       relations=relations, max_length=max_length, top=top, confidence=False,
+                       backtrack=backtrack)
+    return [(r,) for r in range(num_relations)] + [m.sort for m in mined], mined

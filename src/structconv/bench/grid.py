@@ -88,7 +88,6 @@ def build(case: Case, seed: int, device: str = "cpu"):
     if case.H is not None:
         K = case.kernel ** case.dim
         ours.param = ControlledSeparable(K, case.P, case.Q, case.H).to(device)
-        ours._routes.clear()
     shift = from_torch(ref)
     shift.param = ours.param
     shift.bias = ours.bias
@@ -133,7 +132,7 @@ def time_case(case: Case, repeats: int, seed: int, device: str = "cpu") -> dict:
     ref, ours, shift, x = build(case, seed, device)
     with torch.no_grad():
         err = float((ours(x) - ref(x)).abs().max()) if case.H is None else None
-    shift_route = shift._route_for(shift.basis_for(case.size), case.B, x)[0]
+    shift_route = shift.plan_for(shift.basis_for(case.size), x.flatten(2).transpose(1, 2)).route
     # the shift layer on the paper's bundle layout (B, M, P): no NCHW <-> channels-last copies
     bundle = GridConv(case.P, case.Q, shift.kernel_size, shift.stride, shift.padding,
                       shift.dilation, groups=shift.groups, param=shift.param,
@@ -151,7 +150,7 @@ def time_case(case: Case, repeats: int, seed: int, device: str = "cpu") -> dict:
         case=case.name, dim=case.dim, B=case.B, P=case.P, Q=case.Q, size=list(case.size),
         kernel=case.kernel, stride=case.stride, padding=case.padding, groups=case.groups,
         H=case.H, params_torch=_count(ref), params_ours=_count(ours),
-        dispatch_route=ours._route_for(ours.basis_for(case.size), case.B, x)[0],
+        dispatch_route=ours.plan_for(ours.basis_for(case.size), x.flatten(2).transpose(1, 2)).route,
         shift_route=shift_route, max_abs_diff_vs_torch=err,
         fwd_ms={k: v[0] * 1e3 for k, v in fwd.items()},
         fwd_bwd_ms={k: v[0] * 1e3 for k, v in bwd.items()},

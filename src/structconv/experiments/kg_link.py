@@ -20,10 +20,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..basis.mining import single_and_mined_sorts
 from ..data.kg import load_kg
 from ..data.registry import data_root
 from ..io import atomic_write_json
-from ..kg import LinkPredictor, link_metrics, mine_sorts, train_link
+from ..kg import LinkPredictor, link_metrics, train_link
 from ._common import hardware, param_count, set_threads
 
 __all__ = ["add_arguments", "run", "PUBLISHED"]
@@ -91,9 +92,8 @@ def run(args) -> int:
     graph = data.graph("train")
     names = data.relation_names
     if args.encoder_layers and args.sorts == "mined":
-        mined = mine_sorts(*graph, E, relations=names, top=args.top, confidence=False,
-                           backtrack=False)
-        sorts = [(r,) for r in range(2 * R)] + [m.sort for m in mined]
+        sorts, mined = single_and_mined_sorts(*graph, E, 2 * R, relations=names, top=args.top,
+                                              backtrack=False)
         print(f"mined 2-sorts (training graph only): {', '.join(m.name for m in mined)}")
     model = _model(args, data, graph, sorts, names)
     print(f"{data}: {tag}, {param_count(model):,} parameters")

@@ -1,24 +1,27 @@
 """Knowledge graphs: filtered link-prediction ranking, decoders, models and sort mining.
 
 ``evaluate`` ranks a scorer exactly as ``CONTRACT.md`` defines it; ``DistMult`` / ``ComplEx``
-score triples; ``LinkPredictor`` + ``train_link`` train them (1-vs-all or negative sampling,
-optionally through R-GCN layers over random-walk sorts); ``mine_sorts`` lists the relation paths a
-training graph holds, by name.
+score triples; ``LinkPredictor`` (optionally through R-GCN layers over random-walk sorts) is
+trained by ``train_link``, whose one step and epoch (``link_epoch``, 1-vs-all or negative
+sampling) also run configs' link training; ``mine_sorts`` lists the relation paths a training
+graph holds, by name.
 """
 
 from ..basis.mining import MinedSort, mine_sorts
 from .decoders import DECODERS, ComplEx, DistMult
 from .evaluate import FilterIndex, check_triples, evaluate
 from .graphs import training_graph
-from .model import (
-    LinkPredictor,
-    inverse_graph,
-    link_metrics,
+from .model import LinkPredictor, corrupt_triples, inverse_graph, link_metrics, score_triples
+from .train import (
+    LinkObjective,
+    link_epoch,
+    link_loss,
     regularizer,
-    score_triples,
     train_link,
+    training_queries,
 )
 
 __all__ = ["evaluate", "FilterIndex", "check_triples", "DistMult", "ComplEx", "DECODERS",
            "LinkPredictor", "train_link", "link_metrics", "inverse_graph", "regularizer",
-           "mine_sorts", "MinedSort", "training_graph", "score_triples"]
+           "mine_sorts", "MinedSort", "training_graph", "score_triples", "corrupt_triples",
+           "LinkObjective", "link_epoch", "link_loss", "training_queries"]

@@ -10,21 +10,17 @@ query, cross-entropy with label smoothing; Ruffinelli et al. 2020) or R-GCN's ne
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import nn as scnn
-from ..checkpoint import CHECKPOINT_JSON, load_checkpoint, save_checkpoint, set_rng_state
 from .decoders import DECODERS
-from .evaluate import check_triples, evaluate
+from .evaluate import evaluate
 
-__all__ = ["LinkPredictor", "train_link", "link_metrics", "inverse_graph", "regularizer",
-           "score_triples", "corrupt_triples"]
+__all__ = ["LinkPredictor", "link_metrics", "inverse_graph", "score_triples",
+           "corrupt_triples"]
 
 
 def inverse_graph(train: Tensor, num_relations: int) -> tuple[Tensor, Tensor]:
@@ -166,124 +162,6 @@ def corrupt_triples(triples: Tensor, num_entities: int, negatives: int,
     neg[:, 0] = torch.where(side, corrupt, neg[:, 0])
     neg[:, 2] = torch.where(side, neg[:, 2], corrupt)
     return neg
-
-
-def regularizer(kind: str | None, vectors: list[Tensor]) -> Tensor | float:
-    """N3 (Σ|v|³, Lacroix et al. 2018) or L2 (Σ v²) of the vectors a batch used, per query."""
-    if kind is None or kind == "none":
-        return 0.0
-    if kind == "n3":
-        return sum(v.abs().pow(3).sum() for v in vectors) / vectors[0].shape[0]
-    if kind == "l2":
-        return sum(v.pow(2).sum() for v in vectors) / vectors[0].shape[0]
-    raise ValueError(f"unknown regularizer {kind!r}: use 'n3', 'l2' or None")
-
-
-def _batches(n: int, size: int, gen: torch.Generator):
-    perm = torch.randperm(n, generator=gen)
-    for i in range(0, n, size):
-        yield perm[i:i + size]
-
-
-def _batch_loss(model: LinkPredictor, q: Tensor, mode: str, label_smoothing: float,
-                negatives: int, reg, reg_weight: float, gen: torch.Generator) -> Tensor:
-    """The loss of one batch of (B, 3) training queries (see ``train_link``)."""
-    ent = model.entities()
-    r = q[:, 1]
-    if mode == "1vsall":
-        scores = model.decoder.score_all(ent[q[:, 0]], r, ent)
-        loss = F.cross_entropy(scores, q[:, 2], label_smoothing=label_smoothing)
-    else:
-        n = q.shape[0]
-        neg = corrupt_triples(q, model.num_entities, negatives, gen)
-        s = score_triples(model.decoder, ent, torch.cat([q, neg]))
-        y = torch.cat([torch.ones(n, dtype=s.dtype, device=s.device),
-                       torch.zeros(neg.shape[0], dtype=s.dtype, device=s.device)])
-        if label_smoothing:
-            y = y * (1 - label_smoothing) + label_smoothing / 2
-        loss = F.binary_cross_entropy_with_logits(s, y)
-    if reg_weight and reg not in (None, "none"):
-        h, t = ent[q[:, 0]], ent[q[:, 2]]
-        loss = loss + reg_weight * regularizer(reg, [h, model.decoder.relation_vectors(r), t])
-    return loss
-
-
-def _optimizer(name: str, model: nn.Module, lr: float):
-    if name == "adam":
-        return torch.optim.Adam(model.parameters(), lr=lr)
-    if name == "adagrad":
-        return torch.optim.Adagrad(model.parameters(), lr=lr)
-    raise ValueError(f"train_link: optimizer must be 'adam' or 'adagrad', got {name!r}")
-
-
-def _resume(checkpoint_dir, model: nn.Module, opt) -> tuple[list[dict], int]:
-    """(history, first epoch) of a run: restored from ``checkpoint_dir`` where it has one."""
-    if checkpoint_dir is None or not (Path(checkpoint_dir) / CHECKPOINT_JSON).is_file():
-        return [], 1
-    ck = load_checkpoint(checkpoint_dir)
-    model.load_state_dict(ck["model"])
-    opt.load_state_dict(ck["optimizer"])
-    set_rng_state(*ck["rng"])
-    return list(ck["trainer"]["history"]), ck["epoch"] + 1
-
-
-def train_link(model: LinkPredictor, train: Tensor, *, mode: str = "1vsall", epochs: int = 10,
-               batch_size: int = 1000, lr: float = 1e-3, optimizer: str = "adam",
-               label_smoothing: float = 0.0, reg: str | None = None, reg_weight: float = 0.0,
-               negatives: int = 1, seed: int = 0, time_limit: float | None = None,
-               valid: Callable[[int], dict] | None = None, eval_every: int = 1,
-               log: Callable[[str], None] | None = None,
-               checkpoint_dir=None) -> list[dict]:
-    """Train ``model`` on ``train`` (T, 3) triples; returns the per-epoch log (loss, time,
-    validation metrics when ``valid(epoch)`` is given, every ``eval_every`` epochs).
-
-    ``mode="1vsall"``: each triple gives two queries, (h, r) -> t and (t, r + R) -> h, scored
-    against all entities with cross-entropy. ``mode="negative"``: each triple (and its reverse
-    ``(t, r + R, h)`` where the decoder is reciprocal) and ``negatives`` corruptions of its head
-    or tail (uniform), binary cross-entropy (R-GCN's setting).
-    Stops after ``time_limit`` seconds at an epoch's end. With ``checkpoint_dir`` every epoch
-    ends with a checkpoint (safetensors, atomic) and a later call continues from the last one:
-    batches are drawn from a per-epoch seed, so a resumed run equals an uninterrupted one.
-    """
-    if mode not in ("1vsall", "negative"):
-        raise ValueError(f"train_link: mode must be '1vsall' or 'negative', got {mode!r}")
-    train = check_triples(train, model.num_entities, model.num_relations, "train")
-    opt = _optimizer(optimizer, model, lr)
-    torch.manual_seed(seed)
-    R = model.num_relations
-    history, first = _resume(checkpoint_dir, model, opt)
-    if mode == "1vsall" or model.decoder.reciprocal:
-        # reciprocal relations are trained on the reversed triples (the inverse queries)
-        queries = torch.cat([train, torch.stack([train[:, 2], train[:, 1] + R, train[:, 0]], 1)])
-    else:  # one vector per relation serves both directions: the triples themselves suffice
-        queries = train
-    start = time.perf_counter()
-    for epoch in range(first, epochs + 1):
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-        model.train()
-        total, count, t0 = 0.0, 0, time.perf_counter()
-        for idx in _batches(queries.shape[0], batch_size, gen):
-            loss = _batch_loss(model, queries[idx], mode, label_smoothing, negatives, reg,
-                               reg_weight, gen)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            total += float(loss.detach()) * idx.numel()
-            count += idx.numel()
-        row = {"epoch": epoch, "loss": total / count, "seconds": time.perf_counter() - t0}
-        if valid is not None and (epoch % eval_every == 0 or epoch == epochs):
-            model.eval()
-            row.update({f"valid_{k}": v for k, v in valid(epoch).items()})
-        history.append(row)
-        if checkpoint_dir is not None:
-            save_checkpoint(checkpoint_dir, epoch, model.state_dict(), opt.state_dict(),
-                            {"history": history})
-        if log is not None:
-            log("  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
-                          for k, v in row.items()))
-        if time_limit is not None and time.perf_counter() - start > time_limit:
-            break
-    return history
 
 
 def link_metrics(model: LinkPredictor, triples: Tensor, known: Tensor,

@@ -1,1 +1,21 @@
-"""Ready-made models built from structconv layers (graph models in ``models.graph``)."""
+"""Models built from structconv layers: declared models of configs and ready-made graph models.
+
+``build_model(cfg, data)`` turns a validated config (``structconv.config``) into a model
+(``declared.StructNet`` of ``[[model.layers]]``, ``sc.nn.TransformerLM`` of ``[model.lm]`` or
+``sc.kg.LinkPredictor`` of ``[model.link]``) and ``memory_estimate`` / ``check_memory`` say
+what it needs to train; ``models.graph`` holds the classic GCN, ChebNet, SGC, GAT and R-GCN.
+"""
+
+from .build import (
+    build_link,
+    build_lm,
+    build_model,
+    check_memory,
+    data_info,
+    memory_estimate,
+    optimizer_copies,
+)
+from .declared import StructNet
+
+__all__ = ["build_model", "build_lm", "build_link", "data_info", "memory_estimate",
+           "check_memory", "optimizer_copies", "StructNet"]

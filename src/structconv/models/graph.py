@@ -8,8 +8,6 @@ hyper-parameters reproduce the published accuracies.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -19,8 +17,9 @@ from .._checks import check_index_tensor
 from ..basis.base import Basis, Product, Sparse
 from ..engine import featureless
 from ..nn.attention import GATConv
+from ..nn.dropout import SparseDropout
 from ..nn.layers import Convolution
-from ..params import ControlledSeparable, Full
+from ..params import ControlledSeparable, Full, glorot_
 
 __all__ = ["GCN", "ChebNet", "SGC", "GAT", "RGCN", "gcn_basis", "chebyshev_basis",
            "relational_basis", "identity_basis", "glorot_", "featureless_convolve", "InputDropout"]
@@ -35,17 +34,9 @@ def _check_graph(edge_index: Tensor, num_nodes: int) -> None:
                          f"{int(edge_index.max())}] but num_nodes={num_nodes}")
 
 
-def _sparse(rows: Tensor, cols: Tensor, vals: Tensor, N: int, k: Tensor | None = None,
-            K: int = 1) -> Sparse:
-    k = torch.zeros_like(rows) if k is None else k
-    return Sparse(torch.stack([k, rows, cols]), vals, (K, N, N))
-
-
 def identity_basis(num_nodes: int, dtype=None) -> Sparse:
-    """The (1, N, N) identity: a node's self-connection."""
-    i = torch.arange(num_nodes)
-    return _sparse(i, i, torch.ones(num_nodes, dtype=dtype or torch.get_default_dtype()),
-                   num_nodes)
+    """The (1, N, N) identity: a node's self-connection (``sc.basis.identity``)."""
+    return _basis.identity(num_nodes, dtype)
 
 
 def gcn_basis(edge_index: Tensor, num_nodes: int, edge_weight: Tensor | None = None) -> Basis:
@@ -76,13 +67,6 @@ def relational_basis(edge_index: Tensor, edge_type: Tensor, num_nodes: int,
                              num_relations=num_relations, relations=relations)
 
 
-def glorot_(t: Tensor) -> Tensor:
-    """PyG's glorot: uniform(±sqrt(6 / (fan_in + fan_out))) on the last two dims, in place."""
-    b = math.sqrt(6.0 / (t.shape[-2] + t.shape[-1]))
-    with torch.no_grad():
-        return t.uniform_(-b, b)
-
-
 def _reset(conv: Convolution) -> Convolution:
     p = conv.param
     if isinstance(p, Full):
@@ -101,36 +85,8 @@ def featureless_convolve(conv: Convolution) -> Tensor:
     return featureless(conv.basis, conv.param, bias=conv.bias)
 
 
-class InputDropout(nn.Module):
-    """Dropout on the non-zero entries of a fixed, mostly-zero input x (N, F) (sparse dropout).
-
-    Same distribution as ``F.dropout`` (a dropped zero is still zero) but it draws one number per
-    non-zero: bag-of-words features are ~1% dense. The non-zero positions are cached per input.
-    """
-
-    def __init__(self, p: float):
-        super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
-        self.p = p
-        self._key = None
-        self._idx = None
-
-    def forward(self, x: Tensor) -> Tensor:
-        if not self.training or self.p == 0.0:
-            return x
-        if x.requires_grad:
-            return F.dropout(x, self.p, True)
-        key = (x.data_ptr(), x._version, tuple(x.shape), x.dtype, x.device)
-        if key != self._key:
-            self._idx = (x.reshape(-1) != 0).nonzero().squeeze(1)
-            self._key = key
-        flat = x.reshape(-1)
-        vals = flat[self._idx]
-        keep = torch.rand(vals.shape, dtype=vals.dtype, device=vals.device) >= self.p
-        out = torch.zeros_like(flat)
-        out[self._idx] = vals * keep / (1.0 - self.p)
-        return out.reshape(x.shape)
+#: dropout on the nonzero entries of fixed node features (``sc.nn.SparseDropout``)
+InputDropout = SparseDropout
 
 
 class GCN(nn.Module):

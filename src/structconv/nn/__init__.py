@@ -8,6 +8,7 @@ from .attention import (
                         TransformerEncoderLayer,
 )
 from .convert import from_pyg, from_torch, register_pyg, register_torch, to_torch
+from .dropout import SparseDropout, sparse_dropout
 from .graph import ChebConv, GCNConv, RGCNConv, SGConv, TAGConv
 from .grid import GridAvgPool, GridConv
 from .layers import Convolution
@@ -16,4 +17,5 @@ from .lm import CausalSelfAttention, TransformerLM
 __all__ = ["Convolution", "from_torch", "from_pyg", "to_torch", "register_torch", "register_pyg",
            "GCNConv", "ChebConv", "TAGConv", "SGConv", "RGCNConv",
            "MultiheadAttention", "GATConv", "TransformerEncoderLayer", "TransformerDecoderLayer",
-           "MixedAttention", "GridConv", "GridAvgPool", "CausalSelfAttention", "TransformerLM"]
+           "MixedAttention", "GridConv", "GridAvgPool", "CausalSelfAttention", "TransformerLM",
+           "SparseDropout", "sparse_dropout"]

@@ -21,19 +21,12 @@ from ..basis.base import Basis
 from ..basis.cache import cached
 from ..basis.edges import check_K, check_norm
 from ..engine import convolve, plan
-from ..params import ControlledSeparable, Full, Grouped, Parameterization
+from ..params import ControlledSeparable, Full, Grouped, Parameterization, glorot_
 from .convert import register_pyg
 
 __all__ = ["GCNConv", "ChebConv", "TAGConv", "SGConv", "RGCNConv", "GraphConvolution"]
 
 _FLOWS = ("source_to_target", "target_to_source")
-
-
-def _glorot_(t: Tensor) -> None:
-    # PyG's glorot: U(-a, a), a = sqrt(6 / (fan_in + fan_out)) on the last two dims
-    a = math.sqrt(6.0 / (t.size(-2) + t.size(-1)))
-    with torch.no_grad():
-        t.uniform_(-a, a)
 
 
 def _linear_layout_(param: Full) -> None:
@@ -107,7 +100,7 @@ class GraphConvolution(nn.Module):
         self.in_channels, self.out_channels = in_channels, out_channels
         self.cached, self.route = bool(cached), route
         self.param: Parameterization = Full(K, in_channels, out_channels)
-        _glorot_(self.param.weight)
+        glorot_(self.param.weight)
         _linear_layout_(self.param)
         if bias:
             self.bias = nn.Parameter(torch.zeros(out_channels))
@@ -371,17 +364,17 @@ class RGCNConv(nn.Module):
                              f"in_channels {in_channels!r}")
         if num_bases is not None:
             self.param = ControlledSeparable(R, P, Q, num_bases)
-            _glorot_(self.param.channel)
-            _glorot_(self.param.basis_coef)  # PyG's comp is (R, H): same bound
+            glorot_(self.param.channel)
+            glorot_(self.param.basis_coef)  # PyG's comp is (R, H): same bound
         elif num_blocks is not None:
             self.param = Grouped(R, P, Q, num_blocks)
-            _glorot_(self.param.weight)
+            glorot_(self.param.weight)
         else:
             self.param = Full(R, P, Q)
-            _glorot_(self.param.weight)
+            glorot_(self.param.weight)
         if root_weight:
             self.root = nn.Parameter(torch.empty(pair[1], Q))
-            _glorot_(self.root)
+            glorot_(self.root)
         else:
             self.register_parameter("root", None)
         if bias:

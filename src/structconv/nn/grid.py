@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ..basis.grid import AvgPool, Grid, conv_weight, same_padding
-from ..engine import convolve, plan
+from ..engine import plan
 from ..kernels.geometry import as_shape, pad_pairs, per_dim
 from ..params import DepthwiseSeparable, Grouped, Parameterization, make_param
 from .convert import register_to_torch, register_torch
@@ -177,7 +177,7 @@ class GridConv(_GridLayer):
             self.bias = nn.Parameter(torch.empty(out_channels).uniform_(-b, b))
         else:
             self.register_parameter("bias", None)
-        self._routes: dict = {}
+        self._plans: dict = {}
         self._init_layout(d, in_shape, layout)
 
     def extra_repr(self) -> str:
@@ -194,51 +194,52 @@ class GridConv(_GridLayer):
     def native(self, value: bool) -> None:
         self._native = bool(value)
         self._bases.clear()
-        self._routes.clear()
+        self._plans.clear()
         self._last = None if self.in_shape is None else self.basis_for(self.in_shape)
 
     def _make_basis(self, in_shape) -> Grid:
         return Grid(in_shape, self.kernel_size, self.stride, self.padding, self.dilation,
                     native=self._native)
 
-    def _route_for(self, grid: Grid, B: int, x: Tensor):
-        """(route name, the layout it reads) for this call, planned once per shape."""
-        key = (grid._key(), grid.native, B, x.dtype, x.device.type, id(self.param))
-        if key not in self._routes:
-            if len(self._routes) > 4 * _CACHE_SIZE:
-                self._routes.clear()
-            shape = (B, grid.M, self.in_channels)
-            # an image is planned as what forward hands the engine: its channels-first view
-            meta = (torch.empty(shape, device="meta") if x.dim() != self.ndim + 2 else
-                    torch.empty((B, self.in_channels, grid.M), device="meta").transpose(1, 2))
-            p = plan(meta, grid, self.param, route=self.route)
-            self._routes[key] = (p.route, p.chosen.reads)
-        return self._routes[key]
+    def plan_for(self, grid: Grid, x: Tensor, route: str | None = None):
+        """The ``sc.Plan`` of this layer on ``grid`` for the bundle ``x`` (B, M, P) the engine
+        is handed (an image's channels-first view), made once per shape and kept: the layer
+        runs it (no second planning). ``route``: the layer's ``route`` unless given."""
+        route = self.route if route is None else route
+        key = (grid.cache_key(), grid.native, tuple(x.shape), x.stride(), x.dtype,
+               x.device.type, id(self.param), route)
+        p = self._plans.get(key)
+        if p is None:
+            if len(self._plans) > 4 * _CACHE_SIZE:
+                self._plans.clear()
+            p = self._plans[key] = plan(x, grid, self.param, route=route)
+        return p
 
     def forward(self, x: Tensor) -> Tensor:
         layout = self._which(x, self.in_channels)
         if layout == "bundle":
             grid = self._last = self.basis_for(self.in_shape)
-            route, _ = self._route_for(grid, x.shape[0] if x.dim() == 3 else 1, x)
-            return convolve(x, grid, self.param, route=route, bias=self.bias)
+            return self.plan_for(grid, x if x.dim() == 3 else x.unsqueeze(0))(
+                x, self.param, bias=self.bias)
         unbatched = x.dim() == self.ndim + 1
         if unbatched:
             x = x.unsqueeze(0)
         grid = self._last = self.basis_for(x.shape[2:])
         B, Q = x.shape[0], self.out_channels
-        route, reads = self._route_for(grid, B, x)
-        if reads == "channels_first":
+        # an image is planned as what the engine is handed: its channels-first view
+        xv = x.flatten(2).transpose(1, 2)
+        p = self.plan_for(grid, xv)
+        if p.chosen.reads == "channels_first":
             # F.convNd and the tap kernels read the image's memory as it is (no copy), add the
             # bias inside, and write channels-first outputs
-            y = convolve(x.flatten(2).transpose(1, 2), grid, self.param, route=route,
-                         bias=self.bias)
+            y = p(xv, self.param, bias=self.bias)
             # a contiguous image always (free where the kernel wrote channels-first; a depthwise
             # multiplier comes back channels-last and is copied once)
             y = y.transpose(1, 2).contiguous().view(B, Q, *grid.out_shape)
         else:
             # one copy to channels-last: the shift kernels read channel runs contiguously
             xb = x.movedim(1, -1).reshape(B, grid.M, self.in_channels).contiguous()
-            y = convolve(xb, grid, self.param, route=route)
+            y = self.plan_for(grid, xb, p.route)(xb, self.param)
             # back to channels-first in one copy, then the bias in place on that fresh tensor
             img = y.new_empty(B, Q, *grid.out_shape)
             img.copy_(y.reshape(B, *grid.out_shape, Q).movedim(-1, 1))
@@ -318,7 +319,7 @@ class GridAvgPool(_GridLayer):
         pool = self._last = self.basis_for(x.shape[2:])
         B, C = x.shape[:2]
         self._set_param(x, C)
-        if self.route != "basis" and pool._native_ok():
+        if self.route != "basis" and pool.native_ok():
             y = pool.pool_image(x)
         elif self.route == "native":
             raise ValueError(f"route='native' but F.avg_poolNd cannot compute {pool!r}")

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from ..basis.base import Basis, as_basis
-from ..engine import convolve, plan
+from ..engine import convolve, featureless, plan
 from ..params import Parameterization, make_param
 
 __all__ = ["Convolution"]
@@ -38,9 +38,18 @@ class Convolution(nn.Module):
         return (f"basis={self.basis!r}, in_channels={self.in_channels}, "
                 f"out_channels={self.out_channels}, bias={self.bias is not None}")
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, basis: Basis | None = None) -> Tensor:
+        """``basis``: another basis of the same K applied in place of ``self.basis`` (e.g. its
+        restriction to a sampled block, (K, M', N'))."""
         # the bias goes into the route's kernel where it can (e.g. a Grid's depthwise taps)
-        return convolve(x, self.basis, self.param, route=self.route, bias=self.bias)
+        return convolve(x, self.basis if basis is None else basis, self.param, route=self.route,
+                        bias=self.bias)
+
+    def featureless(self, basis: Basis | None = None, rows: Tensor | None = None) -> Tensor:
+        """The layer on one-hot inputs x = I without forming I: (N, Q). ``rows`` (M,): the
+        entries whose one-hot rows the (restricted) ``basis``'s M inputs are."""
+        return featureless(self.basis if basis is None else basis, self.param, bias=self.bias,
+                           rows=rows)
 
     def plan(self, x: Tensor):
         """The planner's decision for this input (see ``sc.plan``)."""

@@ -278,12 +278,13 @@ class NeighborLoader:
         """Make the next iteration epoch ``epoch`` (its shuffle and random seeds)."""
         self._epoch = _check_int(epoch, "epoch", 0)
 
-    def _num_global(self) -> int:
+    def num_global_batches(self) -> int:
+        """Batches of seeds in one epoch over every process together."""
         S, b = self.input_nodes.shape[0], self.batch_size
         return S // b if self.drop_last else -(-S // b)
 
     def __len__(self) -> int:
-        return -(-self._num_global() // self.world_size)
+        return -(-self.num_global_batches() // self.world_size)
 
     def global_plan(self, epoch: int) -> list[tuple[Tensor, int]]:
         """Every rank's (seed ids, random seed) pairs of epoch ``epoch``: the global batches
@@ -291,7 +292,7 @@ class NeighborLoader:
         g = torch.Generator().manual_seed(_splitmix(_splitmix(self.seed) ^ epoch) >> 1)
         S = self.input_nodes.shape[0]
         perm = torch.randperm(S, generator=g) if self.shuffle else torch.arange(S)
-        nb = self._num_global()
+        nb = self.num_global_batches()
         batches = list(perm[:nb * self.batch_size if self.drop_last else S].split(
             self.batch_size))
         seeds = torch.randint(0, 2 ** 62, (nb,), generator=g).tolist()

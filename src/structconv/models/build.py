@@ -1,0 +1,209 @@
+"""The model a validated config describes, for a dataset, and the memory it needs to train.
+
+``build_model`` picks the model kind from the config (``[model.link]``: ``sc.kg.LinkPredictor``;
+``[model.lm]``: ``sc.nn.TransformerLM``; else a ``StructNet`` of declared layers).
+``memory_estimate`` reads the built model's parameter count and per-sample activation count
+(or the link predictor's sizes) so that a run that cannot fit is refused before it starts
+(``check_memory``), without a second build.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import basis as B
+from .._checks import available_memory, gib
+from ..config import (
+    LM_KEYS,
+    ConfigError,
+    graph_layer_hops,
+    is_link,
+    link_spec,
+    link_train_spec,
+    sampler_spec,
+)
+from .declared import StructNet
+
+__all__ = ["build_model", "build_lm", "build_link", "data_info", "link_sorts",
+           "optimizer_copies", "memory_estimate", "check_memory", "sampled_share"]
+
+
+def _need(cond: bool, msg: str):
+    if not cond:
+        raise ConfigError(msg)
+
+
+def data_info(data, cfg: dict) -> dict:
+    """What a ``StructNet`` needs to know about a dataset (shapes, graph, classes)."""
+    info = {"task": data.task, "num_classes": data.num_classes}
+    if data.task == "image":
+        C, *grid = data.shape
+        info.update(channels=C, grid=tuple(grid))
+    elif data.task == "node":
+        info.update(channels=data.num_features, edge_index=data.edge_index,
+                    num_nodes=data.num_nodes, edge_type=data.edge_type,
+                    num_relations=data.num_relations, featureless=data.x is None,
+                    relations=tuple(data.relations) if data.relations else None)
+    else:
+        info.update(channels=0, grid=(cfg["data"]["seq_len"],), vocab=len(data.vocab))
+    return info
+
+
+def build_lm(cfg: dict, data) -> nn.Module:
+    """The ``sc.nn.TransformerLM`` of a ``[model.lm]`` table, for a text dataset; a learned
+    position table covers ``context`` (default: the data's seq_len)."""
+    from ..nn.lm import TransformerLM
+
+    _need(data.task == "text", f"model.lm builds a language model: it needs a text dataset, "
+                               f"got a {data.task} task ({cfg['data']['name']})")
+    s = {**LM_KEYS, **cfg["model"]["lm"]}
+    return TransformerLM(len(data.vocab), s["width"], s["layers"], s["heads"], s["position"],
+                         s["shifts"], s["ffn"] or None, float(s["dropout"]),
+                         context=s["context"] or cfg["data"]["seq_len"], bias=s["bias"],
+                         tie_weights=s["tie_weights"])
+
+
+def link_sorts(spec: dict, data) -> list | None:
+    """The encoder's sorts over the 2R edge types of the training graph (None: one per
+    relation); "mined" mines the training graph only, so no valid/test edge shapes them."""
+    if spec["sorts"] == "single":
+        return None
+    if spec["sorts"] == "mined":
+        ei, et = data.graph("train")
+        return B.single_and_mined_sorts(ei, et, data.num_entities, 2 * data.num_relations,
+                                        relations=data.relation_names,
+                                        max_length=spec["max_length"], top=spec["top"],
+                                        backtrack=spec["backtrack"])[0]
+    return [tuple(x) if isinstance(x, list) else x for x in spec["sorts"]]
+
+
+def build_link(cfg: dict, data) -> nn.Module:
+    """The ``sc.kg.LinkPredictor`` of a ``[model.link]`` table, for a knowledge-graph dataset;
+    an encoder runs over the training triples with their inverses."""
+    from ..kg import LinkPredictor, inverse_graph
+
+    _need(data.task == "link", f"model.link predicts links: it needs a knowledge-graph dataset, "
+                               f"got a {data.task} task ({cfg['data']['name']})")
+    s = link_spec(cfg)
+    layers = s["encoder_layers"]
+    return LinkPredictor(data.num_entities, data.num_relations, s["dim"], s["decoder"],
+                         reciprocal=s["reciprocal"], init_std=float(s["init_std"]),
+                         encoder_layers=layers,
+                         graph=inverse_graph(data.train, data.num_relations) if layers else None,
+                         block=s["block"], sorts=link_sorts(s, data) if layers else None,
+                         relations=data.relation_names, edge_dropout=float(s["edge_dropout"]),
+                         self_dropout=float(s["self_dropout"]), dropout=float(s["dropout"]))
+
+
+def build_model(cfg: dict, data) -> nn.Module:
+    """The model described by ``cfg['model']`` for ``data`` (a registry dataset)."""
+    try:
+        model = build_link(cfg, data) if is_link(cfg) else build_lm(cfg, data) \
+            if cfg["model"]["lm"] else StructNet(cfg, data_info(data, cfg))
+        return model.to(getattr(torch, cfg["model"]["dtype"]))
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"cannot build the model: {e}") from None
+    except (MemoryError, RuntimeError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if isinstance(e, MemoryError) or "allocate" in msg:
+            raise ConfigError(f"cannot build the model: its parameters do not fit in this "
+                              f"machine's memory ({msg})") from None
+        raise
+
+
+# -- memory ---------------------------------------------------------------------------------------
+def optimizer_copies(train: dict) -> int:
+    """Copies of the weights one training step holds: weights and gradients, plus the
+    optimizer's state (Adam's two moments, Adagrad's sums, SGD's momentum buffer)."""
+    state = {"adam": 2, "adamw": 2, "adagrad": 1}.get(train["optimizer"],
+                                                      int(train["momentum"] > 0))
+    return 2 + state
+
+
+def _link_memory(cfg: dict, data) -> dict:
+    """``memory_estimate`` of a link predictor, from its sizes (mined sorts counted at ``top``):
+    the entity and relation tables and encoder weights, and one batch's activations (a 1-vs-all
+    batch's (batch, entities) scores with their softmax and gradient, the encoder's per-entity
+    and per-edge vectors)."""
+    s, lt = link_spec(cfg), link_train_spec(cfg)
+    E, R, dim, L = data.num_entities, data.num_relations, s["dim"], s["encoder_layers"]
+    K = 2 * R if s["sorts"] == "single" else 2 * R + s["top"] if s["sorts"] == "mined" \
+        else len(s["sorts"])
+    n_params = E * dim + (2 * R if s["reciprocal"] else R) * dim + \
+        L * (K * dim * s["block"] + dim * dim + dim)
+    nbytes = 8 if cfg["model"]["dtype"] == "float64" else 4
+    copies = optimizer_copies(cfg["train"])
+    bsz = cfg["data"]["batch_size"]
+    rows = bsz if lt["mode"] == "1vsall" else bsz * (1 + lt["negatives"])
+    per_batch = 6 * rows * dim + (3 * bsz * E if lt["mode"] == "1vsall" else 2 * rows)
+    # per layer: the self part, its dropout, the output and its activation, and the messages
+    # of the 2T training edges (with inverses)
+    encoder = L * (4 * E * dim + 2 * 2 * data.train.shape[0] * dim)
+    return {"params": n_params * nbytes * copies, "activations": (per_batch + encoder) * nbytes,
+            "n_params": n_params, "batch": bsz, "copies": copies,
+            "hint": "reduce model.link.dim or data.batch_size"}
+
+
+def _lm_activations(cfg: dict, data) -> int:
+    """Activation scalars one text sample keeps: per token and layer norms, q/k/v, attention
+    output, residuals and the MLP's two maps; per layer the (heads, T, T) attention weights;
+    then the logits."""
+    s = {**LM_KEYS, **cfg["model"]["lm"]}
+    T, w = cfg["data"]["seq_len"], s["width"]
+    ffn = s["ffn"] or 4 * w
+    return T * s["layers"] * (10 * w + 2 * ffn + s["heads"] * T) + 2 * T * len(data.vocab)
+
+
+def memory_estimate(cfg: dict, data, model: nn.Module | None = None) -> dict | None:
+    """Bytes one training step of ``cfg``'s model on ``data`` needs, about: ``params``
+    (weights, gradients and optimizer state) and ``activations`` (one batch, kept for the
+    backward pass, and their gradients). ``model``: the built model (built here otherwise)."""
+    if is_link(cfg):
+        return _link_memory(cfg, data)
+    if model is None:
+        model = build_model(cfg, data)
+    t, d = cfg["train"], cfg["data"]
+    nbytes = 8 if cfg["model"]["dtype"] == "float64" else 4
+    copies = optimizer_copies(t)
+    n_params = sum(p.numel() for p in model.parameters())
+    per_sample = _lm_activations(cfg, data) if cfg["model"]["lm"] else model.activation_elements
+    batch = 1 if data.task == "node" else d["batch_size"]
+    if data.task == "node" and sampler_spec(cfg):
+        per_sample = int(per_sample * sampled_share(cfg, data.num_nodes))
+    return {"params": n_params * nbytes * copies, "activations": 2 * per_sample * batch * nbytes,
+            "n_params": n_params, "batch": batch, "copies": copies}
+
+
+def sampled_share(cfg: dict, num_nodes: int) -> float:
+    """The share of the graph's nodes a sampled mini-batch reaches at most: batch_size x the
+    product of (1 + fanout) over the hops, capped at 1 (a fanout "all" reaches every node)."""
+    s = sampler_spec(cfg)
+    graph = [h for h in map(graph_layer_hops, cfg["model"]["layers"]) if h is not None]
+    reach = float(s["batch_size"])
+    for f, h in zip(s["fanouts"], reversed(graph)):
+        for v in (f if isinstance(f, list) else [f] * h):
+            if v in (-1, "all"):
+                return 1.0
+            reach *= 1 + v
+    return min(1.0, reach / max(num_nodes, 1))
+
+
+def check_memory(cfg: dict, data, device: str | torch.device = "cpu",
+                 model: nn.Module | None = None) -> dict | None:
+    """Refuse (ConfigError with the estimate) a run whose ``memory_estimate`` exceeds the
+    memory available on ``device``; returns the estimate."""
+    est = memory_estimate(cfg, data, model)
+    free = available_memory(device)
+    if est is None or free is None:
+        return est
+    need = est["params"] + est["activations"]
+    _need(need <= free, f"the model needs about {gib(need)} to train ({est['n_params']:,} "
+                        f"parameters x{est['copies']} with gradients and optimizer state: "
+                        f"{gib(est['params'])}; activations of a batch of {est['batch']}: "
+                        f"{gib(est['activations'])}), more than the {gib(free)} available "
+                        f"on this machine: "
+                        f"{est.get('hint', 'reduce channels, layers or data.batch_size')}")
+    return est

@@ -1,0 +1,360 @@
+"""Declared models: the modules a config's ``[[model.layers]]`` describe, and ``StructNet``.
+
+A layer with a fixed basis is a ``sc.nn.Convolution`` (bias fused into the route's kernel); a
+layer whose basis is computed from content (``attention``, ``graph_attention``, optionally
+stacked with fixed parts such as shift heads) is an ``AttentionConv``; ``linear`` and ``mlp``
+layers act on each entry alone. A ``Block`` adds dropout, activation, pooling, residual and
+norm around one of them.
+
+One stack serves full-batch and sampled training: ``StructNet.forward(x, structures,
+node_ids)`` takes, for a sampled mini-batch, each graph layer's restriction (a restricted basis,
+or the edge ``Block`` of a graph-attention layer) in place of the full data's, and the input
+nodes' ids (featureless inputs read their rows of theta); without them it runs on the data the
+model was built for.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from .. import attention as att
+from .. import basis as B
+from .. import params as P
+from ..config import ConfigError, is_content
+from ..engine import convolve
+from ..nn.dropout import sparse_dropout
+from ..nn.layers import Convolution
+
+__all__ = ["ACTIVATIONS", "StructNet", "Block", "AttentionConv", "MLP", "Pool", "declared_conv",
+           "with_self_loops"]
+
+#: the activations a declared layer may name
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "elu": F.elu, "tanh": torch.tanh,
+               "sigmoid": torch.sigmoid, "none": None, "leaky_relu": F.leaky_relu}
+
+
+def _need(cond: bool, msg: str):
+    if not cond:
+        raise ConfigError(msg)
+
+
+def with_self_loops(edge_index: Tensor, num_nodes: int) -> Tensor:
+    """GAT's neighbourhoods: the graph's own self loops replaced by one per node of the first
+    ``num_nodes`` (a sampled block's targets are its first sources)."""
+    loops = torch.arange(num_nodes, device=edge_index.device).repeat(2, 1)
+    return torch.cat([edge_index[:, edge_index[0] != edge_index[1]], loops], 1)
+
+
+def declared_conv(basis: B.Basis, Pin: int, Q: int, layer: dict) -> Convolution:
+    """A fixed-basis layer: ``sc.nn.Convolution`` with the layer's parameter form, route and a
+    zero-initialised bias."""
+    conv = Convolution(basis, Pin, Q, param=P.build(layer, basis.K, Pin, Q),
+                       bias=layer.get("bias", True), route=layer.get("route", "auto"))
+    if conv.bias is not None:
+        nn.init.zeros_(conv.bias)
+    return conv
+
+
+class AttentionConv(nn.Module):
+    """Content bases from ``sc.attention``, optionally stacked with fixed bases (shift heads).
+
+    ``attention``: A_k = softmax over inputs of the scaled dot product (``DotProduct``, masked
+    causally when ``causal``), applied by ``DotProductAttention``; ``graph_attention``: GAT's
+    LeakyReLU(μ_k·h_m + ν_k·h_n) on h = x Θ_k over the edges m -> n (``GraphAttention``).
+    y = Σ_k A_kᵀ x Θ_k with one theta over all K = heads + fixed; x (B, M, P) -> (B, N, Q).
+    """
+
+    def __init__(self, spec: dict, ctx: B.Structure, Pin: int, Q: int, layer: dict,
+                 where: str):
+        super().__init__()
+        parts = [B.with_defaults(p) for p in (spec["parts"] if spec["kind"] == "stack"
+                                              else [spec])]
+        content = [p for p in parts if is_content(p)]
+        fixed = [p for p in parts if not is_content(p)]
+        _need(len(content) == 1, f"{where}: use one attention part (with heads = H) per layer")
+        a = content[0]
+        self.kind = a["kind"]
+        self.heads = H = int(a["heads"])
+        _need(H >= 1, f"{where}: heads must be >= 1, got {H}")
+        self.fixed = B.Stack([B.build(p, ctx, f"{where}.basis") for p in fixed]) if fixed \
+            else None
+        K = H + (self.fixed.K if self.fixed is not None else 0)
+        self.dropout = float(a["dropout"])
+        if self.kind == "graph_attention":
+            _need(ctx.edge_index is not None, f"{where}: graph_attention needs a graph dataset")
+            _need(self.fixed is None, f"{where}: graph_attention cannot be stacked")
+            self.add_self_loops = bool(a["add_self_loops"])
+            ei = ctx.edge_index
+            self.register_buffer("edge_index", with_self_loops(ei, ctx.num_nodes)
+                                 if self.add_self_loops else ei, persistent=False)
+            self.num_nodes = ctx.num_nodes
+            self.slope = float(a["negative_slope"])
+            self.scores = att.GATScores(H, Q)
+        else:
+            self.causal = bool(a["causal"])
+            d = int(a["dim"] or max(1, Pin // H))
+            self.scores = att.DotProduct(H, Pin, Pin, d)
+        self.param = P.build(layer, K, Pin, Q)
+        self.bias = nn.Parameter(torch.zeros(Q)) if layer.get("bias", True) else None
+
+    def content_basis(self, x: Tensor, theta: Tensor, structure=None):
+        """The attention part of the basis for bundle x (B, M, P): a batched sc.attention
+        basis; ``structure`` a sampled edge block (graph attention) instead of the graph."""
+        p = self.dropout if self.training else 0.0
+        if self.kind != "graph_attention":
+            q, k = self.scores.project(x, x)
+            return att.DotProductAttention(q, k, causal=self.causal, dropout_p=p)
+        if structure is None:
+            ei, M, N = self.edge_index, self.num_nodes, self.num_nodes
+        else:
+            ei, M, N = structure.edge_index.to(x.device), structure.num_src, structure.num_dst
+            if self.add_self_loops:
+                ei = with_self_loops(ei, N)
+        h = torch.einsum("bmp,kpq->bmkq", x, theta)  # per-head features h = x Θ_k
+        s = F.leaky_relu(self.scores.edge_scores(h, h, ei), self.slope)
+        basis = att.GraphAttention.from_scores(ei, s, M, N)
+        if p:
+            basis = att.GraphAttention(ei, F.dropout(basis.alpha, p), M, N,
+                                       structure=basis.structure)
+        return basis
+
+    def forward(self, x: Tensor, structure=None) -> Tensor:
+        theta = self.param()
+        H = self.heads
+        y = convolve(x, self.content_basis(x, theta[:H], structure), theta[:H])
+        if self.fixed is not None:
+            y = y + convolve(x, self.fixed, theta[H:])
+        return y if self.bias is None else y + self.bias
+
+
+class MLP(nn.Module):
+    """The Transformer's feed-forward part: two pointwise convolutions (identity basis, K = 1,
+    i.e. linear maps of the channels) with an activation between; (B, M, C) -> (B, M, C)."""
+
+    def __init__(self, channels: int, hidden: int, activation: str, bias: bool = True):
+        super().__init__()
+        self.inner = nn.Linear(channels, hidden, bias=bias)
+        self.outer = nn.Linear(hidden, channels, bias=bias)
+        self.act = ACTIVATIONS[activation]
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.inner(x)
+        return self.outer(self.act(h) if self.act is not None else h)
+
+
+def _pool_sizes(spec: dict, nd: int, where: str):
+    """(kernel_size, stride, padding) of a pool table, checked (torch's rules)."""
+    ks, st, pad = spec.get("kernel_size", 2), spec.get("stride"), spec.get("padding", 0)
+    for name, v, low in (("kernel_size", ks, 1), ("stride", st, 1), ("padding", pad, 0)):
+        ok = lambda u: isinstance(u, int) and not isinstance(u, bool) and u >= low  # noqa
+        _need(v is None and name == "stride" or ok(v) or
+              isinstance(v, list) and len(v) == nd and all(map(ok, v)),
+              f"{where}: {name} must be an int >= {low} or a list of {nd}, got {v!r}")
+    per_dim = lambda v: list(v) if isinstance(v, list) else [v] * nd  # noqa
+    # torch's rule for both pools: a window is never more than half padding
+    _need(all(p <= k // 2 for p, k in zip(per_dim(pad), per_dim(ks))),
+          f"{where}: padding must be at most half the kernel_size, got padding {pad!r} "
+          f"with kernel_size {ks!r}")
+    unknown = set(spec) - {"kind", "kernel_size", "stride", "padding"}
+    _need(not unknown, f"{where}: unknown key(s) {', '.join(sorted(unknown))} (known: kind, "
+                       "kernel_size, stride, padding)")
+    return ks, st, pad
+
+
+class Pool(nn.Module):
+    """Grid pooling of a (B, H*W, C) bundle: ``avg`` is the K = 1 AvgPool basis, ``max`` torch's."""
+
+    def __init__(self, spec: dict, in_shape: tuple, where: str):
+        super().__init__()
+        kind = spec.get("kind", "avg")
+        _need(kind in ("avg", "max"), f"{where}: pool kind must be avg or max, got {kind!r}")
+        self.kind, self.in_shape = kind, tuple(in_shape)
+        ks, st, pad = _pool_sizes(spec, len(self.in_shape), where)
+        if kind == "avg":
+            self.basis = B.AvgPool(self.in_shape, ks, stride=st, padding=pad)
+            self.out_shape = tuple(self.basis.out_shape)
+            return
+        self.args = (ks, st if st is not None else ks, pad)
+        self.fn = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[len(self.in_shape) - 1]
+        try:
+            probe = self.fn(torch.zeros(1, 1, *self.in_shape, device="cpu"), *self.args)
+        except RuntimeError as e:  # torch's own check of the sizes, named by this layer
+            raise ConfigError(f"{where}: max pooling over {self.in_shape}: {e}") from None
+        self.out_shape = tuple(probe.shape[2:])
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.kind == "avg":
+            return self.basis.cast_like(x).propagate(x)[:, :, 0]
+        Bn, M, C = x.shape
+        g = x.transpose(1, 2).reshape(Bn, C, *self.in_shape)
+        return self.fn(g, *self.args).reshape(Bn, C, -1).transpose(1, 2)
+
+
+class Block(nn.Module):
+    """One declared layer: dropout on the input, the convolution, activation, pool, residual.
+
+    ``forward(x, structure=None, node_ids=None)``: x (B, M, P) -> (B, N, Q). ``structure``
+    replaces the data's structure for a sampled mini-batch (see the module doc), whose N
+    targets are the first of the M inputs; ``node_ids`` (M,) the inputs' global ids.
+    ``type = "mlp"`` layers take their activation inside (between the two maps) and are
+    residual unless ``residual = false``; ``linear`` and ``mlp`` layers are ``pointwise``.
+    """
+
+    def __init__(self, conv: nn.Module, layer: dict, Pin: int, pool: Pool | None = None,
+                 featureless: bool = False):
+        super().__init__()
+        self.conv = conv
+        kind = layer.get("type", "conv")
+        self.pointwise = kind in ("linear", "mlp")
+        self.featureless = bool(featureless)
+        self.act = None if kind == "mlp" else ACTIVATIONS[layer.get("activation", "none")]
+        self.dropout = float(layer.get("dropout", 0.0))
+        self.residual = bool(layer.get("residual", kind == "mlp"))
+        self.norm = nn.LayerNorm(Pin) if layer.get("norm", "none") == "layer" else None
+        self.pool = pool
+
+    def forward(self, x: Tensor, structure=None, node_ids: Tensor | None = None) -> Tensor:
+        h = self.norm(x) if self.norm is not None else x
+        h = sparse_dropout(h, self.dropout, self.training)
+        if self.pointwise:
+            h = self.conv(h)
+        elif self.featureless:
+            # one-hot input: x·Θ_k is Θ_k's rows (of the mini-batch's input nodes)
+            rows = None if node_ids is None else node_ids[:structure.M]
+            h = self.conv.featureless(structure, rows).expand(x.shape[0], -1, -1)
+        else:
+            h = self.conv(h, structure)
+        if self.act is not None:
+            h = self.act(h)
+        if self.residual:
+            h = h + x[:, :h.shape[1]]  # a sampled block's targets are its first inputs
+        if self.pool is not None:
+            h = self.pool(h)
+        return h
+
+
+def _out_grid(basis, grid):
+    """The grid of a basis's output entries: its own ``out_shape``, the input's grid when the
+    basis keeps the number of entries, else None (no grid: pooling and flatten need one)."""
+    if grid is None:
+        return None
+    if basis.out_shape is not None:
+        return tuple(basis.out_shape)
+    return tuple(grid) if basis.N == math.prod(grid) else None
+
+
+class StructNet(nn.Module):
+    """A stack of declared layers over a bundle; input/readout set by the data's task.
+
+    image: (B, C, H, W) -> (B, classes); node: x (N, F) -> (N, classes); text: ids (B, T) ->
+    (B, T, classes). ``info`` is ``models.build.data_info``'s summary of the dataset.
+    """
+
+    def __init__(self, cfg: dict, info: dict):
+        super().__init__()
+        m = cfg["model"]
+        self.task, self.classes = info["task"], info["num_classes"]
+        ctx = B.Structure(grid=info.get("grid"), edge_index=info.get("edge_index"),
+                          num_nodes=info.get("num_nodes"), edge_type=info.get("edge_type"),
+                          num_relations=info.get("num_relations"),
+                          relations=info.get("relations"))
+        channels = info["channels"]
+        self.embed = None
+        if self.task == "text":
+            channels = int(m["embedding"]) or 64
+            self.embed = nn.Embedding(info["vocab"], channels)
+        featureless = self.task == "node" and info.get("featureless", False)
+        blocks = []
+        #: activation scalars one sample keeps for the backward pass, about (memory_estimate)
+        self.activation_elements = 0
+        for i, layer in enumerate(m["layers"]):
+            first = featureless and i == 0
+            conv, pool, Q, ctx = self._layer(layer, ctx, channels, info, f"model.layers.{i}",
+                                             first)
+            grid = pool.in_shape if pool is not None else ctx.grid  # the conv's output grid
+            entries = math.prod(grid) if grid else (info.get("num_nodes") or 1)
+            # the input's dropout copy (none for the identity input of featureless nodes), the
+            # conv's output and the activation's
+            self.activation_elements += entries * ((0 if first else channels) + 2 * Q)
+            if layer.get("residual"):
+                _need(Q == channels, f"model.layers.{i}: residual needs channels == input "
+                                     f"channels ({channels}), got {Q}")
+            blocks.append(Block(conv, layer, channels, pool, featureless=first))
+            channels = Q
+        self.blocks = nn.ModuleList(blocks)
+        self._set_readout(m, channels, ctx.grid)
+
+    def _layer(self, layer: dict, ctx: B.Structure, channels: int, info: dict, where: str,
+               featureless: bool):
+        """(conv, pool, output channels, the structure after the layer) of one layer table."""
+        ch = layer.get("channels", "same")
+        Q = self.classes if ch == "classes" else channels if ch == "same" else int(ch)
+        if layer.get("type", "conv") == "linear":
+            return nn.Linear(channels, Q, bias=layer.get("bias", True)), None, Q, ctx
+        if layer.get("type") == "mlp":
+            return MLP(channels, int(layer.get("hidden", 0)) or 4 * channels,
+                       layer.get("activation", "gelu"), layer.get("bias", True)), \
+                None, channels, ctx
+        spec = B.as_spec(layer["basis"])
+        if any(is_content(p) for p in spec.get("parts", [spec])):
+            _need(not featureless, f"{where}: attention cannot take featureless input")
+            conv = AttentionConv(spec, ctx, channels, Q, layer, where)
+        else:
+            basis = B.build(spec, ctx, f"{where}.basis")
+            # featureless nodes: the input is the identity, theta's P runs over the nodes
+            conv = declared_conv(basis, info["num_nodes"] if featureless else channels, Q,
+                                 layer)
+            ctx = replace(ctx, grid=_out_grid(basis, ctx.grid))
+        pool = None
+        if "pool" in layer:
+            _need(ctx.grid is not None, f"{where}: pool needs grid-shaped input")
+            spec_p = layer["pool"]
+            pool = Pool({"kind": spec_p} if isinstance(spec_p, str) else dict(spec_p),
+                        ctx.grid, f"{where}.pool")
+            ctx = replace(ctx, grid=pool.out_shape)
+        return conv, pool, Q, ctx
+
+    def _set_readout(self, m: dict, channels: int, grid) -> None:
+        """The readout over entries and the classifier after it, checked against the task."""
+        readout = m["readout"]
+        if readout == "auto":
+            readout = "flatten" if self.task == "image" else "none"
+        _need(not (self.task == "image" and readout == "none"),
+              "model.readout=none leaves one output per grid cell, but an image task needs one "
+              "per image: use flatten, mean, sum or max")
+        self.readout = readout
+        feat = channels * (math.prod(grid) if readout == "flatten" and grid else 1)
+        clf = m["classifier"]
+        if clf == "auto":
+            clf = channels != self.classes or readout == "flatten"
+        self.classifier = nn.Linear(feat, self.classes) if clf else None
+        self.out_channels = channels
+
+    def forward(self, x: Tensor, structures=None, node_ids: Tensor | None = None) -> Tensor:
+        """Logits; ``structures`` (one per graph layer, input side first) and ``node_ids`` run
+        the node model on a sampled mini-batch: x (M, F) on its input nodes (or (M, 0) for
+        featureless nodes) -> (S, classes) on its S seeds."""
+        if self.task == "image":
+            Bn, C = x.shape[:2]
+            x = x.reshape(Bn, C, -1).transpose(1, 2)  # row-major grid flattening, (B, H*W, C)
+        elif self.task == "node":
+            x = x.unsqueeze(0)
+        else:
+            x = self.embed(x)
+        items = iter(structures) if structures is not None else None
+        for blk in self.blocks:
+            item = next(items) if items is not None and not blk.pointwise else None
+            x = blk(x, item, node_ids)
+        if self.readout == "flatten":
+            x = x.reshape(x.shape[0], -1)
+        elif self.readout in ("mean", "sum", "max"):
+            x = getattr(x, self.readout)(1)
+            x = x.values if self.readout == "max" else x
+        if self.classifier is not None:
+            x = self.classifier(x)
+        return x[0] if self.task == "node" else x
