@@ -137,3 +137,70 @@ def test_functions_stay_short():
                 if length > 60 and (rel, n.name) not in LONG_FUNCTIONS:
                     long.append(f"{rel}:{n.lineno} {n.name} ({length} lines)")
     assert not long, "split these (or list them with a reason):\n" + "\n".join(sorted(long))
+
+
+# -- private names stay in their module; layers are built in sc.nn and models/ --------------------
+#: cross-module uses of an underscore name, each with the reason it stays (keep this short)
+PRIVATE_USES = {
+    ("sampling/loader.py", "b._apply"): "a Basis maps its held tensors by the _apply protocol "
+                                        "torch.nn.Module uses (Basis._apply), as .to does",
+}
+
+
+def _private_uses(path: Path, modules: dict) -> list[tuple[int, str]]:
+    """(line, what) for each use in ``path`` of another structconv module's underscore name:
+    ``from X import _y``, or ``a._y`` where ``a`` is a name imported from another module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    imported, out = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.level or
+                                                 (node.module or "").startswith("structconv")):
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    out.append((node.lineno, f"from {node.module} import {a.name}"))
+                imported.add(a.asname or a.name)
+        elif isinstance(node, ast.Import):
+            imported.update(a.asname or a.name.split(".")[0] for a in node.names
+                            if a.name.startswith("structconv"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and \
+                not node.attr.startswith("__") and isinstance(node.value, ast.Name) and \
+                node.value.id in imported:
+            out.append((node.lineno, f"{node.value.id}.{node.attr}"))
+    return out
+
+
+def test_no_module_uses_another_modules_private_names():
+    mods = _modules()
+    bad = []
+    for p in SRC.rglob("*.py"):
+        rel = str(p.relative_to(SRC))
+        bad += [f"{rel}:{line} {what}" for line, what in _private_uses(p, mods)
+                if (rel, what) not in PRIVATE_USES]
+    # objects' private attributes (``x._y`` on a value of another module's class) are caught
+    # by review, not here: the AST does not know a value's class
+    assert not bad, ("make these public in their module (or list them with a reason):\n"
+                     + "\n".join(sorted(bad)))
+
+
+#: where nn.Module subclasses may be defined: layers, parameter forms, mechanisms, link
+#: models and models; the benchmarks' reference implementations are listed one by one
+LAYER_HOMES = ("nn/", "models/", "attention/", "kg/", "params.py")
+REFERENCE_MODELS = {
+    ("bench/lm.py", "PlainGPT"): "the plain torch GPT that bench lm times structconv against",
+}
+
+
+def test_layers_are_built_in_nn_and_models():
+    bad = []
+    for p in SRC.rglob("*.py"):
+        rel = str(p.relative_to(SRC))
+        if rel.startswith(LAYER_HOMES):
+            continue
+        for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(n, ast.ClassDef) and (rel, n.name) not in REFERENCE_MODELS and any(
+                    ast.unparse(b).split(".")[-1] in ("Module", "Sequential", "ModuleList")
+                    for b in n.bases):
+                bad.append(f"{rel}:{n.lineno} class {n.name}")
+    assert not bad, ("define these in sc.nn or models/ (or list a benchmark's reference "
+                     "model with a reason):\n" + "\n".join(sorted(bad)))

@@ -158,10 +158,10 @@ def _stack_route(x: Tensor, basis: Stack, theta) -> tuple[Route, list[Plan]]:
     """Each part on its own slice of theta, by its own best route (sub-plans inside)."""
     P, Q = theta.P, theta.Q
     parts = []
-    for b, s in zip(basis.parts, basis._slices()):
+    for b, s in zip(basis.parts, basis.slices()):
         shape = torch.empty(s.stop - s.start, P, Q, device="meta")
         parts.append(_cached_plan(x, b, as_theta(shape), "auto"))
-    slices = basis._slices()
+    slices = basis.slices()
 
     def run(x, th, bias):
         t = th()
@@ -211,7 +211,7 @@ def _cached_plan(x: Tensor, basis: Basis, theta, route: str) -> Plan:
     if torch.compiler.is_compiling() or x.device.type == "meta":
         return _make_plan(x, basis, theta, route)
     key = ("plan", route, tuple(x.shape), x.stride(), x.dtype, x.device, theta.plan_key())
-    memo = basis._memo
+    memo = basis.memo
     p = memo.get(key)
     if p is None:
         if sum(1 for k in memo if k[0] == "plan") >= _MAX_PLANS:

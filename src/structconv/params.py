@@ -22,10 +22,13 @@ __all__ = [
 ]
 
 
-def glorot_(t: Tensor) -> Tensor:
+def glorot_(t: Tensor, fan_in: int | None = None, fan_out: int | None = None) -> Tensor:
     """Glorot / Xavier uniform init in place, as PyG's ``glorot``: U(-a, a) with
-    a = sqrt(6 / (fan_in + fan_out)) read off the last two dims; returns ``t``."""
-    a = math.sqrt(6.0 / (t.size(-2) + t.size(-1)))
+    a = sqrt(6 / (fan_in + fan_out)), the fans read off the last two dims unless given;
+    returns ``t``."""
+    fan_in = t.size(-2) if fan_in is None else fan_in
+    fan_out = t.size(-1) if fan_out is None else fan_out
+    a = math.sqrt(6.0 / (fan_in + fan_out))
     with torch.no_grad():
         return t.uniform_(-a, a)
 

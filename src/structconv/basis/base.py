@@ -58,7 +58,7 @@ class Basis:
         self.K, self.M, self.N = int(K), int(M), int(N)
 
     @property
-    def _memo(self) -> dict:
+    def memo(self) -> dict:
         """Derived state: casts, plans, the held-tensor summary (see ``clear_cache``)."""
         d = self.__dict__.get("_cache")
         if d is None:
@@ -164,7 +164,7 @@ class Basis:
 
     def _held(self) -> tuple[torch.dtype | None, torch.device | None]:
         """(promoted floating dtype, device) of the tensors held; None where there is none."""
-        memo = self._memo
+        memo = self.memo
         if "held" not in memo:
             found: list[Tensor] = []
             for name, v in self.__dict__.items():
@@ -216,7 +216,7 @@ class Basis:
         dt, dev = self._held()
         if (dt is None or dt == t.dtype) and (dev is None or dev == t.device):
             return self
-        memo = self._memo
+        memo = self.memo
         if memo["held"][2] or torch.compiler.is_compiling():
             return self.to(device=t.device, dtype=t.dtype)
         # the cast copies values: an in-place edit of a held tensor (its version) renews it
@@ -234,7 +234,7 @@ class Basis:
         if all(a is b for a, b in zip(cast, parts)):
             return self
         key = ("cast", t.dtype, t.device)
-        memo = self._memo
+        memo = self.memo
         hit = memo.get(key)
         if hit is None or any(a is not b for a, b in zip(cast, hit[0])):
             hit = memo[key] = (cast, rebuild(cast))
@@ -409,7 +409,7 @@ class Sparse(Basis):
     def _mm(self, layout: str, X: Tensor) -> Tensor:
         if torch.compiler.is_compiling():  # no cache while tracing: the compiler folds it
             return self._layout(layout).matmul(X)
-        memo = self._memo
+        memo = self.memo
         key = ("layout", layout)
         if key not in memo:  # built once per layout; its CSRs per dtype and device inside
             memo[key] = self._layout(layout)
@@ -492,19 +492,20 @@ class Stack(Basis):
     def to_dense(self):
         return torch.cat([b.to_dense() for b in self.parts], 0)
 
-    def _slices(self):
+    def slices(self) -> list[slice]:
+        """The k-range of each part in the stacked K."""
         return [slice(self.offsets[i], self.offsets[i + 1]) for i in range(len(self.parts))]
 
     def propagate(self, x):
         return torch.cat([b.propagate(x) for b in self.parts], 2)
 
     def propagate_sum(self, z):
-        outs = [b.propagate_sum(z[:, :, s]) for b, s in zip(self.parts, self._slices())]
+        outs = [b.propagate_sum(z[:, :, s]) for b, s in zip(self.parts, self.slices())]
         return torch.stack(outs, 0).sum(0) if len(outs) > 1 else outs[0]
 
     def propagate_heads(self, z):
         return torch.cat([b.propagate_heads(z[:, :, s])
-                          for b, s in zip(self.parts, self._slices())], 2)
+                          for b, s in zip(self.parts, self.slices())], 2)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -104,7 +104,7 @@ class OperatorBasis(Basis):
     def cast_like(self, t):
         if not t.is_floating_point() or t.dtype == (self.compute_dtype or self.dtype):
             return self
-        memo, key = self._memo, ("compute_dtype", t.dtype)
+        memo, key = self.memo, ("compute_dtype", t.dtype)
         view = memo.get(key)
         if view is None:
             # a shallow copy sharing the operators and the plan cache (plans key on dtype)

@@ -184,8 +184,9 @@ class Grid(GridGeometry, Basis):
         return GridChannelwise.apply(self, x, w.to(x.dtype),
                                       None if bias is None else bias.to(x.dtype))
 
-    def _apply_op(self, op: str, t: Tensor) -> Tensor:
-        """The shift-and-accumulate kernels (no autograd): see ``GridOp``."""
+    def apply_op(self, op: str, t: Tensor) -> Tensor:
+        """The shift-and-accumulate kernel ``op`` on t, without autograd (``GridOp`` wraps it
+        with its adjoint)."""
         B, C = t.shape[0], t.shape[-1]
         K = self.K
         full = (slice(None),)

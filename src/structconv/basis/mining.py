@@ -56,7 +56,7 @@ def _backtracks(sort: tuple[int, ...], inverse: dict[int, int]) -> bool:
     return any(inverse.get(a) == b for a, b in zip(sort, sort[1:]))
 
 
-def _walk_pairs(src, dst, et, N: int, sort: tuple[int, ...], max_pairs: int) -> Tensor | None:
+def walk_pairs(src, dst, et, N: int, sort: tuple[int, ...], max_pairs: int) -> Tensor | None:
     """Sorted distinct keys start*N + end of the walks of ``sort`` (None past ``max_pairs``)."""
     frontier = None  # (2, P) distinct (start, current) pairs
     for r in sort:
@@ -130,7 +130,7 @@ def _confidences(out: list, src, dst, et, R: int, N: int, relations, max_pairs: 
     order = torch.argsort(ek)
     ek, er = ek[order], et[order]
     for m in out:
-        keys = _walk_pairs(src, dst, et, N, m.sort, max_pairs)
+        keys = walk_pairs(src, dst, et, N, m.sort, max_pairs)
         if keys is None:
             continue
         hits, pairs = _rule_confidence(keys, ek, er, R)

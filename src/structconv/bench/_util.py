@@ -127,12 +127,13 @@ def _reset_peak() -> bool:
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
-        return _status_kb("VmHWM") is not None
+        return status_kb("VmHWM") is not None
     except OSError:
         return False
 
 
-def _status_kb(field: str) -> int | None:
+def status_kb(field: str) -> int | None:
+    """A kB field of this process's /proc/self/status (VmHWM, VmRSS, ...), None if absent."""
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(field + ":"):
@@ -157,9 +158,9 @@ def _child(conn, make: Callable[[], Callable[[], object]], warmup: int = 0):
         # serve the measured call's blocks without raising the resident size
         _trim()
         if _reset_peak():
-            base = _status_kb("VmRSS")
+            base = status_kb("VmRSS")
             fn()
-            peak = _status_kb("VmHWM")
+            peak = status_kb("VmHWM")
         else:  # no resettable high-water mark: the peak beyond everything before
             base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             fn()

@@ -28,9 +28,9 @@ from torch.nn import functional as F
 from .. import distributed as D
 from ..data.synthetic import synthetic_bytes, synthetic_graph
 from ..io import atomic_write_json
-from ..nn import GCNConv, RGCNConv
-from ..sampling import GraphRestriction, NeighborLoader, apply_layers
-from ._util import ALLOCATOR, _status_kb, peak_memory, record
+from ..models.graph import TwoLayerGraphNet
+from ..sampling import GraphRestriction, NeighborLoader
+from ._util import ALLOCATOR, peak_memory, record, status_kb
 
 __all__ = ["run", "add_arguments", "NAME"]
 
@@ -62,27 +62,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _mib(kb) -> float | None:
     return None if kb is None else kb / 1024
-
-
-class _Net(nn.Module):
-    """Two graph layers with ReLU between, run full batch or on a ``MiniBatch``."""
-
-    def __init__(self, kind: str, P: int, H: int, C: int):
-        super().__init__()
-        if kind == "gcn":
-            self.layers = nn.ModuleList([GCNConv(P, H), GCNConv(H, C)])
-        else:  # GraphSAGE's mean aggregator: one relation, mean, root weight
-            self.layers = nn.ModuleList([RGCNConv(P, H, 1), RGCNConv(H, C, 1)])
-        self.kind = kind
-
-    def forward(self, batch):
-        return apply_layers(list(self.layers), batch.x, batch.bases, act=F.relu)
-
-    def full(self, x, edge_index, edge_type):
-        for i, m in enumerate(self.layers):
-            x = m(x, edge_index) if self.kind == "gcn" else m(x, edge_index, edge_type)
-            x = F.relu(x) if i == 0 else x
-        return x
 
 
 def _restriction(kind: str, data, edge_type):
@@ -127,9 +106,9 @@ def _worker(kind, loader, dims, batches, out_dir):
     warnings.filterwarnings("ignore", message=".*Grad strides do not match bucket view")
     loader.rank, loader.world_size = w.rank, w.size
     torch.manual_seed(0)
-    net = nn.parallel.DistributedDataParallel(_Net(kind, *dims))
+    net = nn.parallel.DistributedDataParallel(TwoLayerGraphNet(kind, *dims))
     r = _train(net, loader, batches)
-    r["peak_rss_mib"] = _mib(_status_kb("VmHWM"))
+    r["peak_rss_mib"] = _mib(status_kb("VmHWM"))
     Path(out_dir, f"rank{w.rank}.json").write_text(json.dumps(r))
 
 
@@ -139,12 +118,12 @@ def _sampled(kind: str, data, edge_type, args, dims, procs) -> dict:
     loader = NeighborLoader(data.edge_index, data.num_nodes, fan, layers=[r, r], x=data.x,
                             y=data.y, input_nodes=data.masks["train"],
                             batch_size=args.batch_size, shuffle=True, seed=args.seed)
-    out = dict(setup_rss_mib=_mib(_status_kb("VmRSS")))
+    out = dict(setup_rss_mib=_mib(status_kb("VmRSS")))
     for n in procs:
         if n == 1:
             torch.manual_seed(0)
-            res = _train(_Net(kind, *dims), loader, args.batches)
-            res["peak_rss_mib"] = _mib(_status_kb("VmHWM"))
+            res = _train(TwoLayerGraphNet(kind, *dims), loader, args.batches)
+            res["peak_rss_mib"] = _mib(status_kb("VmHWM"))
         else:
             with tempfile.TemporaryDirectory() as tmp:
                 D.spawn(n, _worker, kind, loader, dims, args.batches, tmp)
@@ -169,7 +148,7 @@ def _full(kind: str, args, dims, n: int, E: int) -> dict:
     data = synthetic_graph(nodes=n, edges=E, features=args.features, seed=args.seed)
     et = torch.zeros(data.edge_index.shape[1], dtype=torch.long)
     torch.manual_seed(0)
-    net = _Net(kind, *dims)
+    net = TwoLayerGraphNet(kind, *dims)
     opt = torch.optim.Adam(net.parameters(), lr=0.01)
     mask = data.masks["train"]
 
@@ -222,7 +201,7 @@ def run(args) -> int:
                            seed=args.seed)
     et = torch.zeros(data.edge_index.shape[1], dtype=torch.long) if "sage" in models else None
     graph_mib = (data.edge_index.numel() * 8 + data.x.numel() * 4 + data.y.numel() * 8) / 2**20
-    print(f"generated in {time.time() - t0:.1f} s; resident {_mib(_status_kb('VmRSS')):.0f} MiB "
+    print(f"generated in {time.time() - t0:.1f} s; resident {_mib(status_kb('VmRSS')):.0f} MiB "
           f"(graph {graph_mib:.0f} MiB)", flush=True)
     dims = (args.features, args.hidden, data.num_classes)
     result = dict(suite=NAME, allocator=dict(ALLOCATOR), conditions=record(),
@@ -239,7 +218,7 @@ def run(args) -> int:
             result["models"][kind]["full_batch"] = _full(kind, args, dims, s["full_nodes"],
                                                          s["full_edges"])
             gc.collect()
-    result["peak_rss_mib"] = _mib(_status_kb("VmHWM"))
+    result["peak_rss_mib"] = _mib(status_kb("VmHWM"))
     result["conditions"] = record()
     result["seconds"] = time.time() - t0
     out = Path(args.out) / f"{NAME}.json"

@@ -22,10 +22,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..data.registry import DatasetError, data_root
-from ..params import ControlledSeparable, DepthwiseSeparable, Full
+from ..models.separable import DigitsCNN, RelationalNet, make_form
 from ._common import (
     hardware,
     mean_std,
@@ -37,78 +36,6 @@ from ._common import (
 )
 
 __all__ = ["make_form", "DigitsCNN", "RelationalNet", "add_arguments", "run"]
-
-
-def make_form(name: str, K: int, P: int, Q: int):
-    """'full', 'depthwise' or 'H<n>' -> the parameter module (K, P, Q)."""
-    if name == "full":
-        return Full(K, P, Q)
-    if name == "depthwise":
-        return DepthwiseSeparable(K, P, Q)
-    if name.startswith("H") and name[1:].isdigit() and int(name[1:]) > 0:
-        return ControlledSeparable(K, P, Q, int(name[1:]))
-    raise ValueError(f"unknown form {name!r}: use 'full', 'depthwise' or 'H<n>' (e.g. H4)")
-
-
-class DigitsCNN(nn.Module):
-    """images (B, 1, S, S) -> logits (B, 10); the second convolution has parameter form ``form``."""
-
-    def __init__(self, form: str, side: int = 8, kernel: int = 5, channels=(16, 32)):
-        super().__init__()
-        from ..nn.grid import GridAvgPool, GridConv
-
-        c1, c2 = channels
-        K = kernel * kernel
-        self.conv1 = GridConv(1, c1, (kernel, kernel), padding=kernel // 2)
-        self.conv2 = GridConv(c1, c2, (kernel, kernel), padding=kernel // 2,
-                              param=make_form(form, K, c1, c2))
-        self.pool = GridAvgPool((2, 2))
-        self.fc = nn.Linear(c2 * (side // 2) ** 2, 10)
-
-    def form_parameters(self) -> int:
-        return param_count(self.conv2.param)
-
-    def forward(self, x):
-        x = F.relu(self.conv1(x))
-        x = self.pool(F.relu(self.conv2(x)))
-        return self.fc(x.flatten(1))
-
-
-class _RelLayer(nn.Module):
-    def __init__(self, rel, eye, P: int, Q: int, form: str):
-        super().__init__()
-        from ..models.graph import _reset
-        from ..nn.layers import Convolution
-
-        self.conv = _reset(Convolution(rel, P, Q, make_form(form, rel.K, P, Q), bias=False))
-        self.root = _reset(Convolution(eye, P, Q))
-
-    def forward(self, x):
-        from ..models.graph import featureless_convolve
-
-        if x is None:
-            return featureless_convolve(self.conv) + self.root.param()[0] + self.root.bias
-        return self.conv(x) + self.root(x)
-
-
-class RelationalNet(nn.Module):
-    """R-GCN (featureless nodes) with parameter form ``form`` on both relational convolutions."""
-
-    def __init__(self, data, hidden: int, form: str):
-        super().__init__()
-        from ..models.graph import identity_basis, relational_basis
-
-        rel = relational_basis(data.edge_index, data.edge_type, data.num_nodes,
-                               data.num_relations)
-        eye = identity_basis(data.num_nodes)
-        self.l1 = _RelLayer(rel, eye, data.num_nodes, hidden, form)
-        self.l2 = _RelLayer(rel, eye, hidden, data.num_classes, form)
-
-    def form_parameters(self) -> int:
-        return param_count(self.l1.conv.param) + param_count(self.l2.conv.param)
-
-    def forward(self):
-        return self.l2(F.relu(self.l1(None)))
 
 
 # ------------------------------------------------------------------------------------------------

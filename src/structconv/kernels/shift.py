@@ -1,7 +1,7 @@
 """The grid shift kernels as one autograd op whose backward is its adjoint kernel.
 
 ``propagate`` (im2col), ``propagate_heads`` and ``propagate_sum`` of a ``Grid`` and their adjoints,
-twice differentiable; the kernels themselves are the grid's ``_apply_op``.
+twice differentiable; the kernels themselves are the grid's ``apply_op``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ class GridOp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, grid, op, t):
         ctx.grid, ctx.op = grid, op
-        out = grid._apply_op(op, t)
+        out = grid.apply_op(op, t)
         # a 1-tap unpadded grid can return a view of t: hand autograd a tensor of its own
         # (while compiling, storage pointers are not there: copy whenever it can be a view)
         if torch.compiler.is_compiling():

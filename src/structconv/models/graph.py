@@ -18,11 +18,14 @@ from ..basis.base import Basis, Product, Sparse
 from ..engine import featureless
 from ..nn.attention import GATConv
 from ..nn.dropout import SparseDropout
+from ..nn.graph import GCNConv, RGCNConv
 from ..nn.layers import Convolution
 from ..params import ControlledSeparable, Full, glorot_
+from ..sampling import apply_layers
 
 __all__ = ["GCN", "ChebNet", "SGC", "GAT", "RGCN", "gcn_basis", "chebyshev_basis",
-           "relational_basis", "identity_basis", "glorot_", "featureless_convolve", "InputDropout"]
+           "relational_basis", "identity_basis", "RelationalLayer", "glorot_reset", "glorot_",
+           "featureless_convolve", "InputDropout", "TwoLayerGraphNet"]
 
 
 def _check_graph(edge_index: Tensor, num_nodes: int) -> None:
@@ -67,7 +70,8 @@ def relational_basis(edge_index: Tensor, edge_type: Tensor, num_nodes: int,
                              num_relations=num_relations, relations=relations)
 
 
-def _reset(conv: Convolution) -> Convolution:
+def glorot_reset(conv: Convolution) -> Convolution:
+    """PyG's init of a layer: Glorot weights (a separable theta's both factors), zero bias."""
     p = conv.param
     if isinstance(p, Full):
         glorot_(p.weight)
@@ -96,8 +100,8 @@ class GCN(nn.Module):
                  out_channels: int, dropout: float = 0.5, edge_weight: Tensor | None = None):
         super().__init__()
         A = gcn_basis(edge_index, num_nodes, edge_weight)
-        self.conv1 = _reset(Convolution(A, in_channels, hidden))
-        self.conv2 = _reset(Convolution(A, hidden, out_channels))
+        self.conv1 = glorot_reset(Convolution(A, in_channels, hidden))
+        self.conv2 = glorot_reset(Convolution(A, hidden, out_channels))
         self.dropout = dropout
         self.input_dropout = InputDropout(dropout)
 
@@ -119,8 +123,8 @@ class ChebNet(GCN):
                  edge_weight: Tensor | None = None):
         nn.Module.__init__(self)
         A = chebyshev_basis(edge_index, num_nodes, K, edge_weight)
-        self.conv1 = _reset(Convolution(A, in_channels, hidden))
-        self.conv2 = _reset(Convolution(A, hidden, out_channels))
+        self.conv1 = glorot_reset(Convolution(A, in_channels, hidden))
+        self.conv2 = glorot_reset(Convolution(A, hidden, out_channels))
         self.dropout = dropout
         self.input_dropout = InputDropout(dropout)
 
@@ -184,18 +188,17 @@ class GAT(nn.Module):
         return list(self.conv1.parameters())
 
 
-class _RelationalLayer(nn.Module):
-    """R-GCN layer: mean over each relation's neighbours (R matrices) plus a self-connection."""
+class RelationalLayer(nn.Module):
+    """R-GCN layer: mean over each relation's neighbours (R matrices) plus a self-connection;
+    x (N, P) or None (one-hot nodes) -> (N, Q). ``param``: the relational theta's form (a name
+    or a ``sc.params`` module; R-GCN's basis decomposition is ``ControlledSeparable``)."""
 
     def __init__(self, rel: Basis, eye: Basis, in_channels: int, out_channels: int,
-                 num_bases: int | None):
+                 param="full"):
         super().__init__()
-        param = ("full" if num_bases is None
-                 else ControlledSeparable(rel.K, in_channels, out_channels, num_bases))
-        # R-GCN's basis decomposition is controlled separability over the R relations; the
-        # self-connection (the identity basis) keeps its own full weight, as in the paper
-        self.conv = _reset(Convolution(rel, in_channels, out_channels, param, bias=False))
-        self.root = _reset(Convolution(eye, in_channels, out_channels))
+        # the self-connection (the identity basis) keeps its own full weight, as in the paper
+        self.conv = glorot_reset(Convolution(rel, in_channels, out_channels, param, bias=False))
+        self.root = glorot_reset(Convolution(eye, in_channels, out_channels))
 
     def forward(self, x: Tensor | None) -> Tensor:
         if x is None:
@@ -219,11 +222,37 @@ class RGCN(nn.Module):
         rel = relational_basis(edge_index, edge_type, num_nodes, num_relations, sorts, relations)
         eye = identity_basis(num_nodes)
         P = num_nodes if in_channels is None else in_channels
-        self.conv1 = _RelationalLayer(rel, eye, P, hidden, num_bases)
-        self.conv2 = _RelationalLayer(rel, eye, hidden, out_channels, num_bases)
+        # R-GCN's basis decomposition is controlled separability over the R relations
+        def param(p, q):
+            return "full" if num_bases is None else ControlledSeparable(rel.K, p, q, num_bases)
+        self.conv1 = RelationalLayer(rel, eye, P, hidden, param(P, hidden))
+        self.conv2 = RelationalLayer(rel, eye, hidden, out_channels, param(hidden, out_channels))
 
     def forward(self, x: Tensor | None = None) -> Tensor:
         return self.conv2(F.relu(self.conv1(x)))
 
     def first_layer_parameters(self):
         return list(self.conv1.parameters())
+
+
+class TwoLayerGraphNet(nn.Module):
+    """Two graph layers with ReLU between, run full batch (``full``) or on a sampled
+    ``MiniBatch`` (``forward``): ``kind`` "gcn" (``sc.nn.GCNConv``) or "sage" (GraphSAGE's
+    mean aggregator: a one-relation ``sc.nn.RGCNConv`` with its root weight); (N, C) logits."""
+
+    def __init__(self, kind: str, P: int, H: int, C: int):
+        super().__init__()
+        if kind == "gcn":
+            self.layers = nn.ModuleList([GCNConv(P, H), GCNConv(H, C)])
+        else:  # GraphSAGE's mean aggregator: one relation, mean, root weight
+            self.layers = nn.ModuleList([RGCNConv(P, H, 1), RGCNConv(H, C, 1)])
+        self.kind = kind
+
+    def forward(self, batch):
+        return apply_layers(list(self.layers), batch.x, batch.bases, act=F.relu)
+
+    def full(self, x, edge_index, edge_type):
+        for i, m in enumerate(self.layers):
+            x = m(x, edge_index) if self.kind == "gcn" else m(x, edge_index, edge_type)
+            x = F.relu(x) if i == 0 else x
+        return x

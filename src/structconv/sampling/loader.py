@@ -126,6 +126,7 @@ class MiniBatch:
 
     def _map(self, fn) -> MiniBatch:
         def item(b):
+            # a Basis maps its held tensors by the _apply protocol nn.Module uses for its own
             return b._apply(fn) if isinstance(b, Basis) else Block(
                 fn(b.edge_index), b.num_src, b.num_dst, fn(b.edge_ids))
         s = self.sample
