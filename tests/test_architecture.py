@@ -15,7 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "structconv"
 
 #: the floors, lowest first; a module may import its own floor (no circles) and those below
 FLOORS = [
-    ("_checks", "io", "registry", "costs", "sparse", "_extras", "kernels", "checkpoint",
+    ("_checks", "_paths", "io", "registry", "costs", "sparse", "_extras", "kernels", "checkpoint",
      "distributed"),
     ("basis",),
     ("algebra", "params"),
