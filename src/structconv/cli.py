@@ -58,16 +58,26 @@ def _train_arguments(s: argparse.ArgumentParser) -> None:
 def _kg_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("action", choices=["sorts"], help="sorts: mine the relation paths")
     s.add_argument("dataset", help="a relational dataset (fb15k-237, wn18rr, aifb, mutag)")
-    s.add_argument("--root", default=None, help="the dataset's folder (default: "
-                                                "$STRUCTCONV_DATA/<its folder>)")
-    s.add_argument("--max-length", type=int, default=2, help="longest path (default 2)")
+    s.add_argument("--root", default=None, help="the dataset's folder (default: its folder in "
+                                                "the data home, see `structconv datasets`)")
+    s.add_argument("--max-length", type=int, default=2, help="longest path, 1..4 (default 2)")
     s.add_argument("--min-length", type=int, default=2, help="shortest path (default 2)")
     s.add_argument("--top", type=int, default=20, help="paths to list (default 20)")
     s.add_argument("--rank", choices=["support", "confidence"], default="support",
                    help="order by walk count or by rule confidence (default support)")
-    s.add_argument("--no-backtrack", action="store_true",
-                   help="leave out paths that step back along an inverse (r . r^-1)")
-    s.add_argument("--min-support", type=int, default=1, help="fewest walks a path needs")
+    s.add_argument("--backtrack", action=argparse.BooleanOptionalAction, default=False,
+                   help="list paths that step straight back along an inverse (r . r^-1). "
+                        "Left out by default: every edge can be walked there and back, so they "
+                        "hold the most walks and would fill the list, yet they mostly return to "
+                        "where they started and imply no relation (confidence ~0)")
+    s.add_argument("--min-support", type=int, default=1,
+                   help="fewest walks a path needs, 1..2^53 (default 1)")
+    s.add_argument("--beam", type=int, default=200,
+                   help="paths of each length extended to the next, and scored by "
+                        "--rank confidence (default 200)")
+    s.add_argument("--max-pairs", type=int, default=20_000_000,
+                   help="most node pairs a path may join for its confidence (default "
+                        "20000000; about 100 bytes each)")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -419,24 +429,57 @@ def _cmd_verify(args) -> int:
     return run_verify(seed=_seed(args), quick=args.quick, device=args.device, out=args.out)
 
 
+class _Progress:
+    """A status line on stderr at most every ``every`` seconds, once the work has run that
+    long: long mining tells the user it is alive, short runs print nothing extra."""
+
+    def __init__(self, what: str, every: float = 5.0):
+        self.what, self.every = what, every
+        self.t0 = self.last = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self.last = now
+            print(f"{PROG} {self.what}: {message} ({now - self.t0:.0f} s)", file=sys.stderr,
+                  flush=True)
+
+
+def _check_kg_arguments(args) -> None:
+    from .basis.mining import MAX_SUPPORT
+
+    for flag, v, lo, hi in (("--max-length", args.max_length, 1, 4),
+                            ("--min-length", args.min_length, 1, args.max_length),
+                            ("--top", args.top, 1, None), ("--beam", args.beam, 1, None),
+                            ("--min-support", args.min_support, 1, MAX_SUPPORT),
+                            ("--max-pairs", args.max_pairs, 1, None)):
+        if v < lo or (hi is not None and v > hi):
+            want = f">= {lo}" if hi is None else f"in {lo}..{hi}"
+            raise UsageError(f"{flag} must be an int {want}, got {v}")
+
+
 def _cmd_kg(args) -> int:
     from .data.registry import load_dataset
     from .kg import mine_sorts, training_graph
 
+    _check_kg_arguments(args)
     data = load_dataset(args.dataset.lower(), args.root)
     ei, et, n, names = training_graph(data)
     t0 = time.perf_counter()
     mined = mine_sorts(ei, et, n, relations=names, max_length=args.max_length,
                        min_length=args.min_length, top=args.top, rank=args.rank,
-                       min_support=args.min_support,
-                       backtrack=not args.no_backtrack,
-                       num_relations=len(names) if names else None)
+                       min_support=args.min_support, backtrack=args.backtrack,
+                       beam=args.beam, max_pairs=args.max_pairs,
+                       num_relations=len(names) if names else None,
+                       progress=_Progress("kg sorts"))
     if args.json:
         print(json.dumps([m.as_dict() for m in mined], indent=1))
         return 0
     print(f"{data.name}: {n} nodes, {ei.shape[1]} training edges, "
           f"{len(names) if names else int(et.max()) + 1} edge types (inverses included); "
-          f"{len(mined)} paths by {args.rank} in {time.perf_counter() - t0:.1f} s")
+          f"{len(mined)} paths by {args.rank}"
+          f"{'' if args.backtrack else ' (no r . r^-1 backtracking; --backtrack lists them)'}"
+          f" in {time.perf_counter() - t0:.1f} s")
     print(f"{'support':>10} {'pairs':>9} {'conf':>6}  path  =>  most linked relation")
     for m in mined:
         conf = "-" if m.confidence is None else f"{m.confidence:.3f}"
