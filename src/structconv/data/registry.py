@@ -8,6 +8,7 @@ per split and the vocabulary). Loaders parse real files; file-backed sets look i
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -133,10 +134,13 @@ def split_options(name: str) -> tuple[str, dict]:
     opts = {}
     for item in filter(None, (s.strip() for s in rest.split(","))):
         key, eq, text = item.partition("=")
-        if not eq or not key.strip():
+        key = key.strip()
+        if not eq or not key:
             raise ValueError(f"dataset {name!r}: options after ':' must be key=value pairs "
                              f"separated by commas, got {item!r}")
-        opts[key.strip()] = _option_value(text.strip())
+        if key in opts:  # which of the two was meant? refuse rather than keep the last
+            raise ValueError(f"dataset {name!r}: option {key!r} is given twice")
+        opts[key] = _option_value(text.strip())
     return base, opts
 
 
@@ -149,6 +153,18 @@ def _option_value(text: str):
         except ValueError:
             pass
     return text
+
+
+def _check_options(name: str, fn: Callable, options: dict) -> None:
+    """TypeError naming an option the loader does not take (and the ones it does)."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    known = [k for k in params if k != "root"]
+    bad = sorted(k for k in options if k not in known)
+    if bad:
+        raise TypeError(f"dataset {name!r}: unknown option(s) {', '.join(map(repr, bad))} "
+                        f"(known: {', '.join(known) or 'none'})")
 
 
 def load_dataset(name: str, root: str | os.PathLike | None = None, **options):
@@ -166,6 +182,7 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, **options):
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(sorted(DATASETS))}")
     fn, folder, _ = DATASETS[name]
+    _check_options(name, fn, options)
     if folder is not None:
         if root is None:
             base = data_root()

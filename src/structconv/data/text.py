@@ -5,6 +5,7 @@ from __future__ import annotations
 import codecs
 import importlib
 import inspect
+import numbers
 from pathlib import Path
 
 import torch
@@ -14,10 +15,25 @@ from .registry import DatasetError, TextData, register_dataset
 __all__ = ["encode_text", "load_text_file", "python_text"]
 
 
+def _check_split(name: str, val, test, limit) -> None:
+    for what, v in (("val", val), ("test", test)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v < 1:
+            raise DatasetError(f"{name}: {what} must be a fraction in [0, 1), got {v!r}")
+    if val + test >= 1:
+        raise DatasetError(f"{name}: val + test must be below 1 (the rest trains), got "
+                           f"{val} + {test}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, numbers.Integral)
+                              or limit < 1):
+        raise DatasetError(f"{name}: limit must be an int >= 1 (the first characters kept) or "
+                           f"absent, got {limit!r}")
+
+
 def encode_text(name: str, text: str, val: float = 0.05, test: float = 0.05,
                 limit: int | None = None) -> TextData:
-    """Characters -> ids over the sorted vocabulary; contiguous train/val/test slices."""
-    if limit:
+    """Characters -> ids over the sorted vocabulary; contiguous train/val/test slices
+    (fractions ``val`` and ``test`` of the first ``limit`` characters, the rest trains)."""
+    _check_split(name, val, test, limit)
+    if limit is not None:
         text = text[:limit]
     if len(text) < 100:
         raise DatasetError(f"{name}: text has {len(text)} characters, expected at least 100")
