@@ -131,7 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     _kg_arguments(cmd("kg", "knowledge-graph tools: `kg sorts DATASET` lists the random-walk "
                             "sorts (relation paths) of a dataset's training graph by name"))
     cmd("configs", "list the example configs shipped with structconv")
-    cmd("datasets", "list the registered datasets")
+    cmd("datasets", "list the registered datasets: present or missing in the data home "
+                    "($STRUCTCONV_DATA, else ~/.cache/structconv/datasets) and where each "
+                    "one's files go")
     return p
 
 
@@ -497,15 +499,32 @@ def _cmd_configs(args) -> int:
     return 0
 
 
+def _dataset_row(name: str) -> tuple[str, str, str]:
+    """(status, where its files go, description) of one registered dataset."""
+    from .data.registry import DATASETS, dataset_dir, missing_files
+
+    _, folder, desc = DATASETS[name]
+    if folder is None:
+        return "ships", "with its Python dependencies", desc
+    missing = missing_files(name)
+    d = dataset_dir(name)
+    where = f"{d}/" if d is not None else f"<data home>/{folder}/"
+    if not missing:
+        return "present", where, desc
+    more = f" (+{len(missing) - 3} more)" if len(missing) > 3 else ""
+    return "missing", f"{where}  needs {', '.join(missing[:3])}{more}", desc
+
+
 def _cmd_datasets(args) -> int:
-    from .data.registry import DATASETS, data_root, dataset_names
+    from .data.registry import data_root, data_root_source, dataset_names
 
     root = data_root()
-    for name in dataset_names():
-        _, folder, desc = DATASETS[name]
-        where = "ships with the dependencies" if folder is None else \
-            f"{(root / folder) if root else '$STRUCTCONV_DATA'}/{'' if root else folder}"
-        print(f"{name:<16} {desc}  [{where}]")
+    print(f"data home: {root if root is not None else '(none: set STRUCTCONV_DATA)'} "
+          f"({data_root_source()})")
+    rows = [(name, *_dataset_row(name)) for name in dataset_names()]
+    w = max(len(r[0]) for r in rows)
+    for name, status, where, desc in rows:
+        print(f"{name:<{w}}  {status:<7}  {desc}\n{'':<{w}}  {'':<7}  {where}")
     return 0
 
 

@@ -101,12 +101,18 @@ def load_idx_images(root: Path, name: str, val: int = 10000, limit: int | None =
     return ImageData(name, {k: out[k] for k in ("train", "val", "test") if k in out}, 10)
 
 
-@register_dataset("mnist", "mnist", "MNIST 28x28 digits (IDX gz files)")
+#: the four IDX files of an MNIST-style folder
+IDX_FILES = tuple(f"{p}-{k}-idx{n}-ubyte.gz" for p in ("train", "t10k")
+                  for k, n in (("images", 3), ("labels", 1)))
+
+
+@register_dataset("mnist", "mnist", "MNIST 28x28 digits (IDX gz files)", IDX_FILES)
 def _mnist(root, val=10000, limit=None, seed=0):
     return load_idx_images(root, "mnist", val, limit, seed, 0.1307, 0.3081)
 
 
-@register_dataset("fashion-mnist", "fashion-mnist", "Fashion-MNIST 28x28 (IDX gz files)")
+@register_dataset("fashion-mnist", "fashion-mnist", "Fashion-MNIST 28x28 (IDX gz files)",
+                  IDX_FILES)
 def _fashion(root, val=10000, limit=None, seed=0):
     return load_idx_images(root, "fashion-mnist", val, limit, seed, 0.2860, 0.3530)
 

@@ -158,7 +158,8 @@ def load_kg(root: str | os.PathLike, name: str | None = None) -> KGData:
 
 def _register(name: str) -> None:
     @register_dataset(name.lower(), f"kg/{name}",
-                      f"{name} knowledge-graph triples (link prediction)")
+                      f"{name} knowledge-graph triples (link prediction)",
+                      tuple(f"{s}.txt" for s in KG_SPLITS))
     def load(root):
         d = load_kg(root, name)
         d.task = "link"  # link prediction: loaded here, trained by recipes, not by ``train``

@@ -3,23 +3,26 @@
 ``ImageData`` (x (N, C, H, W) float, y (N,) long, per split), ``GraphData`` (node features (N, F),
 labels, ``edge_index`` (2, E), split masks, optional ``edge_type``) and ``TextData`` (token ids
 per split and the vocabulary). Loaders parse real files; file-backed sets look in ``root``, else in
-``$STRUCTCONV_DATA/<folder>``, else ``/work/shared/datasets/<folder>`` when it exists.
+``<data home>/<folder>``. The data home is ``$STRUCTCONV_DATA``, else a per-user folder,
+``$XDG_CACHE_HOME/structconv/datasets`` (default ``~/.cache/structconv/datasets``): no machine
+path is built in. ``missing_files(name)`` says which of a dataset's files are not there.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from torch import Tensor
 
-__all__ = ["ImageData", "GraphData", "TextData", "DatasetError", "DATASETS", "register_dataset",
-           "load_dataset", "data_root", "dataset_names", "split_options"]
+from .._paths import user_cache_dir
 
-DEFAULT_DATA = Path("/work/shared/datasets")
+__all__ = ["ImageData", "GraphData", "TextData", "DatasetError", "DATASETS", "register_dataset",
+           "load_dataset", "data_root", "data_root_source", "dataset_dir", "dataset_files",
+           "missing_files", "dataset_names", "split_options"]
 
 
 class DatasetError(ValueError):
@@ -102,22 +105,69 @@ class TextData:
 
 #: name -> (loader(root, **options), folder under the data root or None, one-line description)
 DATASETS: dict[str, tuple[Callable, str | None, str]] = {}
+#: name -> the files (relative to its folder) a file-backed dataset needs
+_FILES: dict[str, tuple[str, ...]] = {}
 
 
-def register_dataset(name: str, folder: str | None = None, description: str = ""):
-    """Decorator: register ``loader(root, **options)``; ``folder`` is its place in the data root."""
+def register_dataset(name: str, folder: str | None = None, description: str = "",
+                     files: Sequence[str] = ()):
+    """Decorator: register ``loader(root, **options)``; ``folder`` is its place in the data
+    home (None: it ships with a dependency) and ``files`` what that folder must hold."""
     def deco(fn):
         DATASETS[name] = (fn, folder, description)
+        _FILES[name] = tuple(files)
         return fn
     return deco
 
 
 def data_root() -> Path | None:
-    """``$STRUCTCONV_DATA`` if set, else the shared dataset folder when it exists, else None."""
+    """The data home: ``$STRUCTCONV_DATA`` if set, else ``$XDG_CACHE_HOME/structconv/datasets``
+    (default ``~/.cache/structconv/datasets``). It may not exist. None only where neither the
+    variable nor a home folder is there."""
     env = os.environ.get("STRUCTCONV_DATA")
     if env:
         return Path(env)
-    return DEFAULT_DATA if DEFAULT_DATA.is_dir() else None
+    cache = user_cache_dir()
+    return None if cache is None else cache / "datasets"
+
+
+def data_root_source() -> str:
+    """Where ``data_root()`` comes from, in words (for messages)."""
+    return "$STRUCTCONV_DATA" if os.environ.get("STRUCTCONV_DATA") else \
+        "the per-user default; set STRUCTCONV_DATA to use another folder"
+
+
+def dataset_dir(name: str) -> Path | None:
+    """Where the files of registered dataset ``name`` go: ``<data home>/<its folder>`` (None
+    for a dataset that ships with a dependency, or without any data home)."""
+    _, folder, _ = _registered(name)
+    root = data_root()
+    return None if folder is None or root is None else root / folder
+
+
+def dataset_files(name: str) -> tuple[str, ...]:
+    """The files (relative to its folder) registered dataset ``name`` needs."""
+    _registered(name)
+    return _FILES.get(name, ())
+
+
+def missing_files(name: str, root: str | os.PathLike | None = None) -> list[str]:
+    """The files of dataset ``name`` absent from ``root`` (default: its folder in the data
+    home); [] when all are there or it ships with a dependency."""
+    _, folder, _ = _registered(name)
+    if folder is None:
+        return []
+    d = Path(root) if root is not None else dataset_dir(name)
+    files = _FILES.get(name, ())
+    if d is None or not d.is_dir():
+        return list(files) or [f"{folder}/"]
+    return [f for f in files if not (d / f).is_file()]
+
+
+def _registered(name: str) -> tuple:
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(sorted(DATASETS))}")
+    return DATASETS[name]
 
 
 def dataset_names() -> list[str]:
@@ -179,20 +229,19 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, **options):
             raise ValueError(f"dataset {name!r}: option(s) {', '.join(clash)} given both in the "
                              "name and in data.options with different values")
         options = {**named, **options}
-    if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(sorted(DATASETS))}")
-    fn, folder, _ = DATASETS[name]
+    fn, folder, _ = _registered(name)
     _check_options(name, fn, options)
     if folder is not None:
+        given = root is not None
+        root = Path(root) if given else dataset_dir(name)
         if root is None:
-            base = data_root()
-            if base is None:
-                raise DatasetError(
-                    f"dataset {name!r} needs its files: set STRUCTCONV_DATA to the folder that "
-                    f"holds {folder}/ or pass data.root")
-            root = base / folder
-        root = Path(root)
+            raise DatasetError(
+                f"dataset {name!r} needs its files and there is no home folder for the data "
+                f"home: set STRUCTCONV_DATA to the folder that holds {folder}/ or pass data.root")
         if not root.is_dir():
-            raise DatasetError(f"dataset {name!r}: folder {root} does not exist")
+            where = "" if given else (f" (the data home is {data_root()}, {data_root_source()};"
+                                      " `structconv datasets` lists where each dataset's files "
+                                      "go)")
+            raise DatasetError(f"dataset {name!r}: folder {root} does not exist{where}")
         return fn(root, **options)
     return fn(None, **options)

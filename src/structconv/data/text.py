@@ -59,7 +59,7 @@ def load_text_file(path: str | Path, name: str | None = None, **kw) -> TextData:
 
 
 @register_dataset("tinyshakespeare", "tinyshakespeare",
-                  "Tiny Shakespeare characters (input.txt, 1.1M characters)")
+                  "Tiny Shakespeare characters (input.txt, 1.1M characters)", ("input.txt",))
 def _tiny(root, val=0.05, test=0.05, limit=None):
     return load_text_file(Path(root) / "input.txt", "tinyshakespeare", val=val, test=test,
                           limit=limit)
