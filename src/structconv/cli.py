@@ -327,9 +327,9 @@ def _eval_link(args, cfg: dict, data, model) -> int:
 
 
 def _suite_parser(prog: str, module, out_default: str) -> argparse.ArgumentParser:
+    doc = getattr(module, "__doc__", None)
     p = _Parser(prog=prog, conflict_handler="resolve",
-                description=(module.__doc__ or "").strip().splitlines()[0] if module.__doc__
-                else None)
+                description=doc.strip().splitlines()[0] if doc else None)
     p.add_argument("--out", default=out_default, help=f"output directory (default {out_default})")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
     p.add_argument("--repeats", type=int, default=5, help="timing repeats (median)")
@@ -398,12 +398,37 @@ def _known(package: str) -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(mod.__path__) if not m.name.startswith("_"))
 
 
+def _bench_all_help(names: list[str]) -> str:
+    """``bench all --help``: the options every suite takes, then each suite and its own."""
+    common = _suite_parser(f"{PROG} bench all", None, "bench-results")
+    common.description = ("run every benchmark suite in turn with the options below; an "
+                          "option of one suite is refused unless every suite takes it")
+    parts = [common.format_help(), "suites (each also runs alone: "
+                                   f"{PROG} bench NAME [options]):"]
+    for name in names:
+        module = _import_suite("bench", name, names)
+        doc = (module.__doc__ or "").strip().splitlines()
+        parts.append(f"\n  {name}: {doc[0].split(': ', 1)[-1] if doc else ''}")
+        if hasattr(module, "add_arguments"):
+            own = argparse.ArgumentParser(usage=argparse.SUPPRESS, add_help=False)
+            module.add_arguments(own)
+            text = own.format_help().replace("options:\n", "", 1).rstrip()
+            parts.append("\n".join("  " + line for line in text.splitlines() if line.strip()))
+    return "\n".join(parts) + "\n"
+
+
 def _cmd_bench(args) -> int:
     names = _known("bench") if args.name == "all" else [args.name]
     if args.name == "all":
         names = [n for n in names if importlib.util.find_spec(f"structconv.bench.{n}")]
         if not names:
             raise UsageError("no benchmark suites are installed")
+        if {"-h", "--help"} & set(args.args):
+            print(_bench_all_help(names), end="")
+            return 0
+        for name in names:  # every suite's options checked before the first one runs
+            module = _import_suite("bench", name, names)
+            _suite_parser(f"{PROG} bench {name}", module, "bench-results").parse_args(args.args)
     return _run_suites("bench", names, args.args, args, "bench-results")
 
 
