@@ -200,3 +200,14 @@ def test_progress_lines_come_every_few_seconds(capsys):
     quiet = _Progress("kg sorts")  # the default: nothing during the first five seconds
     quiet("block 1 of 9")
     assert capsys.readouterr().err == ""
+
+
+def test_a_doubled_edge_counts_twice_as_walks_but_links_its_pair_once():
+    ei = torch.tensor([[0, 0, 1, 0], [1, 1, 2, 2]])  # 0 -p-> 1 twice, 1 -q-> 2, 0 -r-> 2
+    et = torch.tensor([0, 0, 1, 2])
+    (m,) = mine_sorts(ei, et, 3, relations=["p", "q", "r"])
+    assert (m.name, m.support, m.pairs, m.head_name, m.hits, m.confidence) == \
+        ("p.q", 2, 1, "r", 1, 1.0)
+    doubled = mine_sorts(torch.cat([ei, ei[:, 3:]], 1), torch.cat([et, et[3:]]), 3,
+                         relations=["p", "q", "r"])
+    assert doubled[0].confidence == 1.0  # the pair is linked by r, however often it is listed

@@ -311,9 +311,9 @@ def _pair_bound(out: list, known: dict, g: _Graph, max_pairs: int) -> int:
 
 def _confidences(out: list, g: _Graph, relations, max_pairs: int, progress) -> None:
     """Fill pairs / head / confidence / hits of each mined path (in place)."""
-    ek = g.src * g.N + g.dst
-    order = torch.argsort(ek)
-    ek, er = ek[order], torch.repeat_interleave(torch.arange(g.R), torch.tensor(g.counts))[order]
+    er = torch.repeat_interleave(torch.arange(g.R), torch.tensor(g.counts))
+    # one (pair, relation) per link, sorted by pair: a doubled edge links its pair once
+    ek, er = torch.unique(torch.stack([g.src * g.N + g.dst, er]), dim=1).contiguous()
     cached: tuple = ((), None)  # the last prefix's product: paths sharing it come in a row
     for i, m in enumerate(sorted(out, key=lambda m: m.sort)):
         if progress is not None:
