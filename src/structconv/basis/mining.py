@@ -25,7 +25,7 @@ from .graph import _check_edge_type, _check_edges, _check_num_nodes
 from .sorts import inverse_name, sort_name
 
 __all__ = ["MinedSort", "mine_sorts", "mining_memory", "walk_pairs", "BLOCK", "BLOCK_BYTES",
-           "PAIR_BYTES", "MAX_SUPPORT"]
+           "EDGE_BYTES", "PAIR_BYTES", "MAX_SUPPORT"]
 
 #: candidate (prefix, relation) pairs scored per block of the support stage, and walks
 #: joined per block of the confidence stage: bounds their temporaries
@@ -33,6 +33,9 @@ BLOCK = 1 << 21
 #: bytes a block holds per candidate at its peak (the sparse product, its coalesced copy,
 #: the masks; measured: ~150)
 BLOCK_BYTES = 160
+#: bytes the graph's tables hold per edge while mining: the edges sorted by relation, the
+#: sparse out- and in-degree tables and their coalesced copies
+EDGE_BYTES = 100
 #: bytes one joined (start, end) node pair holds in the confidence stage: the left factor and
 #: the product's parts and their concatenation (indices and values; measured: ~80)
 PAIR_BYTES = 96
@@ -69,11 +72,11 @@ def mining_memory(num_nodes: int, num_edges: int, num_relations: int, max_length
     """Bytes ``mine_sorts`` allocates at most to count the supports of paths up to
     ``max_length`` (its confidence stage adds ``PAIR_BYTES`` per joined node pair, never
     more than ``max_pairs`` pairs, and one block): the edges sorted by relation and the
-    sparse degree tables (about 100 bytes an edge), one block of 2-path candidates
+    sparse degree tables (``EDGE_BYTES`` an edge), one block of 2-path candidates
     (``BLOCK_BYTES`` each), and for longer paths the walk-end vectors and supports of the
     ``beam`` prefixes (float64)."""
     N, E, R = int(num_nodes), int(num_edges), int(num_relations)
-    need = 100 * E + BLOCK_BYTES * min(BLOCK, R * R)
+    need = EDGE_BYTES * E + BLOCK_BYTES * min(BLOCK, R * R)
     for length in range(3, max_length + 1):
         P = min(beam, R ** (length - 1))
         need += 8 * (2 * P * N + P * R)
@@ -105,7 +108,7 @@ class _Graph:
         self.inn = _coo(torch.stack([et, self.dst]), ones, (R, N)).coalesce()
         self._adj: dict[int, Tensor] = {}
         #: bytes held while mining (see ``mining_memory``): every stage adds its own to these
-        self.held = 100 * et.numel()
+        self.held = EDGE_BYTES * et.numel()
 
     def edges(self, r: int) -> tuple[Tensor, Tensor]:
         s = slice(self.start[r], self.start[r + 1])
@@ -120,9 +123,8 @@ class _Graph:
         """The coalesced (N, N) pattern of relation r (ones where r links start to end)."""
         if r not in self._adj:
             s, d = self.edges(r)
-            a = _coo(torch.stack([s, d]), torch.ones(s.numel(),
-                                        dtype=torch.float64), (self.N, self.N)).coalesce()
-            self._adj[r] = _pattern(a)
+            ones = torch.ones(s.numel(), dtype=torch.float64)
+            self._adj[r] = _pattern(_coo(torch.stack([s, d]), ones, (self.N, self.N)).coalesce())
         return self._adj[r]
 
 
