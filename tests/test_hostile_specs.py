@@ -35,9 +35,14 @@ BIG_SEED = "1" + "0" * 23  # 1e23 written as an integer
     ("synthetic:nodes=100, nodes =100", ValueError, r"option 'nodes' is given twice"),
     ("synthetic:bogus=1", TypeError, r"unknown option\(s\) 'bogus' \(known: nodes, edges, "),
     ("synthetic:train=0.9,val=0.2", DatasetError, r"train \+ val must be at most 1"),
-    ("python-text:limit=-5", DatasetError, r"limit must be an int >= 1 .*, got -5"),
-    ("python-text:limit=0", DatasetError, r"limit must be an int >= 1 .*, got 0"),
-    ("python-text:limit=2.5", DatasetError, r"limit must be an int >= 1 .*, got 2\.5"),
+    ("python-text:limit=-5", DatasetError, r"python-text: limit must be an int >= 1, got -5"),
+    ("python-text:limit=0", DatasetError, r"limit must be an int >= 1, got 0"),
+    ("python-text:limit=2.5", DatasetError, r"limit must be an int >= 1, got 2\.5"),
+    ("karate:val=2.0", DatasetError, r"karate: val must be a fraction in \[0, 1\), got 2\.0"),
+    ("karate:train_per_class=-1", DatasetError, r"train_per_class must be an int >= 1, got -1"),
+    ("karate:seed=-3", DatasetError, r"karate: seed must be an int in \[0, "),
+    ("digits:test=-1", DatasetError, r"digits: test must be a fraction in \[0, 1\), got -1"),
+    ("digits:val=0.9", ValueError, r"val=0\.9 \+ test=0\.15 leave no training images"),
     ("python-text:val=1.5", DatasetError, r"val must be a fraction in \[0, 1\), got 1\.5"),
     ("python-text:test=-0.1", DatasetError, r"test must be a fraction in \[0, 1\), got -0\.1"),
     ("python-text:val=nan", DatasetError, r"val must be a fraction in \[0, 1\), got nan"),
@@ -87,3 +92,17 @@ def test_the_command_line_says_it_in_one_line(tmp_path, capsys, config, spec, ma
                "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and re.search(match, err[0]), (rc, err)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(val=-5), r"mnist: val \(training images held out\) must be an int >= 0, got -5"),
+    (dict(val=2.5), r"val \(training images held out\) must be an int >= 0, got 2\.5"),
+    (dict(seed=-1), r"mnist: seed must be an int in \[0, "),
+    (dict(limit=-1), r"limit must be an int >= 1"),
+])
+def test_image_options_are_checked_before_any_file_is_read(tmp_path, kw, match):
+    from structconv.data.images import load_idx_images
+
+    # (the folder is empty: a check made after reading would fail on the missing files)
+    with pytest.raises(DatasetError, match=match):
+        load_idx_images(tmp_path, "mnist", **kw)

@@ -11,6 +11,7 @@ path is built in. ``missing_files(name)`` says which of a dataset's files are no
 from __future__ import annotations
 
 import inspect
+import numbers
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from .._paths import user_cache_dir
 
 __all__ = ["ImageData", "GraphData", "TextData", "DatasetError", "DATASETS", "register_dataset",
            "load_dataset", "data_root", "data_root_source", "dataset_dir", "dataset_files",
-           "missing_files", "dataset_names", "split_options"]
+           "missing_files", "dataset_names", "split_options", "check_int", "check_fraction"]
 
 
 class DatasetError(ValueError):
@@ -203,6 +204,22 @@ def _option_value(text: str):
         except ValueError:
             pass
     return text
+
+
+def check_int(dataset: str, what: str, v, low: int = 0, high: int | None = None) -> int:
+    """``v`` as an int in [low, high] (bool refused), or DatasetError naming the option."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low or \
+            (high is not None and v > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise DatasetError(f"{dataset}: {what} must be an int {bound}, got {v!r}")
+    return int(v)
+
+
+def check_fraction(dataset: str, what: str, v) -> float:
+    """``v`` as a fraction in [0, 1) (bool, NaN refused), or DatasetError naming the option."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v < 1:
+        raise DatasetError(f"{dataset}: {what} must be a fraction in [0, 1), got {v!r}")
+    return float(v)
 
 
 def _check_options(name: str, fn: Callable, options: dict) -> None:

@@ -5,27 +5,21 @@ from __future__ import annotations
 import codecs
 import importlib
 import inspect
-import numbers
 from pathlib import Path
 
 import torch
 
-from .registry import DatasetError, TextData, register_dataset
+from .registry import DatasetError, TextData, check_fraction, check_int, register_dataset
 
 __all__ = ["encode_text", "load_text_file", "python_text"]
 
 
 def _check_split(name: str, val, test, limit) -> None:
-    for what, v in (("val", val), ("test", test)):
-        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v < 1:
-            raise DatasetError(f"{name}: {what} must be a fraction in [0, 1), got {v!r}")
-    if val + test >= 1:
+    if check_fraction(name, "val", val) + check_fraction(name, "test", test) >= 1:
         raise DatasetError(f"{name}: val + test must be below 1 (the rest trains), got "
                            f"{val} + {test}")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, numbers.Integral)
-                              or limit < 1):
-        raise DatasetError(f"{name}: limit must be an int >= 1 (the first characters kept) or "
-                           f"absent, got {limit!r}")
+    if limit is not None:
+        check_int(name, "limit", limit, 1)
 
 
 def encode_text(name: str, text: str, val: float = 0.05, test: float = 0.05,
