@@ -11,17 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from datahome import need, needs
 
 from structconv.data.kg import load_kg
-from structconv.data.planetoid import PLANETOID_FILES, load_planetoid, shared_dir
+from structconv.data.planetoid import PLANETOID_FILES, load_planetoid
+from structconv.data.registry import dataset_dir, missing_files
 from structconv.data.rgcn import load_entities
 
-ROOT = shared_dir()
-needs_data = pytest.mark.skipif(
-    ROOT is None, reason="dataset folder absent: set STRUCTCONV_DATA to the shared datasets folder"
-)
-PLANETOID = ROOT / "planetoid" if ROOT else None
-RGCN = ROOT / "rgcn" if ROOT else None
+#: the data home's Planetoid folder (the library's: $STRUCTCONV_DATA, else the per-user one)
+PLANETOID = dataset_dir("cora")
 
 
 @pytest.fixture(scope="module")
@@ -38,13 +36,12 @@ def _copy_planetoid(tmp_path: Path, name: str = "cora") -> Path:
 
 
 # ---------------------------------------------------------------------------------- Planetoid
-@needs_data
 @pytest.mark.parametrize("name,N,E,F,C,n_train", [
     ("cora", 2708, 10556, 1433, 7, 140),
     ("citeseer", 3327, 9104, 3703, 6, 120),
 ])
 def test_planetoid_counts_and_split(name, N, E, F, C, n_train):
-    d = load_planetoid(PLANETOID, name)
+    d = load_planetoid(need(name), name)
     assert (d.num_nodes, d.num_edges, d.num_features, d.num_classes) == (N, E, F, C)
     assert d.x.dtype == torch.float32 and d.y.dtype == torch.long
     assert [int(m.sum()) for m in (d.train_mask, d.val_mask, d.test_mask)] == [n_train, 500, 1000]
@@ -57,7 +54,7 @@ def test_planetoid_counts_and_split(name, N, E, F, C, n_train):
     assert torch.equal(torch.sort(key).values, torch.sort(dst * N + src).values)  # undirected
 
 
-@needs_data
+@needs("citeseer")
 def test_citeseer_isolated_test_ids_are_featureless_and_unlabelled():
     d = load_planetoid(PLANETOID, "citeseer")
     empty = d.x.sum(1) == 0
@@ -67,9 +64,9 @@ def test_citeseer_isolated_test_ids_are_featureless_and_unlabelled():
     assert (d.y[empty] == 0).all()
 
 
-@needs_data
 @pytest.mark.parametrize("name", ["Cora", "CiteSeer"])
 def test_planetoid_matches_pyg(name, tmp_path):
+    need(name.lower())
     pyg = pytest.importorskip("torch_geometric.datasets")
     raw = tmp_path / name / "raw"
     raw.mkdir(parents=True)
@@ -81,7 +78,7 @@ def test_planetoid_matches_pyg(name, tmp_path):
         assert torch.equal(getattr(ref, field), getattr(d, field)), field
 
 
-@needs_data
+@needs("citeseer")
 def test_planetoid_row_normalisation():
     raw = load_planetoid(PLANETOID, "citeseer")
     d = load_planetoid(PLANETOID, "citeseer", normalize_features=True)
@@ -92,13 +89,15 @@ def test_planetoid_row_normalisation():
     assert torch.equal(d.x != 0, raw.x != 0)
 
 
-@needs_data
+@pytest.mark.skipif(missing_files("pubmed") != ["ind.pubmed.allx"],
+                    reason="needs a data home holding PubMed without its ind.pubmed.allx (as the "
+                           "shared datasets folder does)")
 def test_pubmed_names_the_missing_file():
     with pytest.raises(FileNotFoundError, match=r"missing file\(s\) ind\.pubmed\.allx$"):
         load_planetoid(PLANETOID, "pubmed")
 
 
-@needs_data
+@needs("cora")
 def test_planetoid_lists_every_missing_file(tmp_path):
     d = _copy_planetoid(tmp_path)
     (d / "ind.cora.ty").unlink()
@@ -114,7 +113,7 @@ def test_planetoid_unknown_name_and_folder(tmp_path):
         load_planetoid(tmp_path / "nope", "cora")
 
 
-@needs_data
+@needs("cora")
 @pytest.mark.parametrize("suffix", ["x", "ally", "graph"])
 def test_planetoid_truncated_pickle(tmp_path, suffix):
     d = _copy_planetoid(tmp_path)
@@ -124,7 +123,7 @@ def test_planetoid_truncated_pickle(tmp_path, suffix):
         load_planetoid(d, "cora")
 
 
-@needs_data
+@needs("cora")
 def test_planetoid_refuses_code_in_pickles(tmp_path):
     d = _copy_planetoid(tmp_path)
     # a pickle that would call os.system on load must be rejected before anything runs
@@ -133,7 +132,7 @@ def test_planetoid_refuses_code_in_pickles(tmp_path):
         load_planetoid(d, "cora")
 
 
-@needs_data
+@needs("cora")
 def test_planetoid_wrong_object_and_shapes(tmp_path):
     d = _copy_planetoid(tmp_path)
     (d / "ind.cora.tx").write_bytes(pickle.dumps([1, 2, 3], protocol=2))
@@ -145,7 +144,7 @@ def test_planetoid_wrong_object_and_shapes(tmp_path):
         load_planetoid(d, "cora")
 
 
-@needs_data
+@needs("cora")
 def test_planetoid_bad_test_index_line(tmp_path):
     d = _copy_planetoid(tmp_path)
     p = d / "ind.cora.test.index"
@@ -157,13 +156,12 @@ def test_planetoid_bad_test_index_line(tmp_path):
 
 
 # ------------------------------------------------------------------------------ R-GCN entities
-@needs_data
 @pytest.mark.parametrize("name,N,R,E,C,n_train,n_test", [
     ("aifb", 8285, 90, 2 * 29043, 4, 140, 36),
     ("mutag", 23644, 46, 2 * 74227, 2, 272, 68),
 ])
 def test_entities_counts(name, N, R, E, C, n_train, n_test, entities_cache):
-    d = load_entities(RGCN, name, cache_dir=entities_cache)
+    d = load_entities(need(name), name, cache_dir=entities_cache)
     assert (d.num_nodes, d.num_relations, d.num_edges, d.num_classes) == (N, R, E, C)
     assert (len(d.train_idx), len(d.test_idx)) == (n_train, n_test)
     assert len(set(d.train_idx.tolist()) | set(d.test_idx.tolist())) == n_train + n_test
@@ -181,11 +179,11 @@ def test_entities_counts(name, N, R, E, C, n_train, n_test, entities_cache):
     assert (key[1:] >= key[:-1]).all()
 
 
-@needs_data
 def test_entities_deterministic_order(entities_cache):
     # AIFB has blank nodes, which rdflib would name at random: the order must not depend on it
-    a = load_entities(RGCN / "aifb", "aifb", use_cache=False)
-    b = load_entities(RGCN, "aifb", cache_dir=entities_cache)
+    aifb = need("aifb")
+    a = load_entities(aifb, "aifb", use_cache=False)
+    b = load_entities(aifb.parent, "aifb", cache_dir=entities_cache)
     for f in ("edge_index", "edge_type", "train_idx", "train_y", "test_idx", "test_y"):
         assert torch.equal(getattr(a, f), getattr(b, f)), f
     assert a.relations == b.relations and a.classes == b.classes
@@ -271,13 +269,12 @@ def test_entities_tsv_errors(tmp_path):
 
 
 # ------------------------------------------------------------------------------- KG triples
-@needs_data
 @pytest.mark.parametrize("name,E,R,sizes,in_train", [
     ("FB15k-237", 14541, 237, (272115, 17535, 20466), 14505),
     ("WN18RR", 40943, 11, (86835, 3034, 3134), 40559),
 ])
 def test_kg_counts(name, E, R, sizes, in_train):
-    d = load_kg(ROOT / "kg", name)
+    d = load_kg(need(name.lower()).parent, name)
     assert (d.num_entities, d.num_relations) == (E, R)
     assert (len(d.train), len(d.valid), len(d.test)) == sizes
     # ids in order of first appearance: the entities seen in training come first
@@ -286,13 +283,13 @@ def test_kg_counts(name, E, R, sizes, in_train):
     assert ei.shape == (2, sizes[0]) and et.shape == (sizes[0],)
 
 
-@needs_data
 def test_wn18rr_keeps_string_ids():
-    d = load_kg(ROOT / "kg" / "WN18RR")
+    root = need("wn18rr")
+    d = load_kg(root)
     assert d.name == "WN18RR"
     assert d.entities[0] == "00260881"  # leading zeros kept
     h, r, t = d.train[0].tolist()
-    first = (ROOT / "kg" / "WN18RR" / "train.txt").read_text().splitlines()[0].split("\t")
+    first = (root / "train.txt").read_text().splitlines()[0].split("\t")
     assert [d.entities[h], d.relations[r], d.entities[t]] == first
 
 

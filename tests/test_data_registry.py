@@ -10,20 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from datahome import need
 
 from structconv.data import dataset_names, load_dataset
 from structconv.data.images import read_idx
-from structconv.data.registry import DatasetError, data_root
+from structconv.data.registry import DatasetError
 from structconv.data.text import load_text_file, python_text
-
-ROOT = data_root()
-
-
-def _need(folder: str) -> Path:
-    if ROOT is None or not (ROOT / folder).is_dir():
-        pytest.skip(f"dataset folder {folder}/ not found (set STRUCTCONV_DATA to the shared "
-                    "datasets folder)")
-    return ROOT / folder
 
 
 def _write_idx(path: Path, arr: np.ndarray, magic_type: int = 0x08, gz: bool = True,
@@ -138,24 +130,24 @@ def test_missing_data_root_is_clear(monkeypatch, tmp_path):
 
 
 def test_real_mnist_and_fashion():
-    _need("mnist")
+    need("mnist")
     d = load_dataset("mnist", val=10000)
     assert [d.splits[k][0].shape[0] for k in ("train", "val", "test")] == [50000, 10000, 10000]
     assert torch.bincount(d.splits["test"][1]).tolist()[:3] == [980, 1135, 1032]
-    _need("fashion-mnist")
+    need("fashion-mnist")
     f = load_dataset("fashion-mnist", limit=100)
     assert f.splits["train"][0].shape == (100, 1, 28, 28)
 
 
 def test_real_tinyshakespeare():
-    _need("tinyshakespeare")
+    need("tinyshakespeare")
     d = load_dataset("tinyshakespeare")
     assert len(d.vocab) == 65 and sum(v.numel() for v in d.splits.values()) == 1115394
     assert "".join(d.vocab[i] for i in d.splits["train"][:14].tolist()) == "First Citizen:"
 
 
 def test_real_cora_through_registry():
-    _need("planetoid")
+    need("cora")
     d = load_dataset("cora")
     assert (d.num_nodes, d.num_features, d.num_classes) == (2708, 1433, 7)
     assert [int(d.masks[k].sum()) for k in ("train", "val", "test")] == [140, 500, 1000]

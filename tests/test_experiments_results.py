@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from datahome import need
 
 from structconv.experiments import fashion, mixed_heads, routes_models, separability, shift_heads
 
@@ -68,13 +69,10 @@ def test_shift_likeness_of_uniform_attention(f64):
 
 
 def test_shift_heads_recipe_runs_and_resumes(tmp_path):
-    import os
     import subprocess
     import sys
 
-    root = os.environ.get("STRUCTCONV_DATA")
-    if not root or not os.path.isfile(os.path.join(root, "tinyshakespeare", "input.txt")):
-        pytest.skip("needs STRUCTCONV_DATA with tinyshakespeare")
+    need("tinyshakespeare")  # the subprocess finds it the same way, from the same environment
     cmd = [sys.executable, "-m", "structconv.cli", "reproduce", "shift-heads", "--quick",
            "--kinds", "none,learned,shift", "--long-kinds", "shift", "--out", str(tmp_path)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

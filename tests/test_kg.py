@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from datahome import need
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -337,18 +336,10 @@ def test_sort_contributions_need_an_encoder():
 
 
 # -- real data --------------------------------------------------------------------------------
-def _kg_root():
-    root = os.environ.get("STRUCTCONV_DATA")
-    path = root and os.path.join(root, "kg", "WN18RR")
-    if not path or not os.path.isdir(path):
-        pytest.skip("WN18RR not found (set STRUCTCONV_DATA to the datasets folder)")
-    return root
-
-
 def test_kg_loader_names_relations_and_inverses():
     from structconv.data.kg import load_kg
 
-    d = load_kg(os.path.join(_kg_root(), "kg"), "WN18RR")
+    d = load_kg(need("wn18rr"))
     assert d.num_relations == 11
     names = d.relation_names
     assert len(names) == 22 and names[11] == names[0] + "^-1"

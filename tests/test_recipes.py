@@ -7,11 +7,12 @@ from argparse import Namespace
 
 import pytest
 import torch
+from datahome import need
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import structconv.models.graph as mg
-from structconv.data.planetoid import PlanetoidData, shared_dir
+from structconv.data.planetoid import PlanetoidData
 from structconv.experiments import planetoid as rp
 from structconv.experiments import rgcn as rr
 
@@ -202,16 +203,9 @@ def test_recipe_settings():
     assert rr.settings("mutag")["num_bases"] == 30 and rr.settings("aifb")["num_bases"] is None
 
 
-ROOT = shared_dir()
-needs_data = pytest.mark.skipif(
-    ROOT is None, reason="dataset folder absent: set STRUCTCONV_DATA to the shared datasets folder"
-)
-
-
-@needs_data
 def test_planetoid_recipe_smoke(tmp_path, capsys):
     torch.set_default_dtype(torch.float32)
-    args = Namespace(model="gcn", dataset="cora", seeds=1, seed=0, data=str(ROOT / "planetoid"),
+    args = Namespace(model="gcn", dataset="cora", seeds=1, seed=0, data=str(need("cora")),
                      out=str(tmp_path), epochs=15, quick=True, threads=1)
     assert rp.run(args) == 0
     res = json.loads((tmp_path / "planetoid-gcn-cora.json").read_text())
@@ -221,10 +215,9 @@ def test_planetoid_recipe_smoke(tmp_path, capsys):
     assert "Cora" in capsys.readouterr().out
 
 
-@needs_data
 def test_rgcn_recipe_smoke(tmp_path):
     torch.set_default_dtype(torch.float32)
-    args = Namespace(dataset="aifb", seeds=1, seed=0, data=str(ROOT / "rgcn" / "aifb"),
+    args = Namespace(dataset="aifb", seeds=1, seed=0, data=str(need("aifb")),
                      out=str(tmp_path), epochs=4, bases=None, cache=str(tmp_path / "cache"),
                      quick=True, threads=1)
     assert rr.run(args) == 0

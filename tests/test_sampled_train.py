@@ -10,11 +10,12 @@ import time
 import pytest
 import torch
 from cli_helpers import run_cli
+from datahome import need
 from safetensors.torch import load_file
 
 from structconv.cli import main
 from structconv.config import ConfigError, load_config, parse_config
-from structconv.data.registry import DatasetError, data_root, load_dataset, split_options
+from structconv.data.registry import DatasetError, load_dataset, split_options
 from structconv.data.synthetic import synthetic_graph
 from structconv.minibatch import SampledEval, StepLoader, batch_inputs, make_loader, restrictions
 from structconv.models import build_model
@@ -256,9 +257,7 @@ def test_bench_scale_quick_runs(tmp_path, capsys):
 
 
 def test_sampled_cora_recipe_smoke(tmp_path, capsys):
-    root = data_root()
-    if root is None or not (root / "planetoid").is_dir():
-        pytest.skip("Cora not found (set STRUCTCONV_DATA)")
+    need("cora")
     assert main(["reproduce", "sampled-cora", "--quick", "--seeds", "1", "--epochs", "2",
                  "--out", str(tmp_path)]) == 0
     r = json.loads((tmp_path / "sampled-cora.json").read_text())

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from cli_helpers import CLI, ENV, run_cli
+from datahome import absent
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
@@ -23,15 +24,12 @@ from structconv.config import (
     parse_config,
     shipped_configs,
 )
-from structconv.data.registry import DATASETS, data_root
 from structconv.models import build_model
 from structconv.train import TrainingError, _eval_batches, _losses, load_data, train
 
 
-def _available(cfg) -> bool:
-    _, folder, _ = DATASETS[cfg["data"]["name"]]
-    root = data_root()
-    return folder is None or (root is not None and (root / folder).is_dir())
+def _absent(cfg) -> str | None:
+    return absent(cfg["data"]["name"].split(":")[0])
 
 
 TINY = """
@@ -55,8 +53,8 @@ epochs = 4
 @pytest.mark.parametrize("name", sorted(shipped_configs()))
 def test_every_shipped_config_builds_and_runs_forward(name):
     cfg = load_config(name)
-    if not _available(cfg):
-        pytest.skip(f"{cfg['data']['name']} data not found (set STRUCTCONV_DATA)")
+    if _absent(cfg):
+        pytest.skip(_absent(cfg))
     if cfg["data"]["name"] in ("mnist", "fashion-mnist", "tinyshakespeare"):
         cfg["data"]["options"]["limit"] = 20000
     data = load_data(cfg)

@@ -197,6 +197,59 @@ def _check_structure(meta: dict, where: Path) -> None:
                               "structconv writes)")
 
 
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _real(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+#: optimizer hyper-parameters that torch's constructors require to be >= 0
+_NON_NEGATIVE = ("lr", "eps", "weight_decay", "momentum", "dampening", "lr_decay",
+                 "initial_accumulator_value")
+
+
+def _group_problem(i: int, g: dict) -> str | None:
+    """A hyper-parameter of optimizer parameter group ``i`` out of the range torch's
+    constructors allow (None: none is). Kinds (a number, a list, a bool) are the trainer's to
+    check against its fresh optimizer; the range of a number is checked here."""
+    for k in _NON_NEGATIVE:
+        v = g.get(k)
+        if _real(v) and v < 0:
+            return f"param_groups[{i}].{k} must be >= 0, got {v!r}"
+    b = g.get("betas")
+    if isinstance(b, list) and not all(0 <= u < 1 for u in b if _real(u)):
+        return f"param_groups[{i}].betas must lie in [0, 1), got {b!r}"
+    return None
+
+
+def _scalar_problem(meta: dict) -> str | None:
+    """The first scalar of checkpoint metadata (already of the right structure) that is not
+    what ``save_checkpoint`` writes, as ``field must be ..., got ...`` (None: all are)."""
+    epoch, name, digest = meta["epoch"], meta["file"], meta["sha256"]
+    if not (_int(epoch) and epoch >= 0):
+        return f"epoch must be an int >= 0, got {epoch!r}"
+    if not name or Path(name).name != name or not name.endswith(".safetensors"):
+        return f"file must be the name of a .safetensors file in the run directory, got {name!r}"
+    if not (isinstance(digest, str) and len(digest) == 64 and
+            all(c in "0123456789abcdef" for c in digest)):
+        return f"sha256 must be 64 lowercase hex digits, got {digest!r}"
+    if not isinstance(meta.get("has_best", False), bool):
+        return f"has_best must be true or false, got {meta['has_best']!r}"
+    version, words, gauss = meta["rng"]["python"]
+    if version != 3 or len(words) != 625 or not all(_int(w) and 0 <= w < 2**32 for w in words):
+        return "rng.python must be Python's random state (version 3, 625 ints in [0, 2^32))"
+    if not (gauss is None or _real(gauss)):
+        return f"rng.python's gauss must be null or a finite number, got {gauss!r}"
+    kind, pos, has_gauss, cached = meta["rng"]["numpy"]
+    if kind != "MT19937" or not (_int(pos) and 0 <= pos <= 624) or has_gauss not in (0, 1) \
+            or not _real(cached):
+        return ("rng.numpy must be NumPy's state [\"MT19937\", position 0..624, has_gauss 0 "
+                f"or 1, a finite number], got {meta['rng']['numpy']!r}")
+    return None
+
+
 def load_checkpoint(run_dir) -> dict:
     """The committed checkpoint of a run: ``{epoch, model, best, optimizer, rng, trainer}``."""
     run_dir = Path(run_dir)
@@ -207,15 +260,27 @@ def load_checkpoint(run_dir) -> dict:
         raise CheckpointError(f"{meta_path}: no checkpoint to resume from (file not found)")
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        epoch, name, digest = int(meta["epoch"]), meta["file"], meta["sha256"]
+        if not isinstance(meta, dict):
+            raise CheckpointError(f"{meta_path}: corrupt checkpoint metadata (a JSON "
+                                  f"{type(meta).__name__}, expected an object)")
+        epoch, name, digest = meta["epoch"], meta["file"], meta["sha256"]
         if meta.get("format") != FORMAT:
             raise CheckpointError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT}")
         _check_structure(meta, meta_path)
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError, UnicodeDecodeError) as e:
+        problem = _scalar_problem(meta)
+        if problem:
+            raise CheckpointError(f"{meta_path}: corrupt checkpoint metadata ({problem})")
+        for i, g in enumerate(meta["optimizer"]["param_groups"]):
+            problem = _group_problem(i, g)
+            if problem:
+                raise CheckpointError(f"{meta_path}: corrupt optimizer metadata ({problem})")
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, UnicodeDecodeError,
+            RecursionError) as e:
         if isinstance(e, CheckpointError):
             raise
-        raise CheckpointError(f"{meta_path}: corrupt checkpoint metadata ({e})") from None
-    path = run_dir / Path(name).name
+        what = f"field {e} is missing" if isinstance(e, KeyError) else str(e)
+        raise CheckpointError(f"{meta_path}: corrupt checkpoint metadata ({what})") from None
+    path = run_dir / name
     if not path.is_file():
         raise CheckpointError(f"{path}: tensor file named by {meta_path} not found")
     data = path.read_bytes()

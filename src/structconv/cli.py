@@ -58,16 +58,26 @@ def _train_arguments(s: argparse.ArgumentParser) -> None:
 def _kg_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("action", choices=["sorts"], help="sorts: mine the relation paths")
     s.add_argument("dataset", help="a relational dataset (fb15k-237, wn18rr, aifb, mutag)")
-    s.add_argument("--root", default=None, help="the dataset's folder (default: "
-                                                "$STRUCTCONV_DATA/<its folder>)")
-    s.add_argument("--max-length", type=int, default=2, help="longest path (default 2)")
+    s.add_argument("--root", default=None, help="the dataset's folder (default: its folder in "
+                                                "the data home, see `structconv datasets`)")
+    s.add_argument("--max-length", type=int, default=2, help="longest path, 1..4 (default 2)")
     s.add_argument("--min-length", type=int, default=2, help="shortest path (default 2)")
     s.add_argument("--top", type=int, default=20, help="paths to list (default 20)")
     s.add_argument("--rank", choices=["support", "confidence"], default="support",
                    help="order by walk count or by rule confidence (default support)")
-    s.add_argument("--no-backtrack", action="store_true",
-                   help="leave out paths that step back along an inverse (r . r^-1)")
-    s.add_argument("--min-support", type=int, default=1, help="fewest walks a path needs")
+    s.add_argument("--backtrack", action=argparse.BooleanOptionalAction, default=False,
+                   help="list paths that step straight back along an inverse (r . r^-1). "
+                        "Left out by default: every edge can be walked there and back, so they "
+                        "hold the most walks and would fill the list, yet they mostly return to "
+                        "where they started and imply no relation (confidence ~0)")
+    s.add_argument("--min-support", type=int, default=1,
+                   help="fewest walks a path needs, 1..2^53 (default 1)")
+    s.add_argument("--beam", type=int, default=200,
+                   help="paths of each length extended to the next, and scored by "
+                        "--rank confidence (default 200)")
+    s.add_argument("--max-pairs", type=int, default=20_000_000,
+                   help="most node pairs a path may join for its confidence (default "
+                        "20000000; about 100 bytes each)")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -121,7 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     _kg_arguments(cmd("kg", "knowledge-graph tools: `kg sorts DATASET` lists the random-walk "
                             "sorts (relation paths) of a dataset's training graph by name"))
     cmd("configs", "list the example configs shipped with structconv")
-    cmd("datasets", "list the registered datasets")
+    cmd("datasets", "list the registered datasets: present or missing in the data home "
+                    "($STRUCTCONV_DATA, else ~/.cache/structconv/datasets) and where each "
+                    "one's files go")
     return p
 
 
@@ -315,9 +327,9 @@ def _eval_link(args, cfg: dict, data, model) -> int:
 
 
 def _suite_parser(prog: str, module, out_default: str) -> argparse.ArgumentParser:
+    doc = getattr(module, "__doc__", None)
     p = _Parser(prog=prog, conflict_handler="resolve",
-                description=(module.__doc__ or "").strip().splitlines()[0] if module.__doc__
-                else None)
+                description=doc.strip().splitlines()[0] if doc else None)
     p.add_argument("--out", default=out_default, help=f"output directory (default {out_default})")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
     p.add_argument("--repeats", type=int, default=5, help="timing repeats (median)")
@@ -386,12 +398,37 @@ def _known(package: str) -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(mod.__path__) if not m.name.startswith("_"))
 
 
+def _bench_all_help(names: list[str]) -> str:
+    """``bench all --help``: the options every suite takes, then each suite and its own."""
+    common = _suite_parser(f"{PROG} bench all", None, "bench-results")
+    common.description = ("run every benchmark suite in turn with the options below; an "
+                          "option of one suite is refused unless every suite takes it")
+    parts = [common.format_help(), "suites (each also runs alone: "
+                                   f"{PROG} bench NAME [options]):"]
+    for name in names:
+        module = _import_suite("bench", name, names)
+        doc = (module.__doc__ or "").strip().splitlines()
+        parts.append(f"\n  {name}: {doc[0].split(': ', 1)[-1] if doc else ''}")
+        if hasattr(module, "add_arguments"):
+            own = argparse.ArgumentParser(usage=argparse.SUPPRESS, add_help=False)
+            module.add_arguments(own)
+            text = own.format_help().replace("options:\n", "", 1).rstrip()
+            parts.append("\n".join("  " + line for line in text.splitlines() if line.strip()))
+    return "\n".join(parts) + "\n"
+
+
 def _cmd_bench(args) -> int:
     names = _known("bench") if args.name == "all" else [args.name]
     if args.name == "all":
         names = [n for n in names if importlib.util.find_spec(f"structconv.bench.{n}")]
         if not names:
             raise UsageError("no benchmark suites are installed")
+        if {"-h", "--help"} & set(args.args):
+            print(_bench_all_help(names), end="")
+            return 0
+        for name in names:  # every suite's options checked before the first one runs
+            module = _import_suite("bench", name, names)
+            _suite_parser(f"{PROG} bench {name}", module, "bench-results").parse_args(args.args)
     return _run_suites("bench", names, args.args, args, "bench-results")
 
 
@@ -419,24 +456,57 @@ def _cmd_verify(args) -> int:
     return run_verify(seed=_seed(args), quick=args.quick, device=args.device, out=args.out)
 
 
+class _Progress:
+    """A status line on stderr at most every ``every`` seconds, once the work has run that
+    long: long mining tells the user it is alive, short runs print nothing extra."""
+
+    def __init__(self, what: str, every: float = 5.0):
+        self.what, self.every = what, every
+        self.t0 = self.last = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self.last = now
+            print(f"{PROG} {self.what}: {message} ({now - self.t0:.0f} s)", file=sys.stderr,
+                  flush=True)
+
+
+def _check_kg_arguments(args) -> None:
+    from .basis.mining import MAX_SUPPORT
+
+    for flag, v, lo, hi in (("--max-length", args.max_length, 1, 4),
+                            ("--min-length", args.min_length, 1, args.max_length),
+                            ("--top", args.top, 1, None), ("--beam", args.beam, 1, None),
+                            ("--min-support", args.min_support, 1, MAX_SUPPORT),
+                            ("--max-pairs", args.max_pairs, 1, None)):
+        if v < lo or (hi is not None and v > hi):
+            want = f">= {lo}" if hi is None else f"in {lo}..{hi}"
+            raise UsageError(f"{flag} must be an int {want}, got {v}")
+
+
 def _cmd_kg(args) -> int:
     from .data.registry import load_dataset
     from .kg import mine_sorts, training_graph
 
+    _check_kg_arguments(args)
     data = load_dataset(args.dataset.lower(), args.root)
     ei, et, n, names = training_graph(data)
     t0 = time.perf_counter()
     mined = mine_sorts(ei, et, n, relations=names, max_length=args.max_length,
                        min_length=args.min_length, top=args.top, rank=args.rank,
-                       min_support=args.min_support,
-                       backtrack=not args.no_backtrack,
-                       num_relations=len(names) if names else None)
+                       min_support=args.min_support, backtrack=args.backtrack,
+                       beam=args.beam, max_pairs=args.max_pairs,
+                       num_relations=len(names) if names else None,
+                       progress=_Progress("kg sorts"))
     if args.json:
         print(json.dumps([m.as_dict() for m in mined], indent=1))
         return 0
     print(f"{data.name}: {n} nodes, {ei.shape[1]} training edges, "
           f"{len(names) if names else int(et.max()) + 1} edge types (inverses included); "
-          f"{len(mined)} paths by {args.rank} in {time.perf_counter() - t0:.1f} s")
+          f"{len(mined)} paths by {args.rank}"
+          f"{'' if args.backtrack else ' (no r . r^-1 backtracking; --backtrack lists them)'}"
+          f" in {time.perf_counter() - t0:.1f} s")
     print(f"{'support':>10} {'pairs':>9} {'conf':>6}  path  =>  most linked relation")
     for m in mined:
         conf = "-" if m.confidence is None else f"{m.confidence:.3f}"
@@ -454,15 +524,32 @@ def _cmd_configs(args) -> int:
     return 0
 
 
+def _dataset_row(name: str) -> tuple[str, str, str]:
+    """(status, where its files go, description) of one registered dataset."""
+    from .data.registry import DATASETS, dataset_dir, missing_files
+
+    _, folder, desc = DATASETS[name]
+    if folder is None:
+        return "ships", "with its Python dependencies", desc
+    missing = missing_files(name)
+    d = dataset_dir(name)
+    where = f"{d}/" if d is not None else f"<data home>/{folder}/"
+    if not missing:
+        return "present", where, desc
+    more = f" (+{len(missing) - 3} more)" if len(missing) > 3 else ""
+    return "missing", f"{where}  needs {', '.join(missing[:3])}{more}", desc
+
+
 def _cmd_datasets(args) -> int:
-    from .data.registry import DATASETS, data_root, dataset_names
+    from .data.registry import data_root, data_root_source, dataset_names
 
     root = data_root()
-    for name in dataset_names():
-        _, folder, desc = DATASETS[name]
-        where = "ships with the dependencies" if folder is None else \
-            f"{(root / folder) if root else '$STRUCTCONV_DATA'}/{'' if root else folder}"
-        print(f"{name:<16} {desc}  [{where}]")
+    print(f"data home: {root if root is not None else '(none: set STRUCTCONV_DATA)'} "
+          f"({data_root_source()})")
+    rows = [(name, *_dataset_row(name)) for name in dataset_names()]
+    w = max(len(r[0]) for r in rows)
+    for name, status, where, desc in rows:
+        print(f"{name:<{w}}  {status:<7}  {desc}\n{'':<{w}}  {'':<7}  {where}")
     return 0
 
 

@@ -214,10 +214,12 @@ def _cached_plan(x: Tensor, basis: Basis, theta, route: str) -> Plan:
     memo = basis.memo
     p = memo.get(key)
     if p is None:
-        if sum(1 for k in memo if k[0] == "plan") >= _MAX_PLANS:
+        # (a snapshot of the keys: other threads may plan on the same basis meanwhile)
+        plans = [k for k in memo.copy() if k[0] == "plan"]
+        if len(plans) >= _MAX_PLANS:
             # a basis called on ever new shapes (varying batch sizes) keeps a bounded cache
-            for k in [k for k in memo if k[0] == "plan"]:
-                del memo[k]
+            for k in plans:
+                memo.pop(k, None)
         p = memo[key] = _make_plan(x, basis, theta, route)
     return p
 

@@ -6,7 +6,8 @@ the CSR is built once per dtype and device with one sort (duplicates summed), an
 transpose, which only a backward pass needs, on its first use. Values that require grad go
 through the differentiable COO product. While ``torch.compile`` traces, it applies itself as a
 gather and an ``index_add`` over the entries, which the compiler fuses (sparse tensors are not
-traceable).
+traceable). float16 / bfloat16 inputs are computed in float32 and cast back (torch has no
+half-precision CPU SpMM).
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ import warnings
 import torch
 from torch import Tensor
 
-__all__ = ["SparseMatrix", "build_csr", "csr_matmul"]
+__all__ = ["SparseMatrix", "build_csr", "csr_matmul", "LOW_PRECISION"]
+
+#: dtypes the sparse product computes in float32 (and casts back)
+LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def build_csr(rows: Tensor, cols: Tensor, vals: Tensor, shape: tuple[int, int]) -> Tensor:
@@ -107,7 +111,13 @@ class SparseMatrix:
 
     def matmul(self, X: Tensor) -> Tensor:
         """S @ X: (C, F) -> (R, F), differentiable in X (and in the values where they
-        require grad)."""
+        require grad). Half-precision X (float16, bfloat16) is computed in float32 and the
+        result cast back to X's dtype."""
+        if X.dtype in LOW_PRECISION and not torch.compiler.is_compiling():
+            # torch's CPU sparse kernels (MKL CSR SpMM, COO mm) have no float16 / bfloat16
+            # version; float32 also keeps the long sums of a graph's rows accurate. The casts
+            # are differentiable, so gradients flow back in X's dtype.
+            return self.matmul(X.float()).to(X.dtype)
         if torch.compiler.is_compiling():
             vals = self.values.to(X.dtype)
             out = X.new_zeros(self.shape[0], X.shape[1])

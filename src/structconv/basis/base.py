@@ -59,10 +59,16 @@ class Basis:
 
     @property
     def memo(self) -> dict:
-        """Derived state: casts, plans, the held-tensor summary (see ``clear_cache``)."""
+        """Derived state: casts, plans, the held-tensor summary (see ``clear_cache``).
+
+        Threads may share a basis: the memo is created by one atomic ``setdefault`` (two
+        threads never get two memos), and whoever walks a dict that another thread may grow
+        walks a snapshot (``dict.copy`` is atomic under the GIL). No lock: ``torch.compile``
+        traces these paths, and a lock would break its graph.
+        """
         d = self.__dict__.get("_cache")
         if d is None:
-            d = self._cache = {}
+            d = self.__dict__.setdefault("_cache", {})
         return d
 
     def clear_cache(self) -> None:
@@ -152,7 +158,7 @@ class Basis:
     # -- tensors held, dtype / device ----------------------------------------------------------
     def _apply(self, fn) -> Basis:
         """A shallow copy with ``fn`` applied to every tensor held (caches dropped)."""
-        new = copy.copy(self)
+        new = copy.copy(self)  # (copies self.__dict__ in one step: a consistent snapshot)
         d = new.__dict__
         d.pop("_cache", None)
         for name, v in list(d.items()):
@@ -167,7 +173,8 @@ class Basis:
         memo = self.memo
         if "held" not in memo:
             found: list[Tensor] = []
-            for name, v in self.__dict__.items():
+            # a snapshot: other threads add caches (``_cache``, transient ones) meanwhile
+            for name, v in self.__dict__.copy().items():
                 if name != "_cache" and name not in self._transient:
                     _collect(v, found)
             fl = [t.dtype for t in found if t.is_floating_point() or t.is_complex()]
@@ -264,14 +271,14 @@ def _collect(v, out: list) -> None:
     if isinstance(v, Tensor):
         out.append(v)
     elif isinstance(v, Basis):
-        for name, u in v.__dict__.items():
+        for name, u in v.__dict__.copy().items():  # (a snapshot, as in ``_held``)
             if name != "_cache" and name not in v._transient:
                 _collect(u, out)
     elif isinstance(v, (list, tuple)):
         for u in v:
             _collect(u, out)
     elif isinstance(v, dict):
-        for u in v.values():
+        for u in v.copy().values():
             _collect(u, out)
     elif not isinstance(v, type) and callable(getattr(v, "_apply", None)):
         v._apply(lambda t: (out.append(t), t)[1])
@@ -307,12 +314,14 @@ class Dense(Basis):
         key = (layout, dtype, self.A._version)
         cache = self.__dict__.get("_arranged_cache")
         if cache is None:  # dropped by ``to``
-            cache = self._arranged_cache = {}
-        if key not in cache:
-            for k in [k for k in cache if k[2] != self.A._version]:
-                del cache[k]
-            cache[key] = make().contiguous()
-        return cache[key]
+            cache = self.__dict__.setdefault("_arranged_cache", {})
+        hit = cache.get(key)
+        if hit is None:
+            # another thread may add or drop entries meanwhile: walk a snapshot, pop softly
+            for k in [k for k in cache.copy() if k[2] != self.A._version]:
+                cache.pop(k, None)
+            hit = cache[key] = make().contiguous()
+        return hit
 
     def to_dense(self) -> Tensor:
         return self.A

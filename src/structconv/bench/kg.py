@@ -97,7 +97,7 @@ def bench_sorts(args) -> dict:
     times = interleaved_times({k: step(c) for k, c in convs.items()}, repeats=args.repeats,
                               warmup=1)
     walk = [sum(int((et == r).sum()) for r in m.sort) for m in mined]
-    pairs = [walk_pairs(ei[0], ei[1], et, n, m.sort, 10**9).numel() for m in mined]
+    pairs = [walk_pairs(ei, et, n, m.sort, 10**9).numel() for m in mined]
     r = dict(dataset=d.name, sorts=[m.name for m in mined], support=[m.support for m in mined],
              ms={k: v * 1e3 for k, v in times.items()},
              ratio_2sorts_over_single=times["single+2sorts"] / times["single"],

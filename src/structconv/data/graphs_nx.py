@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .._extras import require
-from .registry import GraphData, register_dataset
+from .registry import GraphData, check_fraction, check_int, register_dataset
 
 __all__ = ["from_networkx", "karate_club"]
 
@@ -17,6 +17,9 @@ def from_networkx(name: str, g, label_attr: str, train_per_class: int = 4, val: 
     ``features`` "identity" gives one-hot node ids (x = I, the classic featureless input) and
     "degree" a one-hot degree; train holds ``train_per_class`` nodes of each class.
     """
+    check_int(name, "train_per_class", train_per_class, 1)
+    check_fraction(name, "val", val)
+    check_int(name, "seed", seed, 0, 2**63 - 1)
     nodes = list(g.nodes())
     pos = {v: i for i, v in enumerate(nodes)}
     classes = sorted({g.nodes[v][label_attr] for v in nodes}, key=str)

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from .._extras import require
-from .registry import DatasetError, ImageData, register_dataset
+from .registry import DatasetError, ImageData, check_fraction, check_int, register_dataset
 
 __all__ = ["read_idx", "load_digits", "load_idx_images"]
 
@@ -68,6 +68,9 @@ def _check_limit(limit) -> bool:
 def load_idx_images(root: Path, name: str, val: int = 10000, limit: int | None = None,
                     seed: int = 0, mean: float | None = None, std: float | None = None):
     """MNIST-style folder -> ImageData with train/val/test; pixels scaled to [0, 1], normalised."""
+    check_int(name, "val (training images held out)", val, 0)
+    check_int(name, "seed", seed, 0, 2**63 - 1)
+    _check_limit(limit)
     out = {}
     for split, prefix in (("train", "train"), ("test", "t10k")):
         imgs = read_idx(root / f"{prefix}-images-idx3-ubyte.gz", ndim=3)
@@ -101,12 +104,18 @@ def load_idx_images(root: Path, name: str, val: int = 10000, limit: int | None =
     return ImageData(name, {k: out[k] for k in ("train", "val", "test") if k in out}, 10)
 
 
-@register_dataset("mnist", "mnist", "MNIST 28x28 digits (IDX gz files)")
+#: the four IDX files of an MNIST-style folder
+IDX_FILES = tuple(f"{p}-{k}-idx{n}-ubyte.gz" for p in ("train", "t10k")
+                  for k, n in (("images", 3), ("labels", 1)))
+
+
+@register_dataset("mnist", "mnist", "MNIST 28x28 digits (IDX gz files)", IDX_FILES)
 def _mnist(root, val=10000, limit=None, seed=0):
     return load_idx_images(root, "mnist", val, limit, seed, 0.1307, 0.3081)
 
 
-@register_dataset("fashion-mnist", "fashion-mnist", "Fashion-MNIST 28x28 (IDX gz files)")
+@register_dataset("fashion-mnist", "fashion-mnist", "Fashion-MNIST 28x28 (IDX gz files)",
+                  IDX_FILES)
 def _fashion(root, val=10000, limit=None, seed=0):
     return load_idx_images(root, "fashion-mnist", val, limit, seed, 0.2860, 0.3530)
 
@@ -115,6 +124,9 @@ def _fashion(root, val=10000, limit=None, seed=0):
 def load_digits(root=None, val: float = 0.15, test: float = 0.15, seed: int = 0,
                 limit: int | None = None) -> ImageData:
     """The 1797 8x8 digits, pixels scaled to [0, 1], split train/val/test by a seeded shuffle."""
+    check_fraction("digits", "val", val)
+    check_fraction("digits", "test", test)
+    check_int("digits", "seed", seed, 0, 2**63 - 1)
     sk_digits = require("sklearn.datasets", "demo", "the digits dataset").load_digits
 
     d = sk_digits()

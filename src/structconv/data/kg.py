@@ -2,7 +2,9 @@
 
 Entities and relations keep their names as strings (WN18RR's synset offsets have leading zeros)
 and get ids in order of first appearance over train, then valid, then test, so entities seen in
-training come first.
+training come first. Files are UTF-8 (a BOM is not part of the first name), lines end at "\n"
+only, a repeated triple counts once per split, and a data relation may not be named like the
+generated inverse of another (``r^-1`` beside ``r``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..basis.sorts import inverse_name
+from ..basis.sorts import INVERSE, inverse_name
 from .registry import register_dataset
 
 __all__ = ["KGData", "load_kg", "KG_SPLITS"]
@@ -78,8 +80,64 @@ def _find_dir(root: Path, name: str) -> Path:
     return root
 
 
+#: the blanks around a field: ASCII only (a Unicode space or separator belongs to the name)
+_BLANKS = " \t\r\x0b\x0c"
+
+
+def _lines(path: Path):
+    """(line number, text) of a triples file: UTF-8 with or without a BOM, lines ended by
+    "\n" (or "\r\n") only: U+2028, U+0085 and the other separators ``str.splitlines``
+    breaks on are characters of a name, so line numbers match an editor's."""
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); expected "
+                         "head<TAB>relation<TAB>tail lines") from None
+    for ln, line in enumerate(text.split("\n"), 1):
+        if line.strip(_BLANKS):
+            yield ln, line.removesuffix("\r")
+
+
+def _read_split(path: Path, ent: dict, rel: dict, first: dict) -> Tensor:
+    """The distinct triples of one file as (T, 3) ids, in order of first appearance; new
+    names get the next ids in ``ent`` / ``rel``; ``first[relation] = (path, line)``."""
+    rows: dict[tuple[int, int, int], None] = {}  # an ordered set: a repeated line counts once
+    for ln, line in _lines(path):
+        parts = [p.strip(_BLANKS) for p in line.split("\t")]
+        if len(parts) != 3 or not all(parts):
+            raise ValueError(f"{path}: line {ln} is {line[:80]!r}; expected "
+                             "head<TAB>relation<TAB>tail")
+        h, r, t = parts
+        if r not in rel:
+            rel[r], first[r] = len(rel), (path, ln)
+        rows.setdefault((ent.setdefault(h, len(ent)), rel[r], ent.setdefault(t, len(ent))))
+    if not rows:
+        raise ValueError(f"{path}: no triples; expected head<TAB>relation<TAB>tail lines")
+    return torch.tensor(list(rows), dtype=torch.long)
+
+
+def _check_inverse_names(first: dict) -> None:
+    """Refuse a relation whose name is the one the loader gives another's inverse (``r`` and
+    ``r^-1`` both in the data): queries, sorts and mined paths name relations by these names,
+    so two relations under one name would be confused."""
+    for r, (path, ln) in first.items():
+        inv = inverse_name(r)
+        if r.endswith(INVERSE) and inv in first:
+            p2, ln2 = first[inv]
+            raise ValueError(
+                f"{path}: line {ln}: relation {r!r} is also the name structconv gives the "
+                f"inverse of relation {inv!r} ({p2.name} line {ln2}); rename one of them "
+                f"(inverse relations are named r{INVERSE})")
+
+
 def load_kg(root: str | os.PathLike, name: str | None = None) -> KGData:
-    """Triples from ``root`` (or ``root/<name>``, ``root/kg/<name>``) with train/valid/test.txt."""
+    """Triples from ``root`` (or ``root/<name>``, ``root/kg/<name>``) with train/valid/test.txt.
+
+    Each line is ``head<TAB>relation<TAB>tail`` (UTF-8, a BOM allowed, "\n" or "\r\n" line
+    ends, blank lines skipped). A triple listed twice in a split counts once (deduplicated here,
+    at the source, so that every consumer, sort mining and encoders alike, sees one edge). A
+    relation named like the generated inverse of another (``r^-1`` beside ``r``) is refused.
+    """
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"knowledge-graph folder {root} does not exist")
@@ -92,33 +150,16 @@ def load_kg(root: str | os.PathLike, name: str | None = None) -> KGData:
                                 f"{', '.join(missing)}")
     ent: dict[str, int] = {}
     rel: dict[str, int] = {}
-    out = {}
-    for s, path in paths.items():
-        try:
-            text = path.read_bytes().decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{path}: not UTF-8 text ({e}); expected head<TAB>relation<TAB>"
-                             "tail lines") from None
-        rows = []
-        for ln, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            parts = line.split("\t")
-            if len(parts) != 3 or not all(p.strip() for p in parts):
-                raise ValueError(f"{path}: line {ln} is {line[:80]!r}; expected "
-                                 "head<TAB>relation<TAB>tail")
-            h, r, t = (p.strip() for p in parts)
-            rows.append((ent.setdefault(h, len(ent)), rel.setdefault(r, len(rel)),
-                         ent.setdefault(t, len(ent))))
-        if not rows:
-            raise ValueError(f"{path}: no triples; expected head<TAB>relation<TAB>tail lines")
-        out[s] = torch.tensor(rows, dtype=torch.long)
+    first: dict[str, tuple[Path, int]] = {}
+    out = {s: _read_split(path, ent, rel, first) for s, path in paths.items()}
+    _check_inverse_names(first)
     return KGData(name=name, entities=list(ent), relations=list(rel), **out)
 
 
 def _register(name: str) -> None:
     @register_dataset(name.lower(), f"kg/{name}",
-                      f"{name} knowledge-graph triples (link prediction)")
+                      f"{name} knowledge-graph triples (link prediction)",
+                      tuple(f"{s}.txt" for s in KG_SPLITS))
     def load(root):
         d = load_kg(root, name)
         d.task = "link"  # link prediction: loaded here, trained by recipes, not by ``train``

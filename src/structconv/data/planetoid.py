@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._extras import require
+from .._extras import MissingExtra, require
 from .registry import GraphData, data_root, register_dataset
 
 __all__ = ["PlanetoidData", "load_planetoid", "PLANETOID_NAMES", "PLANETOID_FILES",
@@ -40,10 +40,9 @@ _EXPECTED = {
 
 
 def shared_dir(sub: str | None = None) -> Path | None:
-    """The shared dataset folder: ``$STRUCTCONV_DATA``, else ``/work/shared/datasets`` if present.
-
-    With ``sub``, the subfolder ``<root>/<sub>``. ``None`` when no folder exists.
-    """
+    """The data home (``sc.data.registry.data_root``: ``$STRUCTCONV_DATA``, else the per-user
+    folder) if it exists; with ``sub``, its subfolder ``<home>/<sub>``. ``None`` when that
+    folder does not exist."""
     root = data_root()
     if root is None:
         return None
@@ -136,6 +135,8 @@ def _unpickle(path: Path, suffix: str):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             obj = _SafeUnpickler(io.BytesIO(raw), encoding="latin1").load()
+    except MissingExtra:  # scipy is not installed: say so, not that the file is corrupt
+        raise
     except Exception as e:  # truncated streams raise EOFError, UnpicklingError, ValueError, ...
         raise ValueError(
             f"{path}: corrupt or truncated pickle ({type(e).__name__}: {e}); expected "
@@ -342,7 +343,8 @@ def load_planetoid(root: str | os.PathLike, name: str, *,
         raise FileNotFoundError(
             f"{_DISPLAY[name]} cannot be loaded from {d}: missing file(s) {', '.join(missing)}"
         )
-
+    # the pickles hold scipy matrices: without the extra, say so before reading any file
+    require("scipy.sparse", "graph", "loading Planetoid files")
     mats, graph, test_index = _read_files(paths)
     feats, labels = _assemble_nodes(mats, paths, test_index)
     N = feats.shape[0]
@@ -369,7 +371,8 @@ def load_planetoid(root: str | os.PathLike, name: str, *,
 
 
 def _register(name: str) -> None:
-    @register_dataset(name, "planetoid", f"Planetoid {name} (ind.{name}.* pickles)")
+    @register_dataset(name, "planetoid", f"Planetoid {name} (ind.{name}.* pickles)",
+                      tuple(f"ind.{name}.{s}" for s in PLANETOID_FILES))
     def load(root, normalize_features: bool = True):
         d = load_planetoid(root, name, normalize_features=normalize_features)
         return GraphData(name, d.x, d.y, d.edge_index,

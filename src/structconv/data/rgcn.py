@@ -18,6 +18,7 @@ import io
 import json
 import os
 import re
+import tempfile
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field, fields
@@ -27,6 +28,7 @@ import torch
 from torch import Tensor
 
 from .._extras import require
+from .._paths import user_cache_dir
 from ..basis.sorts import inverse_name
 from ..io import atomic_write_bytes, atomic_write_json
 from .registry import GraphData, register_dataset
@@ -109,12 +111,12 @@ class EntitiesData:
 
 
 def default_cache_dir() -> Path:
-    """``$STRUCTCONV_CACHE`` or ``$XDG_CACHE_HOME/structconv`` (``~/.cache/structconv``)."""
+    """``$STRUCTCONV_CACHE`` or ``$XDG_CACHE_HOME/structconv`` (``~/.cache/structconv``; the
+    system's temp folder where there is no home folder)."""
     env = os.environ.get("STRUCTCONV_CACHE")
     if env:
         return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "structconv"
+    return user_cache_dir() or Path(tempfile.gettempdir()) / "structconv"
 
 
 def _find_dir(root: Path, name: str) -> Path:
@@ -317,7 +319,8 @@ def load_entities(root: str | os.PathLike, name: str, *, cache_dir: str | os.Pat
 
 
 def _register(name: str) -> None:
-    @register_dataset(name, f"rgcn/{name}", f"R-GCN entity classification {name} (N-Triples)")
+    @register_dataset(name, f"rgcn/{name}", f"R-GCN entity classification {name} (N-Triples)",
+                      (f"{name}_stripped.nt.gz", "trainingSet.tsv", "testSet.tsv"))
     def load(root, val: float = 0.2, seed: int = 0):
         d = load_entities(root, name)
         n = d.num_nodes

@@ -10,6 +10,7 @@ reproducible from ``seed``.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -29,9 +30,17 @@ def synthetic_bytes(nodes: int, edges: int, features: int) -> int:
     return 16 * edges + nodes * (4 * features + 8 + 3 + 24)
 
 
-def _int(v, what: str, low: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low:
-        raise DatasetError(f"synthetic: {what} must be an int >= {low}, got {v!r}")
+#: sizes beyond int64 overflow torch's index arithmetic (the memory check refuses far less)
+MAX_SIZE = 2**62
+#: torch.Generator.manual_seed takes a 64-bit seed
+MAX_SEED = 2**64 - 1
+
+
+def _int(v, what: str, low: int, high: int = MAX_SIZE) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not low <= v <= high:
+        top = "2^64 - 1" if high == MAX_SEED else f"2^{high.bit_length() - 1}"
+        raise DatasetError(f"synthetic: {what} must be an int >= {low} (and at most {top}), "
+                           f"got {v!r}")
     return int(v)
 
 
@@ -49,8 +58,9 @@ def _check(nodes, edges, classes, features, p_in, noise, train, val):
     p_in, train, val = _fraction(p_in, "p_in"), _fraction(train, "train"), _fraction(val, "val")
     if train + val > 1:
         raise DatasetError(f"synthetic: train + val must be at most 1, got {train} + {val}")
-    if isinstance(noise, bool) or not isinstance(noise, numbers.Real) or not noise >= 0:
-        raise DatasetError(f"synthetic: noise must be a number >= 0, got {noise!r}")
+    if isinstance(noise, bool) or not isinstance(noise, numbers.Real) or \
+            not 0 <= noise < math.inf:
+        raise DatasetError(f"synthetic: noise must be a finite number >= 0, got {noise!r}")
     need, free = synthetic_bytes(nodes, edges, features), available_memory("cpu")
     if free is not None and need > free:
         raise DatasetError(f"synthetic: {nodes:,} nodes and {edges:,} edges with {features} "
@@ -71,7 +81,7 @@ def synthetic_graph(root=None, nodes: int = 10_000, edges: int = 100_000, classe
     masks of the given fractions."""
     nodes, edges, classes, features, p_in, noise, train, val = _check(
         nodes, edges, classes, features, p_in, noise, train, val)
-    g = torch.Generator().manual_seed(_int(seed, "seed", 0))
+    g = torch.Generator().manual_seed(_int(seed, "seed", 0, MAX_SEED))
     y = torch.randint(0, classes, (nodes,), generator=g)
     # the blocks' members, contiguous: a node of block c is members[start[c] + uniform(size)]
     members = torch.argsort(y, stable=True)

@@ -9,15 +9,25 @@ from pathlib import Path
 
 import torch
 
-from .registry import DatasetError, TextData, register_dataset
+from .registry import DatasetError, TextData, check_fraction, check_int, register_dataset
 
 __all__ = ["encode_text", "load_text_file", "python_text"]
 
 
+def _check_split(name: str, val, test, limit) -> None:
+    if check_fraction(name, "val", val) + check_fraction(name, "test", test) >= 1:
+        raise DatasetError(f"{name}: val + test must be below 1 (the rest trains), got "
+                           f"{val} + {test}")
+    if limit is not None:
+        check_int(name, "limit", limit, 1)
+
+
 def encode_text(name: str, text: str, val: float = 0.05, test: float = 0.05,
                 limit: int | None = None) -> TextData:
-    """Characters -> ids over the sorted vocabulary; contiguous train/val/test slices."""
-    if limit:
+    """Characters -> ids over the sorted vocabulary; contiguous train/val/test slices
+    (fractions ``val`` and ``test`` of the first ``limit`` characters, the rest trains)."""
+    _check_split(name, val, test, limit)
+    if limit is not None:
         text = text[:limit]
     if len(text) < 100:
         raise DatasetError(f"{name}: text has {len(text)} characters, expected at least 100")
@@ -43,7 +53,7 @@ def load_text_file(path: str | Path, name: str | None = None, **kw) -> TextData:
 
 
 @register_dataset("tinyshakespeare", "tinyshakespeare",
-                  "Tiny Shakespeare characters (input.txt, 1.1M characters)")
+                  "Tiny Shakespeare characters (input.txt, 1.1M characters)", ("input.txt",))
 def _tiny(root, val=0.05, test=0.05, limit=None):
     return load_text_file(Path(root) / "input.txt", "tinyshakespeare", val=val, test=test,
                           limit=limit)

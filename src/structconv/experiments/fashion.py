@@ -65,7 +65,7 @@ def _load(args):
         "fashion-mnist"
     if not root.is_dir():
         raise DatasetError(f"no Fashion-MNIST folder at {root}: pass --data DIR or set "
-                           "STRUCTCONV_DATA")
+                           "STRUCTCONV_DATA (see `structconv datasets`)")
     d = load_idx_images(root, "fashion-mnist", val=0, mean=0.2860, std=0.3530)
     xtr, ytr = d.splits["train"]
     xte, yte = d.splits["test"]

@@ -44,7 +44,8 @@ _NAMES = {"fb15k-237": "FB15k-237", "wn18rr": "WN18RR"}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", choices=sorted(_NAMES), default="wn18rr")
     parser.add_argument("--data", default=None, help="folder with train/valid/test.txt (default "
-                                                     "$STRUCTCONV_DATA/kg/<name>)")
+                                                     "kg/<name>/ in the data home, see "
+                                                     "`structconv datasets`)")
     parser.add_argument("--decoder", choices=["distmult", "complex"], default="distmult")
     parser.add_argument("--mode", choices=["1vsall", "negative"], default="1vsall")
     parser.add_argument("--dim", type=int, default=200, help="entity vector size (reals)")

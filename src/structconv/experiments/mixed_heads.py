@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data.planetoid import load_planetoid, shared_dir
+from ..data.registry import data_root
 from ..models.mixed import HeadsLayer, HeadsNet
 from ._common import hardware, mean_std, pyplot, save_figure, set_threads, write_result
 
@@ -107,7 +108,8 @@ def run(args) -> int:
         args.seeds, args.epochs = 1, 3
     root = args.data or shared_dir("planetoid")
     if root is None:
-        raise FileNotFoundError("no Planetoid folder: pass --data DIR or set STRUCTCONV_DATA")
+        raise FileNotFoundError(f"no Planetoid folder in the data home ({data_root()}): pass "
+                                "--data DIR or set STRUCTCONV_DATA (see `structconv datasets`)")
     t_all = time.perf_counter()
     table: dict = {}
     for ds in datasets:

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data.planetoid import PLANETOID_NAMES, load_planetoid, shared_dir
+from ..data.registry import data_root
 from ..io import atomic_write_json
 from ._common import add_recipe_arguments, device, set_threads
 
@@ -138,8 +139,9 @@ def train_seed(model: str, data, s: dict, seed: int) -> dict:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=sorted(RECIPES), default="gcn")
     parser.add_argument("--dataset", choices=PLANETOID_NAMES, default="cora")
-    add_recipe_arguments(parser, "folder with the ind.<name>.* files (default: "
-                                 "$STRUCTCONV_DATA/planetoid)", "2 seeds, 20 epochs (smoke test)")
+    add_recipe_arguments(parser, "folder with the ind.<name>.* files (default: planetoid/ "
+                                 "in the data home, see `structconv datasets`)",
+                         "2 seeds, 20 epochs (smoke test)")
     parser.add_argument("--stopping", choices=("val_acc", "gat"), default=None,
                         help="model selection: best validation accuracy (default), or the GAT "
                              "paper's rule (best accuracy and loss; patience counts epochs in "
@@ -151,7 +153,8 @@ def run(args) -> int:
     set_threads(args)
     root = args.data or shared_dir("planetoid")
     if root is None:
-        raise FileNotFoundError("no Planetoid folder: pass --data DIR or set STRUCTCONV_DATA")
+        raise FileNotFoundError(f"no Planetoid folder in the data home ({data_root()}): pass "
+                                "--data DIR or set STRUCTCONV_DATA (see `structconv datasets`)")
     data = load_planetoid(root, args.dataset, normalize_features=True).to(device(args))
     quick = getattr(args, "quick", False)
     s = settings(args.model, args.dataset,

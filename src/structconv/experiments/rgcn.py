@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data.planetoid import shared_dir
+from ..data.registry import data_root
 from ..data.rgcn import load_entities
 from ..io import atomic_write_json
 from ._common import add_recipe_arguments, device, set_threads
@@ -96,7 +97,8 @@ def _most_weighted(runs: list[dict], data, s: dict, top: int = 8) -> list[tuple[
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", choices=sorted(RECIPES), default="aifb")
     add_recipe_arguments(parser, "folder with <name>_stripped.nt.gz and the TSV splits (default: "
-                                 "$STRUCTCONV_DATA/rgcn/<name>)", "2 seeds, 5 epochs (smoke test)")
+                                 "rgcn/<name>/ in the data home, see `structconv datasets`)",
+                         "2 seeds, 5 epochs (smoke test)")
     parser.add_argument("--bases", type=int, default=None,
                         help="override the number of bases H (ControlledSeparable)")
     parser.add_argument("--cache", default=None, help="parse cache folder")
@@ -113,7 +115,8 @@ def run(args) -> int:
     set_threads(args)
     root = args.data or shared_dir(f"rgcn/{args.dataset}")
     if root is None:
-        raise FileNotFoundError("no R-GCN data folder: pass --data DIR or set STRUCTCONV_DATA")
+        raise FileNotFoundError(f"no R-GCN data folder in the data home ({data_root()}): pass "
+                                "--data DIR or set STRUCTCONV_DATA (see `structconv datasets`)")
     data = load_entities(root, args.dataset, cache_dir=getattr(args, "cache", None))
     data = data.to(device(args))
     quick = getattr(args, "quick", False)

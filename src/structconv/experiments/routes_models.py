@@ -153,7 +153,8 @@ def time_case(name: str, make: Callable, repeats: int) -> dict:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", default=None, help="datasets folder (default $STRUCTCONV_DATA)")
+    parser.add_argument("--data", default=None, help="datasets folder (default: the data "
+                        "home, see `structconv datasets`)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
 
 

@@ -34,7 +34,8 @@ VARIANTS = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, default=10, help="number of seeds (runs)")
     parser.add_argument("--data", default=None, help="folder with Cora's ind.cora.* files "
-                                                     "(default: $STRUCTCONV_DATA/planetoid)")
+                                                     "(default: planetoid/ in the data home, see "
+                                                     "`structconv datasets`)")
     parser.add_argument("--epochs", type=int, default=None, help="override the 200 epochs")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's)")
 

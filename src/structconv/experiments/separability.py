@@ -115,7 +115,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=("cnn", "rgcn"), default="cnn")
     parser.add_argument("--dataset", default=None,
                         help="cnn: digits (default) or fashion-mnist; rgcn: aifb (default)")
-    parser.add_argument("--data", default=None, help="dataset folder (default: $STRUCTCONV_DATA)")
+    parser.add_argument("--data", default=None, help="dataset folder (default: the data home, "
+                        "see `structconv datasets`)")
     parser.add_argument("--forms", default=None,
                         help="comma list of full, depthwise, H<n> (default per model)")
     parser.add_argument("--seeds", type=int, default=3)

@@ -86,7 +86,7 @@ def _load(args):
     path = root / "input.txt"
     if not path.is_file():
         raise DatasetError(f"no Tiny Shakespeare at {path}: pass --data DIR or set "
-                           "STRUCTCONV_DATA")
+                           "STRUCTCONV_DATA (see `structconv datasets`)")
     if args.quick:
         return encode_text("tinyshakespeare", path.read_text(encoding="utf-8")[:60000],
                            val=0.1, test=0.0)
