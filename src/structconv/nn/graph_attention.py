@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from ..attention.basis import GraphAttention, GraphStructure
 from ..attention.build import attention_basis
-from ..attention.edges import EdgeDot, EdgeTerm, GATv2Scores, edge_features, self_loop_attr
+from ..attention.edges import EdgeDot, EdgeTerm, GATv2Scores, add_self_loops, edge_features
 from ..attention.mechanisms import GATScores, GraphMasked, HeadDot, LeakyReLU, Softmax
 from .convert import register_pyg
 
@@ -93,34 +93,45 @@ class _EdgeAttention(nn.Module):
     add_self_loops: bool = False
     fill_value = "mean"
 
-    def _graph(self, edge_index: Tensor, M: int, N: int, loops: int | None):
-        """(edges (2, E'), kept (E,) bool or None, GraphStructure): ``edge_index`` with its self
-        loops replaced by one per node < ``loops`` (None: as given), cached per graph."""
+    def _graph(self, edge_index: Tensor, edge_attr, M: int, N: int, loops: int | None):
+        """(edges (2, E'), their features (E', edge_dim) or None, GraphStructure): the graph
+        with its self loops replaced by one per node < ``loops`` (None: as given) and the
+        loops' features from ``fill_value``, both by ``add_self_loops``."""
         if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or \
                 edge_index.shape[0] != 2 or edge_index.is_floating_point():
             got = tuple(edge_index.shape) if isinstance(edge_index, Tensor) else edge_index
             raise ValueError(f"{type(self).__name__}: edge_index must be an integer (2, E) "
                              f"tensor, got {got}")
-        compiling = torch.compiler.is_compiling()
+        e = self._features(edge_attr, edge_index.shape[1])
+        if torch.compiler.is_compiling():
+            # one add_self_loops for edges and features (the loop-free count is data-dependent:
+            # the trace must see a single one)
+            ei = edge_index.long()
+            if loops is not None:
+                ei, e = add_self_loops(ei, loops, e, self.fill_value)
+            return ei, e, GraphStructure(ei, M, N, self.heads)
+        ei, st = self._structure(edge_index, M, N, loops)
+        if loops is not None and e is not None:
+            e = add_self_loops(edge_index, loops, e, self.fill_value)[1]
+        return ei, e, st
+
+    def _structure(self, edge_index: Tensor, M: int, N: int, loops: int | None):
+        """(edges with their loops, GraphStructure), cached per graph (eager)."""
         key = (tuple(edge_index.shape), edge_index.device, M, N, loops, self.heads)
         cache = self.__dict__.get("_cache")
         # checked against the content (an edit through another view bumps no version counter):
         # one O(E) comparison against the O(E log E) build
-        if not compiling and cache is not None and cache[0] == key and \
-                torch.equal(cache[4], edge_index):
-            return cache[1], cache[2], cache[3]
-        ei, kept = edge_index.long(), None
+        if cache is not None and cache[0] == key and torch.equal(cache[3], edge_index):
+            return cache[1], cache[2]
+        ei = edge_index.long()
         if loops is not None:
-            kept = ei[0] != ei[1]
-            loop = torch.arange(loops, device=ei.device)
-            ei = torch.cat([ei[:, kept], torch.stack([loop, loop])], 1)
+            ei = add_self_loops(ei, loops)[0]
         st = GraphStructure(ei, M, N, self.heads)
-        if not compiling:
-            self._cache = (key, ei, kept, st, edge_index.clone())
-        return ei, kept, st
+        self._cache = (key, ei, st, edge_index.clone())
+        return ei, st
 
-    def _features(self, edge_attr, E: int, ei: Tensor, kept, loops: int | None):
-        """The edge features of the graph's edges (E', edge_dim), loops' filled, or None."""
+    def _features(self, edge_attr, E: int) -> Tensor | None:
+        """``edge_attr`` checked and as (E, edge_dim), or None."""
         if edge_attr is None:
             return None
         name = type(self).__name__
@@ -132,10 +143,7 @@ class _EdgeAttention(nn.Module):
         if e.dim() != 2:
             raise ValueError(f"{name}: edge_attr must be (E, {self.edge_dim}), got "
                              f"{tuple(edge_attr.shape)}")
-        if loops is None:
-            return e
-        e = e[kept]
-        return torch.cat([e, self_loop_attr(e, ei[1, :e.shape[0]], loops, self.fill_value)])
+        return e
 
     def _basis(self, mech: Softmax, x1, x2, st, edge_attr) -> GraphAttention:
         """The layer's attention basis on its graph (dropout in training only)."""
@@ -241,8 +249,7 @@ class GATConv(_EdgeAttention):
         loops = None
         if self.add_self_loops:
             loops = min(M, N) if size is None else min(size)
-        ei, kept, st = self._graph(edge_index, M, N, loops)
-        ea = self._features(edge_attr, edge_index.shape[1], ei, kept, loops)
+        ei, ea, st = self._graph(edge_index, edge_attr, M, N, loops)
         mech = self.mechanism(ei, with_edges=ea is not None)
         basis = self._basis(mech, h_src, N if h_dst is None else h_dst, st, ea)
         out = self._merge(basis.propagate_heads(h_src.unsqueeze(0))[0])
@@ -321,8 +328,7 @@ class GATv2Conv(_EdgeAttention):
             x_r = self.lin_r(x_dst).view(-1, H, C)
         M, N = x_l.shape[0], x_r.shape[0]
         loops = min(M, N) if self.add_self_loops else None
-        ei, kept, st = self._graph(edge_index, M, N, loops)
-        ea = self._features(edge_attr, edge_index.shape[1], ei, kept, loops)
+        ei, ea, st = self._graph(edge_index, edge_attr, M, N, loops)
         basis = self._basis(self.mechanism(ei), x_l, x_r, st, ea)
         out = self._merge(basis.propagate_heads(x_l.unsqueeze(0))[0])
         if res is not None:
@@ -404,8 +410,7 @@ class TransformerConv(_EdgeAttention):
             k, v = _packed(x_src, [self.lin_key, self.lin_value])
             q, *x_r = _packed(x_dst, [self.lin_query, *skip])
         q, k, v = q.view(-1, H, C), k.view(-1, H, C), v.view(-1, H, C)
-        ei, _, st = self._graph(edge_index, k.shape[0], q.shape[0], None)
-        ea = self._features(edge_attr, edge_index.shape[1], ei, None, None)
+        ei, ea, st = self._graph(edge_index, edge_attr, k.shape[0], q.shape[0], None)
         # the edge keys ê = W_e e, projected once: in the scores q·(k + ê) and in the messages
         ek = None if ea is None else self.lin_edge(ea).view(-1, H, C)
         basis = self._basis(self.mechanism(ei), k, q, st, ek)
