@@ -226,6 +226,9 @@ def test_layers_refuse_bad_edge_features_by_name():
         sc.nn.GATv2Conv(5, 3).double()(x, ei.double())
     with pytest.raises(ValueError, match="x_dst"):
         sc.nn.GATv2Conv((5, 4), 3).double()((x, None), ei)
+    for cls in (sc.nn.GATConv, sc.nn.GATv2Conv):
+        with pytest.raises(ValueError, match="'median'"):
+            cls(5, 3, edge_dim=2, fill_value="median")
     for name in ("GATv2Conv", "TransformerConv"):
         with pytest.raises(ValueError, match="aggr"):
             sc.nn.from_pyg(getattr(pyg, name)(5, 3, aggr="mean"))

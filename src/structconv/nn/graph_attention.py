@@ -27,7 +27,14 @@ from torch import Tensor, nn
 
 from ..attention.basis import GraphAttention, GraphStructure
 from ..attention.build import attention_basis
-from ..attention.edges import EdgeDot, EdgeTerm, GATv2Scores, add_self_loops, edge_features
+from ..attention.edges import (
+    FILL_REDUCTIONS,
+    EdgeDot,
+    EdgeTerm,
+    GATv2Scores,
+    add_self_loops,
+    edge_features,
+)
 from ..attention.mechanisms import GATScores, GraphMasked, HeadDot, LeakyReLU, Softmax
 from .convert import register_pyg
 
@@ -69,6 +76,16 @@ def _packed(x: Tensor, lins: list[nn.Linear]) -> list[Tensor]:
 def _glorot(*shape) -> nn.Parameter:
     s = math.sqrt(6.0 / (shape[-2] + shape[-1]))
     return nn.Parameter(torch.empty(*shape).uniform_(-s, s))
+
+
+def _fill(value, who: str):
+    """``fill_value`` checked at construction: None, a number, a tensor or a reduction name."""
+    ok = value is None or isinstance(value, (int, float, Tensor)) or \
+        (isinstance(value, str) and value in FILL_REDUCTIONS)
+    if not ok or isinstance(value, bool):
+        raise ValueError(f"{who}: fill_value must be None, a number, a tensor or one of "
+                         f"{FILL_REDUCTIONS}, got {value!r}")
+    return value
 
 
 def _pair(x, who: str) -> tuple[Tensor, Tensor | None]:
@@ -184,7 +201,8 @@ class GATConv(_EdgeAttention):
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
         self.concat, self.negative_slope = concat, float(negative_slope)
         self.dropout, self.add_self_loops = float(dropout), add_self_loops
-        self.edge_dim, self.fill_value, self.residual = edge_dim, fill_value, residual
+        self.edge_dim, self.residual = edge_dim, residual
+        self.fill_value = _fill(fill_value, "GATConv")
         HC = heads * out_channels
         self.lin = self.lin_src = self.lin_dst = None
         if isinstance(in_channels, int):
@@ -281,7 +299,7 @@ class GATv2Conv(_EdgeAttention):
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
         self.concat, self.negative_slope = concat, float(negative_slope)
         self.dropout, self.add_self_loops = float(dropout), add_self_loops
-        self.edge_dim, self.fill_value = edge_dim, fill_value
+        self.edge_dim, self.fill_value = edge_dim, _fill(fill_value, "GATv2Conv")
         self.residual, self.share_weights = residual, share_weights
         HC = heads * out_channels
         ins = (in_channels, in_channels) if isinstance(in_channels, int) else in_channels
