@@ -265,3 +265,24 @@ def test_layers_are_their_mechanisms_paper_view():
     torch.testing.assert_close(y, tc(x, eu, ea))
     assert isinstance(at.attention_basis(tc.mechanism(eu), k, q, edge_attr=ek[eu[0], eu[1]]),
                       at.GraphAttention)
+
+
+def test_bench_attention_edges_part_runs(tmp_path):
+    import json
+
+    from cli_helpers import run_cli
+
+    r = run_cli("bench", "attention", "--quick", "--parts", "edges", "--repeats", "1",
+                "--edge-layers", "gat_edge8,transformer_edge8_beta", "--out", tmp_path,
+                timeout=600)
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "attention.json").read_text())
+    rows = res["edges"]
+    assert [x["layer"] for x in rows] == ["gat_edge8", "transformer_edge8_beta"]
+    for row in rows:
+        assert set(row["forward_backward_s"]) == {"pyg", "ours"}
+        assert row["ratios"]["edge_layer_vs_pyg"]["forward_backward"] > 0
+        assert row["edge_features"] == 8 and row["options"]["heads"] == 8
+    bad = run_cli("bench", "attention", "--quick", "--parts", "edges", "--edge-layers", "gcn",
+                  "--out", tmp_path)
+    assert bad.returncode == 2 and "gcn" in bad.stderr
