@@ -305,29 +305,28 @@ class GATScores(PerHead):
         return f"K={self.K}, C={self.C}"
 
     def _parts(self, h1, h2):
-        a = heads(h1, self.K, self.C, "h1", "GATScores")
-        s1 = torch.linalg.vecdot(a, self.mu.reshape(self.K, self.C).to(a.dtype))  # (B, M, K)
+        """(μ·h1 (.., M, K), ν·h2 (.., N, K) or None), on the inputs as given (batched or not)."""
+        heads(h1, self.K, self.C, "h1", "GATScores")
+        s1 = torch.linalg.vecdot(h1, self.mu.reshape(self.K, self.C).to(h1.dtype))
         if isinstance(h2, int):
             return s1, None
-        b = heads(h2, self.K, self.C, "h2", "GATScores")
-        return s1, torch.linalg.vecdot(b, self.nu.reshape(self.K, self.C).to(b.dtype))
+        heads(h2, self.K, self.C, "h2", "GATScores")
+        return s1, torch.linalg.vecdot(h2, self.nu.reshape(self.K, self.C).to(h2.dtype))
 
     def forward(self, h1, h2, edge_attr=None):
         s1, s2 = self._parts(h1, h2)
-        out = s1.transpose(1, 2).unsqueeze(3)
+        out = s1.transpose(-1, -2).unsqueeze(-1)  # (.., K, M, 1)
         if s2 is None:
-            out = out.expand(-1, -1, -1, int(h2))
-        else:
-            out = out + s2.transpose(1, 2).unsqueeze(2)
-        return unbatch_heads(out, h1, h2)
+            return out.expand(*out.shape[:-1], int(h2))
+        return out + s2.transpose(-1, -2).unsqueeze(-2)
 
     def edge_scores(self, h1, h2, edge_index, edge_attr=None):
         src, dst = edges(edge_index)
         s1, s2 = self._parts(h1, h2)
-        out = s1.index_select(1, src)
-        if s2 is not None:
-            out = out + s2.index_select(1, dst)
-        return unbatch_heads(out, h1, h2)
+        # gathered along the entries dim as given: an unbatched (E, K) gather's backward is a
+        # dim-0 index_add, ~30% faster than on a leading batch dim of 1
+        out = s1.index_select(-2, src)
+        return out if s2 is None else out + s2.index_select(-2, dst)
 
 
 class QueryDot(PerHead):
