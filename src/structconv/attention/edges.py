@@ -26,7 +26,7 @@ from .._checks import check_index_tensor
 from .mechanisms import Mechanism, PerHead, QueryDot, edges, heads
 
 __all__ = ["EdgeTerm", "EdgeDot", "GATv2Scores", "add_self_loops", "self_loop_attr",
-           "FILL_REDUCTIONS"]
+           "edge_features", "FILL_REDUCTIONS"]
 
 #: the reductions ``fill_value`` may name (PyG's scatter reductions)
 FILL_REDUCTIONS = ("mean", "add", "sum", "max", "min", "amax", "amin", "mul")

@@ -196,7 +196,9 @@ class ALiBi(IndexTerm):
 
 def index_bias(terms: Sequence[IndexTerm], M: int, N: int, *, dtype, device=None,
                causal: bool = False, input_start: int = 0, output_start: int = 0) -> Tensor:
-    """The index terms' summed scores as SDPA's additive mask (K|1, N, M), in ``dtype``.
+    """The index terms' summed scores as SDPA's additive mask (K|1, N, M), in ``dtype``, on
+    ``device`` (default the terms'): inputs at positions input_start.., outputs at
+    output_start.. (a KV cache puts the queries after the cached keys).
 
     The terms' tables (O(M + N) offsets each) are added in float64, masked (−inf for inputs
     after the output) when ``causal``, rounded once to ``dtype`` and expanded once: no
@@ -204,7 +206,7 @@ def index_bias(terms: Sequence[IndexTerm], M: int, N: int, *, dtype, device=None
     """
     if not terms:
         raise ValueError("index_bias needs at least one index term")
-    d = relative_offsets(N, M, output_start, input_start, device=device)
+    d = relative_offsets(N, M, output_start, input_start, device=terms[0]._device(device))
     table = None
     for t in terms:
         s = t.offset_scores(d).to(torch.float64)  # (L, K_t)
