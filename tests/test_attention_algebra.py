@@ -321,6 +321,10 @@ def test_fused_index_mask_is_the_index_scores_in_the_compute_dtype():
     m = basis.sdpa_mask
     assert m.dtype == torch.float32 and m.shape == (1, 4, 7, 7)
     assert torch.equal(m[0], alibi_mask(alibi_slopes(4), 7, 7))
+    # 5 queries after 4 cached keys: ALiBi's generation mask, as the index term
+    cached = at.index_bias([at.ALiBi(3)], 9, 5, dtype=torch.float32, causal=True,
+                           output_start=4)
+    assert torch.equal(cached, alibi_mask(alibi_slopes(3), 5, 9, 4))
     assert basis.dead is None and not basis.causal  # the causal mask is in the table
     bare = at.attention_basis(at.Softmax(at.Masked(dot, causal=True)), x, x)
     assert bare.sdpa_mask is None and bare.causal  # no index term: SDPA's own causal flag
