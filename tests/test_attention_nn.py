@@ -264,8 +264,12 @@ def test_gatconv_training_dropout_and_unsupported_options():
     out = mine(torch.randn(6, 4), _random_graph(0, n=6, e=8))
     out.sum().backward()
     assert mine.lin.weight.grad is not None
+    # edge features convert (tests/test_graph_attention.py); an option that cannot be
+    # reproduced is refused by name, and features given to a layer without edge_dim too
+    with pytest.raises(ValueError, match="flow"):
+        sc.nn.from_pyg(GATConv(4, 2, flow="target_to_source"))
     with pytest.raises(ValueError, match="edge_dim"):
-        sc.nn.from_pyg(GATConv(4, 2, edge_dim=3))
+        mine(torch.randn(6, 4), _random_graph(0, n=6, e=8), torch.randn(12, 3))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ torch.manual_seed(0)
 N, E = 24, 70
 EI = torch.cat([torch.randint(0, N, (2, E)), torch.tensor([[3, 5], [3, 5]])], 1)  # 2 loops
 ET = torch.randint(0, 3, (EI.shape[1],))
+EA = torch.randn(EI.shape[1], 3)  # edge features
 X = torch.randn(N, 6)
 IMG = torch.randn(2, 3, 7, 9)
 SEQ = torch.randn(2, 10, 16)
@@ -40,6 +41,14 @@ def _cases():
         "SGConv": (lambda: sc.nn.SGConv(6, 4, K=2), (X, EI)),
         "RGCNConv": (lambda: sc.nn.RGCNConv(6, 4, 3), (X, EI, ET)),
         "GATConv": (lambda: sc.nn.GATConv(6, 4, heads=2), (X, EI)),
+        "GATConv-edges": (lambda: sc.nn.GATConv(6, 4, heads=2, edge_dim=3, fill_value="max"),
+                          (X, EI, EA)),
+        "GATv2Conv": (lambda: sc.nn.GATv2Conv(6, 4, heads=2, residual=True), (X, EI)),
+        "GATv2Conv-edges": (lambda: sc.nn.GATv2Conv(6, 4, heads=2, edge_dim=3,
+                                                    share_weights=True), (X, EI, EA)),
+        "TransformerConv": (lambda: sc.nn.TransformerConv(6, 4, heads=2, concat=False), (X, EI)),
+        "TransformerConv-edges": (lambda: sc.nn.TransformerConv(6, 4, heads=2, edge_dim=3,
+                                                                beta=True), (X, EI, EA)),
         "MultiheadAttention": (lambda: sc.nn.MultiheadAttention(16, 4, batch_first=True),
                                (SEQ, SEQ, SEQ)),
         "TransformerEncoderLayer": (lambda: sc.nn.TransformerEncoderLayer(
@@ -72,9 +81,11 @@ def test_compiles_whole_and_equals_eager(name):
     y = _out(layer(*ins))
     gy = torch.randn_like(y)
     params = [p for p in layer.parameters() if p.requires_grad]
-    want = torch.autograd.grad(y, [*params, ins[0]], gy)
+    # every floating input: node features, and edge features where the layer takes them
+    wrt = [*params, *(a for a in ins if a.requires_grad)]
+    want = torch.autograd.grad(y, wrt, gy)
     yc = _out(compiled(*ins))
-    got = torch.autograd.grad(yc, [*params, ins[0]], gy)
+    got = torch.autograd.grad(yc, wrt, gy)
     torch.testing.assert_close(yc, y, rtol=1e-4, atol=1e-5)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

@@ -127,10 +127,34 @@ def test_pyg_attention_layers(graph):
         kw = dict(heads=heads, concat=concat, add_self_loops=loops, bias=bias, fill_value=fill,
                   residual=resid, negative_slope=slope, flow=flow, aggr=aggr)
         s.check(f"GATConv {kw}", lambda: pyg.GATConv(5, 4, **kw), lambda m: m(x, ei))
-    s.check("GATConv edge_dim=2", lambda: pyg.GATConv(5, 4, edge_dim=2),
-            lambda m: m(x, ei, graph["ea"]))
     s.verdict(min_equal=128)
-    assert s.refused > 0  # flow / aggr / edge_dim are refused, not dropped
+    assert s.refused > 0  # flow / aggr are refused, not dropped
+
+
+def test_pyg_attention_layers_with_edge_features(graph):
+    pyg = pytest.importorskip("torch_geometric.nn")
+    s, x, ei, ea = Sweep(sc.nn.from_pyg), graph["x"], graph["ei"], graph["ea"]
+    call = {True: lambda m: m(x, ei, ea, return_attention_weights=True),
+            False: lambda m: m(x, ei, return_attention_weights=True)}
+    for heads, concat, loops, fill, edim, resid, flow, aggr in itertools.product(
+            (1, 3), B2, B2, ("mean", "max", 0.5), (None, 2), B2, FLOWS, ("add", "mean")):
+        kw = dict(heads=heads, concat=concat, add_self_loops=loops, fill_value=fill,
+                  edge_dim=edim, residual=resid, flow=flow, aggr=aggr)
+        s.check(f"GATConv {kw}", lambda: pyg.GATConv(5, 4, **kw), call[edim is not None])
+        for share, bias in itertools.product(B2, B2):
+            s.check(f"GATv2Conv {kw} share={share} bias={bias}",
+                    lambda: pyg.GATv2Conv(5, 4, share_weights=share, bias=bias, **kw),
+                    call[edim is not None])
+    for heads, concat, beta, root, edim, bias, flow, aggr in itertools.product(
+            (1, 3), B2, B2, B2, (None, 2), B2, FLOWS, ("add", "mean")):
+        kw = dict(heads=heads, concat=concat, beta=beta, root_weight=root, edge_dim=edim,
+                  bias=bias, flow=flow, aggr=aggr)
+        s.check(f"TransformerConv {kw}", lambda: pyg.TransformerConv(5, 4, **kw),
+                call[edim is not None])
+    # every source_to_target + add combination converts: GATConv 96, GATv2Conv 384,
+    # TransformerConv 64; the other flows and aggregations are refused
+    s.verdict(min_equal=544)
+    assert s.refused == 3 * 544
 
 
 def test_pyg_relational_layers(graph):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .basis.base import Basis, Product, as_basis
+from .basis.base import Basis, Product, Stack, as_basis
 
 __all__ = ["mixed_product", "materialize", "invert", "compose"]
 
@@ -34,12 +34,23 @@ def _theta_shape_check(basis: Basis, theta: Tensor, what: str) -> None:
 
 
 def materialize(basis, theta: Tensor) -> Tensor:
-    """The full linear map Φ = A ∘ Θ of a convolution, shape (M, N, P, Q) (eq. "factorisation")."""
+    """The full linear map Φ = A ∘ Θ of a convolution, shape (M, N, P, Q) (eq. "factorisation").
+
+    A basis computed per batch item (an attention basis of B > 1 items, whose dense form is
+    (B, K, M, N)) gives one map per item, (B, M, N, P, Q); a ``Stack`` adds its parts' maps
+    (each part's own dense form, so batched and shared parts mix).
+    """
     basis = as_basis(basis)
     if not isinstance(theta, Tensor):
         theta = theta()
     _theta_shape_check(basis, theta, "materialize")
-    return mixed_product(basis.to_dense().to(theta.dtype), theta)
+    if isinstance(basis, Stack):
+        o = basis.offsets
+        return sum(materialize(b, theta[o[i]:o[i + 1]]) for i, b in enumerate(basis.parts))
+    A = basis.to_dense().to(theta.dtype)
+    if A.dim() == 4:  # (B, K, M, N): one map per item
+        return torch.stack([mixed_product(a, theta) for a in A])
+    return mixed_product(A, theta)
 
 
 def invert(basis, phi: Tensor) -> Tensor:

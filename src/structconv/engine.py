@@ -129,6 +129,9 @@ def _full_routes(x: Tensor, basis: Basis, theta) -> list[Route]:
     B, M, P = x.shape
     K, N, Q = basis.K, basis.N, theta.Q
     dev = basis.device.type
+    # a basis computed per batch item (attention) materialises one map per item
+    parts = basis.parts if isinstance(basis, Stack) else [basis]
+    items = max(getattr(b, "batch", 1) for b in parts)
 
     def input_param(x, th, bias):
         t = th().to(x.dtype)
@@ -141,7 +144,9 @@ def _full_routes(x: Tensor, basis: Basis, theta) -> list[Route]:
         return u.reshape(x.shape[0], N, K * P) @ th().to(x.dtype).reshape(K * P, Q)
 
     def basis_param(x, th, bias):
-        phi = materialize(basis, th().to(x.dtype))  # (M, N, P, Q)
+        phi = materialize(basis, th().to(x.dtype))  # (M, N, P, Q), or (B, ...) per item
+        if phi.dim() == 5:
+            return torch.einsum("bmp,bmnpq->bnq", x, phi.expand(x.shape[0], *phi.shape[1:]))
         return torch.einsum("bmp,mnpq->bnq", x, phi)
 
     return [
@@ -149,8 +154,8 @@ def _full_routes(x: Tensor, basis: Basis, theta) -> list[Route]:
               B * M * K * Q, input_param, device_type=dev),
         Route("basis_input", B * (basis.propagate_flops(P) + N * K * P * Q),
               B * N * K * P, basis_input, device_type=dev),
-        Route("basis_param", K * M * N * P * Q + B * M * N * P * Q,
-              M * N * P * Q + K * M * N, basis_param, device_type=dev),
+        Route("basis_param", items * K * M * N * P * Q + B * M * N * P * Q,
+              items * M * N * P * Q + K * M * N, basis_param, device_type=dev),
     ]
 
 

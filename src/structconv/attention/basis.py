@@ -95,12 +95,14 @@ class DotProductAttention(_Batched):
     allowed) mask broadcastable to (B, K, M, N) in the paper's orientation; ``causal`` allows
     input m on output n iff m <= n; ``sdpa_mask`` gives the mask already in SDPA's orientation
     (.., N, M) instead. ``scale`` defaults to 1/sqrt(D). Columns that are entirely masked are
-    zero (the output there is 0, and so is its gradient), never NaN.
+    zero (the output there is 0, and so is its gradient), never NaN; ``check_dead=False`` skips
+    looking for them (one pass over the mask) where the caller knows every output keeps an
+    input, e.g. a mask of finite position scores, causal or not.
     """
 
     def __init__(self, query: Tensor, key: Tensor, mask: Tensor | None = None, *,
                  causal: bool = False, scale: float | None = None, dropout_p: float = 0.0,
-                 sdpa_mask: Tensor | None = None):
+                 sdpa_mask: Tensor | None = None, check_dead: bool = True):
         if not isinstance(query, Tensor) or not isinstance(key, Tensor) or query.dim() != 4 \
                 or key.dim() != 4:
             raise ValueError("DotProductAttention needs query (B, K, N, D) and key (B, K, M, D)")
@@ -141,7 +143,7 @@ class DotProductAttention(_Batched):
         self.causal, self.dropout_p = bool(causal), float(dropout_p)
         self.scale = 1.0 / D ** 0.5 if scale is None else float(scale)
         self.dead = None
-        if sdpa_mask is not None:
+        if sdpa_mask is not None and check_dead:
             dead = dead_columns(sdpa_mask, -1)  # (.., N, 1): queries with no allowed key
             if bool(dead.any()):
                 # unmask those rows for the kernel (finite, gradient-safe) and zero them after
@@ -457,13 +459,15 @@ class GraphAttention(_Batched):
 
     ``alpha`` (E, K) or (B, E, K) are the normalised per-edge weights (duplicate edges add up);
     ``from_scores`` builds them by a softmax over each target's incoming edges. Applied with a
-    CSR kernel in O(E*K) memory, never M x N.
+    CSR kernel in O(E*K) memory, never M x N. ``probabilities`` (same shape) are the weights
+    before any dropout (default ``alpha``), what a layer reports as its attention weights;
+    both are held as (B, E, K).
     """
 
     cost_kernel = "graph_attention"
 
     def __init__(self, edge_index: Tensor, alpha: Tensor, M: int, N: int | None = None, *,
-                 structure: GraphStructure | None = None):
+                 structure: GraphStructure | None = None, probabilities: Tensor | None = None):
         N = M if N is None else N
         if not isinstance(alpha, Tensor) or alpha.dim() not in (2, 3):
             raise ValueError("GraphAttention needs alpha (E, K) or (B, E, K)")
@@ -478,6 +482,14 @@ class GraphAttention(_Batched):
             raise ValueError(f"GraphAttention: alpha {tuple(alpha.shape)} needs E={structure.E} "
                              f"edges to match edge_index (2, {structure.E})")
         self.structure, self.alpha, self.batch = structure, a, a.shape[0]
+        if probabilities is None:
+            probabilities = a
+        elif tuple(probabilities.shape[-2:]) != tuple(a.shape[-2:]):
+            raise ValueError(f"GraphAttention: probabilities {tuple(probabilities.shape)} must "
+                             f"match alpha {tuple(alpha.shape)}")
+        # (B, E, K) like alpha
+        self.probabilities = probabilities if probabilities.dim() == 3 else \
+            probabilities.unsqueeze(0)
 
     @classmethod
     def from_scores(cls, edge_index: Tensor, scores: Tensor, M: int, N: int | None = None, *,
@@ -527,6 +539,34 @@ class GraphAttention(_Batched):
         outs = [_EdgeSpMM.apply(alpha[b].reshape(-1), z[b].reshape(M * K, C), st)
                 for b in range(B)]
         return torch.stack(outs).reshape(B, self.N, K, C)
+
+    def propagate_edges(self, values: Tensor, nodes: Tensor | None = None) -> Tensor:
+        """Per-edge messages (E, K, C) (or (B, E, K, C)) weighted and summed into their targets:
+        out[b, n, k] = Σ_{e = m -> n} alpha[e, k] · (values[e, k] + nodes[m, k]), (B, N, K, C).
+
+        The edge-valued counterpart of ``propagate_heads`` (messages that depend on the edge,
+        e.g. TransformerConv's edge features added to the values); ``nodes`` (M, K, C) /
+        (B, M, K, C) adds ``propagate_heads(nodes)`` in the same pass (one gather, one
+        scatter: cheaper than the two products when the edge messages are needed anyway).
+        """
+        E, K = self.structure.E, self.K
+        if values.dim() not in (3, 4) or tuple(values.shape[-3:-1]) != (E, K):
+            raise ValueError(f"GraphAttention.propagate_edges expects values (E={E}, K={K}, C) "
+                             f"or (B, E, K, C), got {tuple(values.shape)}")
+        src, dst = self.structure.edge_index
+        v = values
+        if nodes is not None:
+            if nodes.dim() not in (3, 4) or tuple(nodes.shape[-3:]) != (self.M, K, v.shape[-1]):
+                raise ValueError(f"GraphAttention.propagate_edges: nodes must be (M={self.M}, "
+                                 f"K={K}, C={v.shape[-1]}) or batched, got {tuple(nodes.shape)}")
+            v = v + nodes.index_select(-3, src)
+        # one item and one set of weights: work on (E, K, C) along dim 0 (index_add on a
+        # leading batch dim of 1 is ~30% slower)
+        alpha = self.alpha[0] if (self.batch == 1 and v.dim() == 3) else self.alpha
+        w = alpha.to(v.dtype).unsqueeze(-1) * v  # (E, K, C) or (B, E, K, C)
+        out = w.new_zeros(*w.shape[:-3], self.N, K, w.shape[-1])
+        out = out.index_add_(-3, dst, w)
+        return out if out.dim() == 4 else out.unsqueeze(0)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,11 +1,19 @@
-"""Attention mechanisms as modules, and the transforms that compose them.
+"""Attention mechanisms as modules, the sum that adds them, and the transforms that wrap them.
 
-A mechanism maps auxiliary inputs x1 (M, P') and x2 (N, Q') (a leading batch dim allowed) to
-scores (K, M, N) (or (B, K, M, N)); ``edge_scores`` gives the same values on a graph's edges only,
-(E, K) (or (B, E, K)), without building M x N. Transforms wrap a mechanism:
-``Softmax(LeakyReLU(GraphMasked(GATScores(K, C), edge_index)))`` is GAT's, and
-``Softmax(Masked(DotProduct(K, P, P, D), causal=True))`` a Transformer decoder's self-attention.
-``attention_basis`` turns a mechanism and its inputs into the fastest matching basis.
+A mechanism maps auxiliary inputs x1 (M entries) and x2 (N entries) (a leading batch dim
+allowed) to scores (K, M, N) (or (B, K, M, N)); ``edge_scores`` gives the same values on a
+graph's edges only, (E, K) (or (B, E, K)), without building M x N. Both take optional edge
+features: per edge (E, D) in ``edge_scores``, dense (M, N, D) in ``forward``; a mechanism that
+does not read them ignores them.
+
+Mechanisms add term-wise (``a + b`` is a ``Sum``: the paper's "added term-wise"), and
+transforms wrap any mechanism or sum: ``Softmax(LeakyReLU(GraphMasked(GATScores(K, C),
+edge_index)))`` is GAT's, ``Softmax(Masked(DotProduct(K, P, P, D) + RelativeBias(K),
+causal=True))`` a decoder's self-attention with T5's relative bias. ``sc.attention.
+attention_basis`` turns a mechanism and its inputs into the fastest matching basis.
+
+Terms that read no content (index terms, edge terms: ``reads_inputs = False``) take the entry
+counts M, N in place of x1, x2 and a ``dtype`` keyword (the sum's compute dtype).
 """
 
 from __future__ import annotations
@@ -17,12 +25,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import check_index_tensor
-from .basis import AttentionBasis, DotProductAttention, GraphAttention
 from .biaffine import biaffine
 from .masks import edge_softmax, graph_mask, masked_softmax
 
-__all__ = ["Mechanism", "Biaffine", "DotProduct", "GATScores", "Masked", "GraphMasked",
-           "LeakyReLU", "Softmax", "attention_basis"]
+__all__ = ["Mechanism", "Sum", "Biaffine", "DotProduct", "PerHead", "GATScores", "QueryDot",
+           "query_dot", "HeadDot", "Masked", "GraphMasked", "LeakyReLU", "Softmax", "chain",
+           "edges", "heads", "unbatch_heads"]
 
 
 def _b(x: Tensor, what: str) -> Tensor:
@@ -36,20 +44,27 @@ def _unbatch(out: Tensor, *inputs: Tensor) -> Tensor:
     return out[0] if all(t.dim() == 2 for t in inputs) else out
 
 
-def _edges(edge_index: Tensor) -> tuple[Tensor, Tensor]:
+def edges(edge_index: Tensor) -> tuple[Tensor, Tensor]:
+    """(sources, targets) of a (2, E) integer ``edge_index``, as long tensors (checked)."""
     check_index_tensor(edge_index, 2, "edge_index")
     return edge_index[0].long(), edge_index[1].long()
 
 
 class Mechanism(nn.Module):
-    """Base class: ``forward(x1, x2)`` -> (K, M, N) / (B, K, M, N); ``edge_scores`` on edges."""
+    """Base class: ``forward(x1, x2, edge_attr=None)`` -> scores (K, M, N) / (B, K, M, N);
+    ``edge_scores(x1, x2, edge_index, edge_attr=None)`` -> their values on edges (E, K) /
+    (B, E, K); ``a + b`` adds two mechanisms term-wise, ``a + H`` masks by a tensor H (M, N).
+    """
 
     K: int
+    #: False for terms that depend only on positions or edge features (they take M, N)
+    reads_inputs: bool = True
 
-    def edge_scores(self, x1: Tensor, x2: Tensor, edge_index: Tensor) -> Tensor:
+    def edge_scores(self, x1, x2, edge_index: Tensor, edge_attr: Tensor | None = None) -> Tensor:
         """The mechanism's values on the edges m -> n of ``edge_index``: (E, K) or (B, E, K)."""
-        # generic fallback: gather from the dense scores (subclasses avoid building M x N)
-        src, dst = _edges(edge_index)
+        # generic fallback: gather from the dense scores (subclasses avoid building M x N; a
+        # mechanism that reads edge features overrides this)
+        src, dst = edges(edge_index)
         s = self(x1, x2)
         s = s if s.dim() == 4 else s.unsqueeze(0)
         return _unbatch(s[:, :, src, dst].transpose(1, 2), x1, x2)
@@ -58,11 +73,97 @@ class Mechanism(nn.Module):
         """The innermost mechanism under the transforms."""
         return self
 
-    def entries(self, x: Tensor) -> int:
-        """Number of entries (M or N) of an auxiliary input."""
-        return x.shape[-2]
+    def entries(self, x) -> int:
+        """Number of entries (M or N) of an auxiliary input (an int is taken as the count)."""
+        return int(x) if isinstance(x, int) else x.shape[-2]
+
+    def __add__(self, other):
+        if isinstance(other, Mechanism):
+            return Sum([self, other])
+        if isinstance(other, Tensor):
+            return Masked(self, other)  # the paper's a + H
+        return NotImplemented
+
+    def __radd__(self, other):
+        if isinstance(other, int) and other == 0:  # sum([a, b, c]) starts from 0
+            return self
+        if isinstance(other, Tensor):
+            return Masked(self, other)
+        return NotImplemented
 
 
+def _check_K(terms: list[Mechanism]) -> int:
+    K = max(t.K for t in terms)
+    bad = [f"{type(t).__name__}(K={t.K})" for t in terms if t.K not in (1, K)]
+    if bad:
+        raise ValueError(f"Sum: every term needs K={K} heads (or K=1, shared by all heads), "
+                         f"got {', '.join(bad)}")
+    return K
+
+
+class Sum(Mechanism):
+    """Mechanisms added term-wise: scores (K, M, N) = Σ_t term_t's scores, densely and on edges.
+
+    Terms share the inputs x1, x2 and the edge features; terms that read no content (index
+    and edge terms) get the entry counts and the compute dtype of the content terms' scores.
+    A term with K = 1 is shared by all K heads. ``a + b`` builds one (nested sums flatten).
+    """
+
+    def __init__(self, terms):
+        super().__init__()
+        flat: list[Mechanism] = []
+        for t in terms:
+            if not isinstance(t, Mechanism):
+                raise TypeError(f"Sum adds Mechanisms, got {type(t).__name__}")
+            flat.extend(t.parts if isinstance(t, Sum) else [t])
+        if not flat:
+            raise ValueError("Sum needs at least one term")
+        self.K = _check_K(flat)
+        self.parts = nn.ModuleList(flat)
+        self.reads_inputs = any(t.reads_inputs for t in flat)
+
+    def entries(self, x):
+        for t in self.parts:
+            if t.reads_inputs:
+                return t.entries(x)
+        return Mechanism.entries(self, x)
+
+    def _run(self, calls):
+        # content terms first: their dtype and device are those the position and edge terms
+        # compute in. ``calls``: [(reads_inputs, fn(like kwargs) -> scores)]
+        out, like = None, None
+        for reads, call in sorted(calls, key=lambda c: not c[0]):
+            s = call({} if like is None else {"dtype": like.dtype, "device": like.device})
+            if like is None and reads:
+                like = s
+            out = s if out is None else out + s
+        return out
+
+    def forward(self, x1, x2, edge_attr=None, **kw):
+        M, N = self.entries(x1), self.entries(x2)
+        return self._run([
+            (t.reads_inputs, (lambda like, t=t: t(x1, x2, edge_attr)) if t.reads_inputs else
+             (lambda like, t=t: t(M, N, edge_attr, **{**kw, **like}))) for t in self.parts])
+
+    def edge_scores(self, x1, x2, edge_index, edge_attr=None, **kw):
+        M, N = self.entries(x1), self.entries(x2)
+        calls, grouped = [], {}
+        for t in self.parts:
+            if isinstance(t, QueryDot):  # bilinear in h2[n]: one product per group (below)
+                grouped.setdefault((t.scale, t.K, t.C), []).append(t)
+            elif t.reads_inputs:
+                calls.append((True, lambda like, t=t: t.edge_scores(x1, x2, edge_index,
+                                                                    edge_attr)))
+            else:
+                calls.append((False, lambda like, t=t: t.edge_scores(
+                    M, N, edge_index, edge_attr, **{**kw, **like})))
+        for group in grouped.values():
+            calls.append((True, lambda like, g=group: query_dot(g, x1, x2, edge_index,
+                                                                edge_attr)))
+        return self._run(calls)
+
+
+# ------------------------------------------------------------------------------------------------
 class Biaffine(Mechanism):
     """The full bi-affine mechanism Ξ_k = (ξ_k, μ_k, ν_k, Λ_k) (eq. "biaffine-attention").
 
@@ -85,11 +186,11 @@ class Biaffine(Mechanism):
     def extra_repr(self):
         return f"K={self.K}, in1={self.in1}, in2={self.in2}"
 
-    def forward(self, x1, x2):
+    def forward(self, x1, x2, edge_attr=None):
         return biaffine(x1, x2, self.Lambda, self.mu, self.nu, self.xi)
 
-    def edge_scores(self, x1, x2, edge_index):
-        src, dst = _edges(edge_index)
+    def edge_scores(self, x1, x2, edge_index, edge_attr=None):
+        src, dst = edges(edge_index)
         a, b = _b(x1, "x1"), _b(x2, "x2")
         B = max(a.shape[0], b.shape[0])
         out = torch.zeros(B, src.shape[0], self.K, dtype=a.dtype, device=a.device)
@@ -136,14 +237,14 @@ class DotProduct(Mechanism):
             q = q + self.query_bias.to(b.dtype).unsqueeze(1)
         return q, k
 
-    def forward(self, x1, x2):
+    def forward(self, x1, x2, edge_attr=None):
         q, k = self.project(x1, x2)
         return _unbatch((k * self.scale) @ q.transpose(-1, -2), x1, x2)
 
-    def edge_scores(self, x1, x2, edge_index):
-        src, dst = _edges(edge_index)
+    def edge_scores(self, x1, x2, edge_index, edge_attr=None):
+        src, dst = edges(edge_index)
         q, k = self.project(x1, x2)
-        s = (k[:, :, src] * q[:, :, dst]).sum(-1) * self.scale  # (B, K, E)
+        s = torch.linalg.vecdot(k[:, :, src], q[:, :, dst]) * self.scale  # (B, K, E)
         return _unbatch(s.transpose(1, 2), x1, x2)
 
     def as_biaffine(self) -> dict[str, Tensor | None]:
@@ -158,47 +259,138 @@ class DotProduct(Mechanism):
         return out
 
 
-class GATScores(Mechanism):
+# ------------------------------------------------------------------------------------------------
+def heads(h, K: int, C: int, name: str, who: str) -> Tensor:
+    """Per-head inputs (M, K, C) or (B, M, K, C), checked, as (B, M, K, C)."""
+    if not isinstance(h, Tensor) or h.dim() not in (3, 4) or tuple(h.shape[-2:]) != (K, C):
+        got = tuple(h.shape) if isinstance(h, Tensor) else type(h).__name__
+        raise ValueError(f"{who}: {name} must be per-head inputs (M, K={K}, C={C}) or "
+                         f"(B, M, K, C), got {got}")
+    return h if h.dim() == 4 else h.unsqueeze(0)
+
+
+def unbatch_heads(out: Tensor, *inputs) -> Tensor:
+    """Drop the batch dim added by ``heads`` when no per-head input had one."""
+    batched = any(isinstance(t, Tensor) and t.dim() == 4 for t in inputs)
+    return out if batched else out[0]
+
+
+class PerHead(Mechanism):
+    """Base of mechanisms on per-head inputs h = xΘ_k, (M, K, C) or (B, M, K, C) (the paper's
+    GAT variant: the inputs are projected per head before the mechanism); entries are counted
+    along dim -3."""
+
+    def entries(self, x):
+        return int(x) if isinstance(x, int) else x.shape[-3]
+
+
+class GATScores(PerHead):
     """GAT's mechanism: bi-affine with Λ = 0 on per-head inputs h = xΘ_k.
 
     Inputs h1 (M, K, C), h2 (N, K, C) (a leading batch dim allowed); score[k, m, n] =
     h1[m, k]·mu[k] + h2[n, k]·nu[k] (``mu`` = PyG's att_src, ``nu`` = att_dst, both (K, C)).
+    h2 given as an int N (the outputs' count) leaves out the ν term (PyG's bipartite call
+    without target features). ``mu``/``nu`` may be given (e.g. a layer's own parameters,
+    (K, C) or (1, K, C)); they are then used as they are, not copied.
     """
 
-    def __init__(self, K: int, C: int):
+    def __init__(self, K: int, C: int, *, mu: Tensor | None = None, nu: Tensor | None = None):
         super().__init__()
         self.K, self.C = K, C
         s = math.sqrt(6.0 / (K + C))
-        self.mu = nn.Parameter(torch.empty(K, C).uniform_(-s, s))
-        self.nu = nn.Parameter(torch.empty(K, C).uniform_(-s, s))
+        self.mu = nn.Parameter(torch.empty(K, C).uniform_(-s, s)) if mu is None else mu
+        self.nu = nn.Parameter(torch.empty(K, C).uniform_(-s, s)) if nu is None else nu
 
     def extra_repr(self):
         return f"K={self.K}, C={self.C}"
 
-    def entries(self, x):
-        return x.shape[-3]
-
     def _parts(self, h1, h2):
-        for name, h in (("h1", h1), ("h2", h2)):
-            if not isinstance(h, Tensor) or h.dim() not in (3, 4) or \
-                    tuple(h.shape[-2:]) != (self.K, self.C):
-                got = tuple(h.shape) if isinstance(h, Tensor) else type(h).__name__
-                raise ValueError(f"GATScores: {name} must be (M, K={self.K}, C={self.C}) or "
-                                 f"(B, M, K, C), got {got}")
-        a = h1 if h1.dim() == 4 else h1.unsqueeze(0)
-        b = h2 if h2.dim() == 4 else h2.unsqueeze(0)
-        return (a * self.mu.to(a.dtype)).sum(-1), (b * self.nu.to(b.dtype)).sum(-1)  # (B, *, K)
+        """(μ·h1 (.., M, K), ν·h2 (.., N, K) or None), on the inputs as given (batched or not)."""
+        heads(h1, self.K, self.C, "h1", "GATScores")
+        s1 = torch.linalg.vecdot(h1, self.mu.reshape(self.K, self.C).to(h1.dtype))
+        if isinstance(h2, int):
+            return s1, None
+        heads(h2, self.K, self.C, "h2", "GATScores")
+        return s1, torch.linalg.vecdot(h2, self.nu.reshape(self.K, self.C).to(h2.dtype))
 
-    def forward(self, h1, h2):
+    def forward(self, h1, h2, edge_attr=None):
         s1, s2 = self._parts(h1, h2)
-        out = s1.transpose(1, 2).unsqueeze(3) + s2.transpose(1, 2).unsqueeze(2)
-        return out[0] if h1.dim() == 3 and h2.dim() == 3 else out
+        out = s1.transpose(-1, -2).unsqueeze(-1)  # (.., K, M, 1)
+        if s2 is None:
+            return out.expand(*out.shape[:-1], int(h2))
+        return out + s2.transpose(-1, -2).unsqueeze(-2)
 
-    def edge_scores(self, h1, h2, edge_index):
-        src, dst = _edges(edge_index)
+    def edge_scores(self, h1, h2, edge_index, edge_attr=None):
+        src, dst = edges(edge_index)
         s1, s2 = self._parts(h1, h2)
-        out = s1[:, src] + s2[:, dst]
-        return out[0] if h1.dim() == 3 and h2.dim() == 3 else out
+        # gathered along the entries dim as given: an unbatched (E, K) gather's backward is a
+        # dim-0 index_add, ~30% faster than on a leading batch dim of 1
+        out = s1.index_select(-2, src)
+        return out if s2 is None else out + s2.index_select(-2, dst)
+
+
+class QueryDot(PerHead):
+    """Base of terms bilinear in the outputs' per-head inputs: score_k(m, n) = scale ·
+    κ_mn,k · h2[n, k], with per-edge keys κ given by ``edge_keys``.
+
+    A ``Sum`` evaluates its terms of this form that share a scale with one product,
+    scale · (Σ_t κ_t) · h2[n] (distributivity: one gather of h2 and one reduction per edge).
+    """
+
+    K: int
+    C: int
+    scale: float
+
+    def edge_keys(self, h1, h2, edge_index: Tensor, edge_attr=None) -> Tensor:
+        """The keys of the edges, (E, K, C) or (B, E, K, C) (batched inputs)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement edge_keys")
+
+    def edge_scores(self, h1, h2, edge_index, edge_attr=None):
+        return query_dot([self], h1, h2, edge_index, edge_attr)
+
+
+def query_dot(terms: list[QueryDot], h1, h2, edge_index: Tensor, edge_attr=None) -> Tensor:
+    """Σ_t scale · κ_t[e] · h2[target(e)] for ``QueryDot`` terms sharing scale, K and C:
+    (E, K), or (B, E, K) when an input is batched."""
+    _, dst = edges(edge_index)
+    t0 = terms[0]
+    heads(h2, t0.K, t0.C, "h2", type(t0).__name__)
+    keys = None
+    for t in terms:
+        k = t.edge_keys(h1, h2, edge_index, edge_attr)
+        keys = k if keys is None else keys + k
+    # gathers along the entries dim of the tensors as given (an unbatched (E, K, C) gather's
+    # backward, a dim-0 index_add, is ~30% faster than on a leading batch dim of 1); one fused
+    # multiply-reduce per edge and head (a product then a sum is ~3x slower)
+    return torch.linalg.vecdot(keys, h2.index_select(-3, dst).to(keys.dtype)) * t0.scale
+
+
+class HeadDot(QueryDot):
+    """Scaled dot product of per-head inputs: score[k, m, n] = scale · h1[m, k]·h2[n, k].
+
+    The Transformer's mechanism (eq. "transformer-lambda") on inputs already projected per
+    head (h1 = keys x1 Λ_key,k, h2 = queries x2 Λ_query,k, each (M, K, C) / (N, K, C)), as
+    PyG's TransformerConv computes them; ``scale`` defaults to 1/sqrt(C).
+    """
+
+    def __init__(self, K: int, C: int, scale: float | None = None):
+        super().__init__()
+        self.K, self.C = K, C
+        self.scale = 1.0 / math.sqrt(C) if scale is None else float(scale)
+
+    def extra_repr(self):
+        return f"K={self.K}, C={self.C}, scale={self.scale:.4g}"
+
+    def forward(self, h1, h2, edge_attr=None):
+        a = heads(h1, self.K, self.C, "h1", "HeadDot")
+        b = heads(h2, self.K, self.C, "h2", "HeadDot")
+        out = (a.transpose(1, 2) * self.scale) @ b.permute(0, 2, 3, 1)  # (B, K, M, N)
+        return unbatch_heads(out, h1, h2)
+
+    def edge_keys(self, h1, h2, edge_index, edge_attr=None):
+        src, _ = edges(edge_index)
+        heads(h1, self.K, self.C, "h1", "HeadDot")
+        return h1.index_select(-3, src)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -209,6 +401,7 @@ class _Transform(Mechanism):
             raise TypeError(f"{type(self).__name__} wraps a Mechanism, got {type(inner).__name__}")
         self.inner = inner
         self.K = inner.K
+        self.reads_inputs = inner.reads_inputs
 
     def base(self):
         return self.inner.base()
@@ -220,7 +413,8 @@ class _Transform(Mechanism):
 class Masked(_Transform):
     """inner + H: a log-domain mask (M, N) (or broadcastable to (B, K, M, N)) and/or causal.
 
-    ``mask`` may also be bool (True = allowed); ``causal`` allows input m on output n iff m <= n.
+    ``mask`` may also be bool (True = allowed) or any additive float; ``causal`` allows input
+    m on output n iff m <= n.
     """
 
     def __init__(self, inner: Mechanism, mask: Tensor | None = None, *, causal: bool = False):
@@ -236,13 +430,13 @@ class Masked(_Transform):
                               float("-inf"))
         return H if self.mask is None else H + self.mask.to(dtype)
 
-    def forward(self, x1, x2):
-        s = self.inner(x1, x2)
+    def forward(self, x1, x2, edge_attr=None, **kw):
+        s = self.inner(x1, x2, edge_attr, **kw)
         return s + self._full_mask(s.shape[-2], s.shape[-1], s.dtype, s.device)
 
-    def edge_scores(self, x1, x2, edge_index):
-        src, dst = _edges(edge_index)
-        s = self.inner.edge_scores(x1, x2, edge_index)  # (.., E, K)
+    def edge_scores(self, x1, x2, edge_index, edge_attr=None, **kw):
+        src, dst = edges(edge_index)
+        s = self.inner.edge_scores(x1, x2, edge_index, edge_attr, **kw)  # (.., E, K)
         if self.causal:
             s = s.masked_fill((src > dst).unsqueeze(1), float("-inf"))
         if self.mask is not None:
@@ -257,7 +451,8 @@ class GraphMasked(_Transform):
     """inner masked by a graph: only edges m -> n of ``edge_index`` (2, E) keep their score.
 
     With ``attention_basis`` this runs per edge (O(E)); duplicate edges then count once each,
-    as in PyG, whereas the dense ``forward`` (small graphs) sees each pair once.
+    as in PyG, whereas the dense ``forward`` (small graphs) sees each pair once. Edge features
+    given to ``edge_scores`` / ``attention_basis`` are those of these edges, (E, D).
     """
 
     def __init__(self, inner: Mechanism, edge_index: Tensor):
@@ -265,13 +460,13 @@ class GraphMasked(_Transform):
         check_index_tensor(edge_index, 2, "GraphMasked edge_index")
         self.edge_index = edge_index.long()
 
-    def forward(self, x1, x2):
-        s = self.inner(x1, x2)
+    def forward(self, x1, x2, edge_attr=None, **kw):
+        s = self.inner(x1, x2, edge_attr, **kw)
         M, N = s.shape[-2:]
         return s + graph_mask(self.edge_index, M, N, dtype=s.dtype)
 
-    def edge_scores(self, x1, x2, edge_index=None):
-        return self.inner.edge_scores(x1, x2, self.edge_index)
+    def edge_scores(self, x1, x2, edge_index=None, edge_attr=None, **kw):
+        return self.inner.edge_scores(x1, x2, self.edge_index, edge_attr, **kw)
 
 
 class LeakyReLU(_Transform):
@@ -281,11 +476,12 @@ class LeakyReLU(_Transform):
         super().__init__(inner)
         self.negative_slope = float(negative_slope)
 
-    def forward(self, x1, x2):
-        return F.leaky_relu(self.inner(x1, x2), self.negative_slope)
+    def forward(self, x1, x2, edge_attr=None, **kw):
+        return F.leaky_relu(self.inner(x1, x2, edge_attr, **kw), self.negative_slope)
 
-    def edge_scores(self, x1, x2, edge_index):
-        return F.leaky_relu(self.inner.edge_scores(x1, x2, edge_index), self.negative_slope)
+    def edge_scores(self, x1, x2, edge_index, edge_attr=None, **kw):
+        return F.leaky_relu(self.inner.edge_scores(x1, x2, edge_index, edge_attr, **kw),
+                            self.negative_slope)
 
 
 class Softmax(_Transform):
@@ -300,49 +496,21 @@ class Softmax(_Transform):
             raise ValueError(f"Softmax over must be 'inputs' or 'outputs', got {over!r}")
         self.over = over
 
-    def forward(self, x1, x2):
-        return masked_softmax(self.inner(x1, x2), -2 if self.over == "inputs" else -1)
+    def forward(self, x1, x2, edge_attr=None, **kw):
+        return masked_softmax(self.inner(x1, x2, edge_attr, **kw),
+                              -2 if self.over == "inputs" else -1)
 
-    def edge_scores(self, x1, x2, edge_index):
-        src, dst = _edges(edge_index)
-        s = self.inner.edge_scores(x1, x2, edge_index)
+    def edge_scores(self, x1, x2, edge_index, edge_attr=None, **kw):
+        src, dst = edges(edge_index)
+        s = self.inner.edge_scores(x1, x2, edge_index, edge_attr, **kw)
         if self.over == "inputs":
             return edge_softmax(s, dst, self.entries(x2))
         return edge_softmax(s, src, self.entries(x1))
 
 
-def _chain(mech: Mechanism) -> list[Mechanism]:
+def chain(mech: Mechanism) -> list[Mechanism]:
+    """The transforms of ``mech`` from the outside in, ending with its base mechanism."""
     out = [mech]
     while isinstance(out[-1], _Transform):
         out.append(out[-1].inner)
     return out
-
-
-def attention_basis(mechanism: Mechanism, x1: Tensor, x2: Tensor):
-    """The basis A_k = mechanism(x1, x2; Ξ_k) on its fastest path.
-
-    Softmax over a graph-masked mechanism -> ``GraphAttention`` (per edge, O(E));
-    softmax over inputs of a (masked, causal) ``DotProduct`` -> ``DotProductAttention`` (SDPA);
-    anything else -> dense ``AttentionBasis``. For self-attention pass x as both inputs.
-    """
-    chain = _chain(mechanism)
-    graphs = [t for t in chain if isinstance(t, GraphMasked)]
-    M, N = mechanism.entries(x1), mechanism.entries(x2)
-    if isinstance(mechanism, Softmax) and len(graphs) == 1:
-        ei = graphs[0].edge_index
-        s = mechanism.inner.edge_scores(x1, x2, ei)
-        if mechanism.over == "inputs":
-            return GraphAttention.from_scores(ei, s, M, N)
-        return GraphAttention(ei, edge_softmax(s, ei[0], M), M, N)
-    if isinstance(mechanism, Softmax) and mechanism.over == "inputs" and \
-            isinstance(chain[-1], DotProduct) and all(isinstance(t, Masked) for t in chain[1:-1]):
-        base = chain[-1]
-        q, k = base.project(x1, x2)
-        masks = [t.mask for t in chain[1:-1] if t.mask is not None]
-        mask = None
-        for m in masks:
-            m = m.to(q.dtype)
-            mask = m if mask is None else mask + m
-        causal = any(t.causal for t in chain[1:-1])
-        return DotProductAttention(q, k, mask, causal=causal, scale=base.scale)
-    return AttentionBasis(mechanism(x1, x2))

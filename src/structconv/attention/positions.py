@@ -4,7 +4,8 @@
 * ``rotary(t, positions)``       RoFormer's rotation of query/key pairs by absolute position.
 * ``alibi_slopes(H)``            the geometric head slopes of Press et al. (ICLR 2022).
 * ``alibi_mask(...)``            the log-domain mask −m_h·(i − j) on allowed pairs, −inf on the
-  future: an index-based prior on content-based heads (the framework's mask term H).
+  future: an index-based prior on content-based heads (the framework's mask term H); built
+  from a table of offsets (``toeplitz``) in the compute dtype, O(L) beyond the mask itself.
 * ``causal_shift(z, shifts)``    index-based heads: head s of the output at position n is the
   input at n − shift_s (zero before the start), i.e. A_sᵀ z_s for the causal shift matrix A_s
   of ``shift_basis``; applied as one copy, never as a matrix.
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["sinusoidal", "rotary", "rotary_angles", "alibi_slopes", "alibi_mask",
-           "causal_shift"]
+           "causal_shift", "toeplitz", "relative_offsets"]
 
 
 def sinusoidal(positions: Tensor, E: int, dtype=torch.float32) -> Tensor:
@@ -77,17 +78,60 @@ def alibi_slopes(heads: int) -> Tensor:
     return torch.tensor(slopes, dtype=torch.float64)
 
 
+def relative_offsets(rows: int, cols: int, row_start: int = 0, col_start: int = 0, *,
+                     device=None) -> Tensor:
+    """Every offset d = (row_start + i) − (col_start + j) of a (rows, cols) block, increasing:
+    (rows + cols − 1,) long, the positions a ``toeplitz`` table is indexed by (entry t of the
+    table holds offset d[t]; i = 0, j = cols − 1 gives d[0])."""
+    lo = row_start - (col_start + cols - 1)
+    return torch.arange(lo, lo + rows + cols - 1, device=device)
+
+
+#: elements of one block of a ``toeplitz`` expansion's temporary (stays in cache)
+TOEPLITZ_BLOCK = 2**20
+
+
+def toeplitz(table: Tensor, rows: int, cols: int) -> Tensor:
+    """(K, rows, cols) contiguous, out[k, i, j] = table[k, i − j + cols − 1], from table
+    (K, rows + cols − 1): the expansion of a function of the offset i − j.
+
+    Written block of rows by block of rows from strided views of the (reversed) table: the
+    only temporaries are the O(rows + cols) table and one cache-sized block, so a
+    relative-position mask costs its own memory and no more.
+    """
+    if table.dim() != 2 or table.shape[1] != rows + cols - 1:
+        raise ValueError(f"toeplitz: table must be (K, rows + cols - 1) = (K, {rows + cols - 1})"
+                         f", got {tuple(table.shape)}")
+    # r[k, s] = table[k, L - 1 - s], so out[k, i, j] = r[k, rows - 1 - i + j]
+    r = table.flip(1).contiguous()
+    K, L = r.shape
+    out = torch.empty((K, rows, cols), dtype=r.dtype, device=r.device)
+    step = max(1, TOEPLITZ_BLOCK // max(1, K * cols))
+    for a in range(0, rows, step):
+        b = min(rows, a + step)
+        # h[k, u, j] = r[k, rows - b + u + j] (non-negative strides: a Hankel view); row u of
+        # the block is output row b - 1 - u, hence the flip of the (small) block
+        h = r[:, rows - b:].as_strided((K, b - a, cols), (L, 1, 1))
+        out[:, a:b].copy_(h.flip(1))
+    return out
+
+
 def alibi_mask(slopes: Tensor, queries: int, keys: int, offset: int = 0, *,
                dtype=torch.float32, device=None) -> Tensor:
     """ALiBi's causal mask in SDPA orientation (H, queries, keys): −m_h·(i − j) where key j is
     at or before query i, −inf after it. Query i sits at position offset + i and key j at j
-    (offset = the number of cached keys before the queries)."""
-    i = torch.arange(offset, offset + queries, device=device)[:, None]
-    j = torch.arange(keys, device=device)[None, :]
-    dist = (i - j).to(torch.float64)
-    m = slopes.to(device=device, dtype=torch.float64)[:, None, None]
-    bias = (-m * dist).to(dtype)
-    return bias.masked_fill(j > i, float("-inf"))
+    (offset = the number of cached keys before the queries).
+
+    Built in ``dtype`` from a table of the queries + keys − 1 offsets (each value −m_h·d
+    rounded once from float64, as the formula gives it): no (H, queries, keys) temporary beyond
+    the mask itself.
+    """
+    if queries < 1 or keys < 1:
+        raise ValueError(f"alibi_mask needs queries, keys >= 1, got {queries}, {keys}")
+    m = slopes.to(device=device, dtype=torch.float64)
+    d = relative_offsets(queries, keys, offset, device=device).to(torch.float64)  # i - j
+    table = (-m[:, None] * d).masked_fill(d < 0, float("-inf")).to(dtype)
+    return toeplitz(table, queries, keys)
 
 
 def causal_shift(z: Tensor, shifts: Sequence[int], past: Tensor | None = None) -> Tensor:

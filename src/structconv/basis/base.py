@@ -499,7 +499,12 @@ class Stack(Basis):
         return sum(b.propagate_sum_flops(C) for b in self.parts)
 
     def to_dense(self):
-        return torch.cat([b.to_dense() for b in self.parts], 0)
+        dense = [b.to_dense() for b in self.parts]
+        if all(d.dim() == 3 for d in dense):
+            return torch.cat(dense, 0)
+        # parts computed per batch item (attention: (B, K_i, M, N)) beside shared ones
+        B = max(d.shape[0] for d in dense if d.dim() == 4)
+        return torch.cat([d if d.dim() == 4 else d.expand(B, *d.shape) for d in dense], 1)
 
     def slices(self) -> list[slice]:
         """The k-range of each part in the stacked K."""

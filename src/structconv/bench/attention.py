@@ -7,6 +7,11 @@
   forward+backward, plus peak memory.
 * GAT (8 heads x 8 channels) on Cora- and PubMed-sized random graphs and a 200k-node/2M-edge one:
   structconv's ``GATConv`` against PyG's, forward and forward+backward, peak memory.
+* Graph-attention layers with edge features (``--parts edges``): ``GATConv(edge_dim=8)``,
+  ``GATv2Conv`` with and without edge features and ``TransformerConv(edge_dim=8, beta=True)``
+  (8 heads x 8) against PyG's layers holding the same weights, forward and forward+backward on
+  Cora- and PubMed-sized random graphs with 8 edge features, and peak memory on a
+  200k-node / 600k-edge graph (never a dense N x N: 160 GB there).
 * A mixed layer (attention heads + causal shift heads in one ``Stack``) against the sum of its
   two parts run alone.
 
@@ -39,18 +44,35 @@ TARGETS = {
     "gat_vs_pyg": (">=", 1.0),
     "gat_memory_over_pyg": ("<=", 1.0),
     "mixed_over_parts": ("<=", 1.2),
+    "edge_layer_vs_pyg": (">=", 1.0),
 }
+
+#: the edge-feature layers: name -> (PyG class, constructor options, edge features used)
+EDGE_LAYERS = {
+    "gat_edge8": ("GATConv", {"heads": 8, "edge_dim": 8}, True),
+    "gatv2": ("GATv2Conv", {"heads": 8}, False),
+    "gatv2_edge8": ("GATv2Conv", {"heads": 8, "edge_dim": 8}, True),
+    "transformer_edge8_beta": ("TransformerConv", {"heads": 8, "edge_dim": 8, "beta": True},
+                               True),
+}
+EDGE_GRAPHS = {"cora-sized": (2708, 10556, 1433), "pubmed-sized": (19717, 88648, 500),
+               "random-200k-600k": (200_000, 600_000, 64)}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--parts", default="mha,gat,mixed",
-                   help="comma-separated parts to run: mha, gat, mixed (default all)")
+    p.add_argument("--parts", default="mha,gat,edges,mixed",
+                   help="comma-separated parts to run: mha, gat, edges, mixed (default all)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
     p.add_argument("--mha", default="16x512,2x4096",
                    help="multi-head attention cases as BxL (d=256, 8 heads; default "
                         "16x512,2x4096)")
     p.add_argument("--graphs", default="cora-sized,pubmed-sized,random-200k-2M",
                    help="GAT graphs to run (default all three)")
+    p.add_argument("--edge-layers", default=",".join(EDGE_LAYERS),
+                   help=f"edge-feature layers to run (default all: {', '.join(EDGE_LAYERS)})")
+    p.add_argument("--edge-graphs", default=",".join(EDGE_GRAPHS),
+                   help="graphs for the edge-feature layers (default all three; the largest "
+                        "is timed with at most 3 repeats)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch intra-op threads (default: torch's choice)")
 
@@ -80,6 +102,21 @@ def _gat_cases(args):
     if bad:
         raise ValueError(f"unknown --graphs {bad}; choose from {sorted(GRAPHS)}")
     return [(g, *GRAPHS[g]) for g in names]
+
+
+def _edge_cases(args):
+    """[(layer name, graph name, nodes, edges, features)] from --edge-layers/--edge-graphs."""
+    layers = [x.strip() for x in getattr(args, "edge_layers", ",".join(EDGE_LAYERS)).split(",")
+              if x.strip()]
+    graphs = [x.strip() for x in getattr(args, "edge_graphs", ",".join(EDGE_GRAPHS)).split(",")
+              if x.strip()]
+    bad = [x for x in layers if x not in EDGE_LAYERS] + [x for x in graphs if x not in EDGE_GRAPHS]
+    if bad:
+        raise ValueError(f"unknown --edge-layers/--edge-graphs {bad}; choose from "
+                         f"{sorted(EDGE_LAYERS)} and {sorted(EDGE_GRAPHS)}")
+    if args.quick:
+        return [(name, "tiny", 300, 1500, 16) for name in layers]
+    return [(name, g, *EDGE_GRAPHS[g]) for g in graphs for name in layers]
 
 
 def _check(name: str, value: float) -> bool:
@@ -248,6 +285,68 @@ def bench_gat(args) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------------------
+def _edge_setup(layer: str, n: int, e: int, f: int, seed: int):
+    """(PyG's layer, structconv's with the same weights, its call arguments)."""
+    import torch_geometric.nn as pyg
+
+    from ..nn.convert import from_pyg
+
+    cls, kw, edges = EDGE_LAYERS[layer]
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    ei = _random_graph(n, e, gen)
+    x = torch.randn(n, f, generator=gen)
+    ea = torch.randn(e, 8, generator=gen)
+    ref = getattr(pyg, cls)(f, 8, **kw)
+    return ref, from_pyg(ref), ((x, ei, ea) if edges else (x, ei))
+
+
+def _edge_make(layer, n, e, f, seed, who):
+    def make():
+        ref, mine, call = _edge_setup(layer, n, e, f, seed)
+        mod = ref if who == "pyg" else mine
+        # a first call on a small graph pages in either side's code and one-time state (as
+        # the GAT part does); the measured call is then the first on this graph
+        small = (call[0][:64], _random_graph(64, 256, torch.Generator().manual_seed(seed + 1)))
+        fwd_bwd(lambda: mod(*small, *([call[2][:256]] if len(call) == 3 else [])))()
+        return fwd_bwd(lambda: mod(*call))
+    return make
+
+
+def _edge_one(layer, graph, n, e, f, args) -> dict:
+    ref, mine, call = _edge_setup(layer, n, e, f, args.seed)
+    reps = args.repeats if e <= 200_000 else max(1, min(args.repeats, 3))
+    fns = {"pyg": lambda: ref(*call), "ours": lambda: mine(*call)}
+    fwd = interleaved_times(fns, repeats=reps)
+    fb = interleaved_times({k: fwd_bwd(v) for k, v in fns.items()}, repeats=reps)
+    mem = {}
+    if not args.no_memory:
+        for who in ("pyg", "ours"):
+            mem[who] = _mb(peak_memory(_edge_make(layer, n, e, f, args.seed, who)))
+    ratios = {"edge_layer_vs_pyg": {"forward": fwd["pyg"] / fwd["ours"],
+                                    "forward_backward": fb["pyg"] / fb["ours"]}}
+    if mem.get("pyg") and mem.get("ours"):
+        ratios["memory_ours_over_pyg"] = {"forward_backward": mem["ours"] / mem["pyg"]}
+        # a dense N x N float32 matrix would be n*n*4 bytes: the peak is a small fraction
+        ratios["memory_over_dense_n_by_n"] = {"forward_backward": mem["ours"] * 2**20
+                                              / (4.0 * n * n)}
+    cls, kw, edges = EDGE_LAYERS[layer]
+    return dict(layer=layer, pyg_class=cls, options=kw, edge_features=8 if edges else 0,
+                graph=graph, nodes=n, edges=e, features=f, heads=8, channels=8,
+                forward_s=fwd, forward_backward_s=fb, peak_memory_mb=mem, ratios=ratios)
+
+
+def bench_edges(args) -> list[dict]:
+    """The edge-feature layers against PyG's, on every chosen graph."""
+    try:
+        import torch_geometric  # noqa: F401
+    except ImportError:
+        print("attention bench: torch_geometric is not installed, skipping the edge layers")
+        return []
+    return [_edge_one(*case, args) for case in _edge_cases(args)]
+
+
+# ------------------------------------------------------------------------------------------------
 def bench_mixed(args) -> list[dict]:
     from .. import convolve
     from ..attention import DotProduct, Masked, Softmax, attention_basis, shift_basis
@@ -320,14 +419,15 @@ def run(args) -> int:
     if getattr(args, "device", "cpu") != "cpu":
         print("attention bench: CPU only (the targets are CPU figures); running on cpu")
     warnings.filterwarnings("ignore", message=".*[Ss]parse CSR.*")
-    parts = {p.strip() for p in getattr(args, "parts", "mha,gat,mixed").split(",") if p.strip()}
-    bad = parts - {"mha", "gat", "mixed"}
+    parts = {p.strip() for p in getattr(args, "parts", "mha,gat,edges,mixed").split(",")
+             if p.strip()}
+    bad = parts - {"mha", "gat", "edges", "mixed"}
     if bad:
-        print(f"attention bench: unknown parts {sorted(bad)}; choose from mha, gat, mixed",
-              file=sys.stderr)
+        print(f"attention bench: unknown parts {sorted(bad)}; choose from mha, gat, edges, "
+              "mixed", file=sys.stderr)
         return 2
     try:
-        _mha_cases(args), _gat_cases(args)
+        _mha_cases(args), _gat_cases(args), _edge_cases(args)
     except ValueError as e:
         print(f"attention bench: {e}", file=sys.stderr)
         return 2
@@ -344,6 +444,11 @@ def run(args) -> int:
         _print_rows("GAT vs PyG", result["gat"],
                     lambda r: f"{r['graph']}: {r['nodes']} nodes, {r['edges']} edges, "
                               f"{r['features']} features")
+    if "edges" in parts:
+        result["edges"] = bench_edges(args)
+        _print_rows("graph-attention layers with edge features vs PyG", result["edges"],
+                    lambda r: f"{r['layer']} on {r['graph']}: {r['nodes']} nodes, "
+                              f"{r['edges']} edges, {r['features']} features")
     if "mixed" in parts:
         result["mixed"] = bench_mixed(args)
         _print_rows("mixed attention + shift heads vs its parts", result["mixed"],

@@ -30,8 +30,7 @@ from ..engine import convolve
 from ..nn.dropout import sparse_dropout
 from ..nn.layers import Convolution
 
-__all__ = ["ACTIVATIONS", "StructNet", "Block", "AttentionConv", "MLP", "Pool", "declared_conv",
-           "with_self_loops"]
+__all__ = ["ACTIVATIONS", "StructNet", "Block", "AttentionConv", "MLP", "Pool", "declared_conv"]
 
 #: the activations a declared layer may name
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "elu": F.elu, "tanh": torch.tanh,
@@ -41,13 +40,6 @@ ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "elu": F.elu, "tanh": torch.tanh,
 def _need(cond: bool, msg: str):
     if not cond:
         raise ConfigError(msg)
-
-
-def with_self_loops(edge_index: Tensor, num_nodes: int) -> Tensor:
-    """GAT's neighbourhoods: the graph's own self loops replaced by one per node of the first
-    ``num_nodes`` (a sampled block's targets are its first sources)."""
-    loops = torch.arange(num_nodes, device=edge_index.device).repeat(2, 1)
-    return torch.cat([edge_index[:, edge_index[0] != edge_index[1]], loops], 1)
 
 
 def declared_conv(basis: B.Basis, Pin: int, Q: int, layer: dict) -> Convolution:
@@ -90,8 +82,9 @@ class AttentionConv(nn.Module):
             _need(self.fixed is None, f"{where}: graph_attention cannot be stacked")
             self.add_self_loops = bool(a["add_self_loops"])
             ei = ctx.edge_index
-            self.register_buffer("edge_index", with_self_loops(ei, ctx.num_nodes)
-                                 if self.add_self_loops else ei, persistent=False)
+            if self.add_self_loops:  # GAT attends to the node itself as well
+                ei = att.add_self_loops(ei, ctx.num_nodes)[0]
+            self.register_buffer("edge_index", ei, persistent=False)
             self.num_nodes = ctx.num_nodes
             self.slope = float(a["negative_slope"])
             self.scores = att.GATScores(H, Q)
@@ -110,18 +103,15 @@ class AttentionConv(nn.Module):
             q, k = self.scores.project(x, x)
             return att.DotProductAttention(q, k, causal=self.causal, dropout_p=p)
         if structure is None:
-            ei, M, N = self.edge_index, self.num_nodes, self.num_nodes
+            ei, N = self.edge_index, self.num_nodes
         else:
-            ei, M, N = structure.edge_index.to(x.device), structure.num_src, structure.num_dst
+            # a sampled block: its N targets are the first of its sources
+            ei, N = structure.edge_index.to(x.device), structure.num_dst
             if self.add_self_loops:
-                ei = with_self_loops(ei, N)
+                ei = att.add_self_loops(ei, N)[0]
+        mech = att.Softmax(att.LeakyReLU(att.GraphMasked(self.scores, ei), self.slope))
         h = torch.einsum("bmp,kpq->bmkq", x, theta)  # per-head features h = x Θ_k
-        s = F.leaky_relu(self.scores.edge_scores(h, h, ei), self.slope)
-        basis = att.GraphAttention.from_scores(ei, s, M, N)
-        if p:
-            basis = att.GraphAttention(ei, F.dropout(basis.alpha, p), M, N,
-                                       structure=basis.structure)
-        return basis
+        return att.attention_basis(mech, h, h[:, :N], dropout=p)
 
     def forward(self, x: Tensor, structure=None) -> Tensor:
         theta = self.param()

@@ -8,12 +8,12 @@ hyper-parameters reproduce the published accuracies.
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import basis as _basis
 from .._checks import check_index_tensor
+from ..attention.edges import add_self_loops
 from ..basis.base import Basis, Product, Sparse
 from ..engine import featureless
 from ..nn.attention import GATConv
@@ -164,17 +164,14 @@ class GAT(nn.Module):
                  out_channels: int, heads: int = 8, out_heads: int = 1, dropout: float = 0.6):
         super().__init__()
         _check_graph(edge_index, num_nodes)
-        src, dst = edge_index.long()
-        keep = src != dst
-        i = torch.arange(num_nodes)
-        src, dst = torch.cat([src[keep], i]), torch.cat([dst[keep], i])  # self loops, as PyG
+        loops = add_self_loops(edge_index.long(), num_nodes)[0]  # self loops, as PyG
         self.conv1 = GATConv(in_channels, hidden, heads=heads, dropout=dropout,
                              add_self_loops=False)
         self.conv2 = GATConv(heads * hidden, out_channels, heads=out_heads, concat=False,
                              dropout=dropout, add_self_loops=False)
         for conv in (self.conv1, self.conv2):
             glorot_(conv.lin.weight)  # PyG initialises the projection with Glorot
-        self.register_buffer("edge_index", torch.stack([src, dst]), persistent=False)
+        self.register_buffer("edge_index", loops, persistent=False)
         self.dropout = dropout
         self.input_dropout = InputDropout(dropout)
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention.basis import GraphAttention, GraphStructure
+from ..attention.edges import add_self_loops
 from ..basis.base import Stack
 from ..basis.graph import PowerBasis, gcn
 from ..engine import convolve
@@ -108,10 +109,7 @@ class HeadsNet(nn.Module):
                  att: int, hops: int, r: int, dropout: float = 0.6, sparse: bool = False):
         super().__init__()
         self.sparse, self._key, self._xs = sparse, None, None
-        src, dst = edge_index.long()
-        keep = src != dst
-        i = torch.arange(num_nodes)
-        src, dst = torch.cat([src[keep], i]), torch.cat([dst[keep], i])  # self loops, as GAT
+        src, dst = add_self_loops(edge_index.long(), num_nodes)[0]  # self loops, as GAT
         op = gcn(edge_index, num_nodes).op
         index1 = PowerBasis(op, tuple(range(1, hops + 1))) if hops else None
         index2 = PowerBasis(op, (1,)) if hops else None

@@ -1,7 +1,6 @@
 """Layers (``nn.Module``s) built on ``sc.convolve``, and converters from torch.nn and PyG."""
 
 from .attention import (
-                        GATConv,
                         MixedAttention,
                         MultiheadAttention,
                         TransformerDecoderLayer,
@@ -10,12 +9,14 @@ from .attention import (
 from .convert import from_pyg, from_torch, register_pyg, register_torch, to_torch
 from .dropout import SparseDropout, sparse_dropout
 from .graph import ChebConv, GCNConv, RGCNConv, SGConv, TAGConv
+from .graph_attention import GATConv, GATv2Conv, TransformerConv
 from .grid import GridAvgPool, GridConv
 from .layers import Convolution
 from .lm import CausalSelfAttention, TransformerLM
 
 __all__ = ["Convolution", "from_torch", "from_pyg", "to_torch", "register_torch", "register_pyg",
            "GCNConv", "ChebConv", "TAGConv", "SGConv", "RGCNConv",
-           "MultiheadAttention", "GATConv", "TransformerEncoderLayer", "TransformerDecoderLayer",
+           "MultiheadAttention", "GATConv", "GATv2Conv", "TransformerConv",
+           "TransformerEncoderLayer", "TransformerDecoderLayer",
            "MixedAttention", "GridConv", "GridAvgPool", "CausalSelfAttention", "TransformerLM",
            "SparseDropout", "sparse_dropout"]

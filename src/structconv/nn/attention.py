@@ -3,39 +3,31 @@
 * ``MultiheadAttention``: torch's layer (same constructor, call, parameter names) as an
   attention convolution: in-projections give the mechanism's Λ_key / Λ_query, the basis is a
   ``DotProductAttention`` (SDPA), the value/out projections are the LowRank theta.
-* ``GATConv``: PyG's layer as a self-attention convolution on per-head inputs xΘ_k, with a
-  per-edge sparse basis (O(E) memory).
+* ``GATConv``, ``GATv2Conv``, ``TransformerConv``: PyG's graph-attention layers (in
+  ``graph_attention``, re-exported here).
 * ``TransformerEncoderLayer`` / ``TransformerDecoderLayer``: torch's layers on these parts.
 * ``MixedAttention``: attention heads and index-based shift heads in one ``sc.basis.Stack``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention.basis import DotProductAttention, GraphAttention, GraphStructure, shift_basis
-from ..attention.masks import edge_softmax
-from ..attention.mechanisms import (
-    DotProduct,
-    GATScores,
-    GraphMasked,
-    LeakyReLU,
-    Masked,
-    Softmax,
-    attention_basis,
-)
+from ..attention.basis import DotProductAttention, shift_basis
+from ..attention.build import attention_basis
+from ..attention.mechanisms import DotProduct, Masked, Softmax
 from ..basis.base import Stack
 from ..engine import convolve
 from ..params import LowRank
-from .convert import register_pyg, register_torch
+from .convert import register_torch
+from .graph_attention import GATConv, GATv2Conv, TransformerConv  # re-exported (converters)
 
-__all__ = ["MultiheadAttention", "GATConv", "TransformerEncoderLayer", "TransformerDecoderLayer",
-           "MixedAttention"]
+__all__ = ["MultiheadAttention", "GATConv", "GATv2Conv", "TransformerConv",
+           "TransformerEncoderLayer", "TransformerDecoderLayer", "MixedAttention"]
 
 
 def _float_mask(mask: Tensor | None, dtype: torch.dtype, what: str) -> Tensor | None:
@@ -273,146 +265,6 @@ def _from_mha(m: nn.MultiheadAttention) -> MultiheadAttention:
                              m.bias_k is not None, m.add_zero_attn, m.kdim, m.vdim,
                              m.batch_first, device=w.device, dtype=w.dtype)
     out.load_state_dict(m.state_dict())
-    return out.train(m.training)
-
-
-# ------------------------------------------------------------------------------------------------
-class GATConv(nn.Module):
-    """PyG's GATConv as a self-attention convolution on per-head inputs h_k = xΘ_k.
-
-    Same constructor (``edge_dim`` unsupported), parameter names and call
-    ``(x, edge_index, edge_attr=None, size=None, return_attention_weights=None)``; x is (M, F) or
-    a pair (x_src, x_dst). The basis is a per-edge ``GraphAttention`` (softmax of the leaky ReLU
-    of μ·h_src + ν·h_dst over each node's incoming edges), applied in O(E) memory.
-    """
-
-    def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int = 1,
-                 concat: bool = True, negative_slope: float = 0.2, dropout: float = 0.0,
-                 add_self_loops: bool = True, edge_dim: int | None = None,
-                 fill_value="mean", bias: bool = True, residual: bool = False):
-        super().__init__()
-        if edge_dim is not None:
-            raise ValueError("structconv GATConv does not support edge_dim (edge features)")
-        self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
-        self.concat, self.negative_slope = concat, float(negative_slope)
-        self.dropout, self.add_self_loops = float(dropout), add_self_loops
-        self.residual, self.fill_value = residual, fill_value
-        HC = heads * out_channels
-        self.lin = self.lin_src = self.lin_dst = None
-        if isinstance(in_channels, int):
-            self.lin = nn.Linear(in_channels, HC, bias=False)
-        else:
-            self.lin_src = nn.Linear(in_channels[0], HC, bias=False)
-            self.lin_dst = nn.Linear(in_channels[1], HC, bias=False)
-        s = math.sqrt(6.0 / (heads + out_channels))
-        self.att_src = nn.Parameter(torch.empty(1, heads, out_channels).uniform_(-s, s))
-        self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels).uniform_(-s, s))
-        total = out_channels * (heads if concat else 1)
-        if residual:
-            d = in_channels if isinstance(in_channels, int) else in_channels[1]
-            self.res = nn.Linear(d, total, bias=False)
-        else:
-            self.register_parameter("res", None)
-        if bias:
-            self.bias = nn.Parameter(torch.zeros(total))
-        else:
-            self.register_parameter("bias", None)
-        self._cache: tuple | None = None
-
-    def extra_repr(self):
-        return (f"{self.in_channels}, {self.out_channels}, heads={self.heads}, "
-                f"concat={self.concat}")
-
-    def _graph(self, edge_index: Tensor, M: int, N: int, size) -> tuple[Tensor, GraphStructure]:
-        compiling = torch.compiler.is_compiling()
-        key = (tuple(edge_index.shape), edge_index.device, M, N, size, self.add_self_loops,
-               self.heads)
-        # the cache is checked against the content (an edit through another view or .numpy()
-        # bumps no version counter): one O(E) comparison, against the O(E log E) build
-        if not compiling and self._cache is not None and self._cache[0] == key and \
-                torch.equal(self._cache[3], edge_index):
-            return self._cache[1], self._cache[2]
-        ei = edge_index.long()
-        if self.add_self_loops:
-            n = min(M, N) if size is None else min(size)
-            ei = ei[:, ei[0] != ei[1]]
-            loop = torch.arange(n, device=ei.device)
-            ei = torch.cat([ei, torch.stack([loop, loop])], 1)
-        st = GraphStructure(ei, M, N, self.heads)
-        if not compiling:
-            self._cache = (key, ei, st, edge_index.clone())
-        return ei, st
-
-    def mechanism(self, edge_index: Tensor) -> Softmax:
-        """GAT's mechanism as composable parts (copied weights), masked by ``edge_index``."""
-        g = GATScores(self.heads, self.out_channels).to(self.att_src)
-        with torch.no_grad():
-            g.mu.copy_(self.att_src[0])
-            g.nu.copy_(self.att_dst[0])
-        return Softmax(LeakyReLU(GraphMasked(g, edge_index), self.negative_slope))
-
-    def forward(self, x, edge_index: Tensor, edge_attr: Tensor | None = None, size=None,
-                return_attention_weights: bool | None = None):
-        if edge_attr is not None:
-            raise ValueError("structconv GATConv has no edge_dim: edge_attr must be None")
-        H, C = self.heads, self.out_channels
-        if isinstance(x, Tensor):
-            x_src, x_dst = x, x
-        else:
-            x_src, x_dst = x
-        if x_src.dim() != 2:
-            raise ValueError(f"GATConv expects node features (M, F), got {tuple(x_src.shape)}")
-        res = self.res(x_dst) if (self.res is not None and x_dst is not None) else None
-        if self.lin is not None:
-            h_src = self.lin(x_src).view(-1, H, C)
-            h_dst = h_src if x_dst is x_src else (None if x_dst is None else
-                                                  self.lin(x_dst).view(-1, H, C))
-        else:
-            h_src = self.lin_src(x_src).view(-1, H, C)
-            h_dst = None if x_dst is None else self.lin_dst(x_dst).view(-1, H, C)
-        M = h_src.shape[0]
-        N = h_dst.shape[0] if h_dst is not None else (size[1] if size is not None else M)
-        ei, st = self._graph(edge_index, M, N, None if size is None else tuple(size))
-        src, dst = ei[0], ei[1]
-        # GAT's bi-affine scores with Λ = 0 on h = xΘ_k: μ·h_src[m] + ν·h_dst[n], per edge
-        a_src = (h_src * self.att_src).sum(-1)
-        s = a_src.index_select(0, src)
-        if h_dst is not None:
-            s = s + (h_dst * self.att_dst).sum(-1).index_select(0, dst)
-        s = F.leaky_relu(s, self.negative_slope)
-        alpha = edge_softmax(s, dst, N)
-        if self.training and self.dropout > 0:
-            alpha = F.dropout(alpha, self.dropout)
-        basis = GraphAttention(ei, alpha, M, N, structure=st)
-        out = basis.propagate_heads(h_src.unsqueeze(0))[0]  # (N, K, C)
-        out = out.reshape(N, H * C) if self.concat else out.mean(1)
-        if res is not None:
-            out = out + res
-        if self.bias is not None:
-            out = out + self.bias
-        if return_attention_weights:
-            return out, (ei, alpha)
-        return out
-
-
-@register_pyg("GATConv")
-def _from_pyg_gat(m) -> GATConv:
-    if getattr(m, "edge_dim", None) is not None:
-        raise ValueError("from_pyg(GATConv): edge_dim (edge features) is not supported")
-    # options sc.nn.GATConv does not reproduce are refused by name, never converted wrongly
-    flow, aggr = getattr(m, "flow", "source_to_target"), getattr(m, "aggr", "add")
-    if flow != "source_to_target":
-        raise ValueError(f"from_pyg(GATConv): flow={flow!r} is not supported (only "
-                         "'source_to_target')")
-    if aggr not in ("add", "sum"):
-        raise ValueError(f"from_pyg(GATConv): aggr={aggr!r} is not supported (GAT's attention "
-                         "weights are summed: only 'add')")
-    ref = m.att_src
-    out = GATConv(m.in_channels, m.out_channels, m.heads, m.concat, m.negative_slope,
-                  m.dropout, m.add_self_loops, None, getattr(m, "fill_value", "mean"),
-                  m.bias is not None, getattr(m, "res", None) is not None).to(ref)
-    sd = {k: v for k, v in m.state_dict().items() if not k.startswith("lin_edge")}
-    out.load_state_dict(sd)
     return out.train(m.training)
 
 
