@@ -270,10 +270,23 @@ def test_lm_bench_and_shift_heads_recipe_run(tmp_path):
     import sys
 
     r = subprocess.run([sys.executable, "-m", "structconv.cli", "bench", "lm", "--quick",
-                        "--repeats", "1", "--kinds", "shift,alibi", "--out", str(tmp_path)],
+                        "--repeats", "1", "--kinds", "shift,alibi,none+Canon-ABCD",
+                        "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     res = json.loads((tmp_path / "lm.json").read_text())
     case = res["cases"][0]
     assert case["params"]["plain"] == case["params"]["learned"]
-    assert {"learned_over_plain", "shift_over_none", "alibi_over_none"} <= set(case["ratios"])
+    assert {"learned_over_plain", "shift_over_none", "alibi_over_none",
+            "none+Canon-ABCD_over_none"} <= set(case["ratios"])
+    # equal parameters: every equalised kind within half a feed-forward unit of none's
+    unit = case["layers"] * (2 * case["width"] + 1 + case["canon_kernel"])
+    for k in ("shift", "alibi", "none+Canon-ABCD"):
+        assert abs(case["params"][k] - case["params"]["none"]) <= unit // 2 + 1
+    assert set(case["generation_tokens_per_s"]) == {"none", "learned", "shift", "alibi",
+                                                    "none+Canon-ABCD"}
+    assert all(v > 0 for v in case["generation_tokens_per_s"].values())
+    bad = subprocess.run([sys.executable, "-m", "structconv.cli", "bench", "lm", "--quick",
+                          "--kinds", "none+Canon-X", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "unknown Canon place" in bad.stderr
