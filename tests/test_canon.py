@@ -151,7 +151,7 @@ def test_canon_model_is_exactly_causal(kind):
 
 
 @pytest.mark.parametrize("kind", POSITIONS)
-@pytest.mark.parametrize("canon", ["ABCD", "B"])
+@pytest.mark.parametrize("canon", ["", "ABCD", "B"])
 def test_canon_model_prefix_consistency(kind, canon):
     m = _model(kind, canon)
     ids = torch.randint(0, V, (2, 20))

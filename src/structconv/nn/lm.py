@@ -31,7 +31,7 @@ from ..params import LowRank
 from .canon import CANON_PLACES, Canon
 
 __all__ = ["CausalSelfAttention", "TransformerLM", "POSITIONS", "CANON_TAG", "equalised_ffn",
-           "check_canon", "split_kind", "kind_name"]
+           "check_canon", "canon_places", "split_kind", "kind_name"]
 
 #: the amplitude of the sinusoidal encoding: the token embeddings' initial standard deviation
 SINUSOIDAL_SCALE = 0.02
@@ -64,6 +64,12 @@ def check_canon(canon, canon_kernel) -> str:
     ``ValueError`` for anything else or for ``canon_kernel`` not an int >= 1."""
     if isinstance(canon_kernel, bool) or not isinstance(canon_kernel, int) or canon_kernel < 1:
         raise ValueError(f"canon_kernel must be an int >= 1, got {canon_kernel!r}")
+    return canon_places(canon)
+
+
+def canon_places(canon) -> str:
+    """``canon`` (a subset of "ABCD", each letter once, any order) in A-D order, else
+    ``ValueError`` naming the offending letters."""
     if not isinstance(canon, str):
         raise ValueError(f"canon must be a string of Canon places from 'ABCD', got {canon!r}")
     bad = sorted({c for c in canon if c not in CANON_PLACES})
@@ -88,7 +94,7 @@ def split_kind(kind: str) -> tuple[str, str]:
                          f"{', '.join(POSITIONS)}, optionally followed by {CANON_TAG}<places>")
     if i >= 0 and not canon:
         raise ValueError(f"{kind!r} names no Canon place after {CANON_TAG!r} (places A-D)")
-    return position, check_canon(canon, 4)
+    return position, canon_places(canon)
 
 
 def kind_name(position: str, canon: str = "") -> str:
