@@ -177,6 +177,25 @@ def test_canon_generation_with_cache_equals_full_forward(kind, canon, kernel):
     assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("kind", [k for k in POSITIONS if k != "learned"])
+def test_canon_model_takes_any_length(kind):
+    m = _model(kind, dtype=torch.float32)  # built with context 24, run at 150
+    y = m(torch.randint(0, V, (2, 150)))
+    assert y.shape == (2, 150, V) and torch.isfinite(y).all()
+
+
+def test_attention_maps_read_the_canon_a_input():
+    m = _model("rotary", "A")
+    ids = torch.randint(0, V, (2, 10))
+    maps = m.attention_maps(ids)
+    w = maps[0]
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 2, 10, dtype=DT))
+    assert torch.equal(w.triu(1), torch.zeros_like(w))
+    with torch.no_grad():  # the first layer's maps move with its Canon-A taps alone
+        m.blocks[0].canon["A"].param.weight.mul_(-1)
+    assert not torch.allclose(m.attention_maps(ids)[0], w)
+
+
 def test_learned_canon_generation_past_the_context_recomputes():
     m = _model("learned", context=10)
     prompt = torch.randint(0, V, (2, 4))
