@@ -97,3 +97,24 @@ def test_content_kinds_are_built_by_their_layer():
     assert not sc.basis.BASES.trait("grid", "content", False)
     with pytest.raises(sc.basis.KindError, match="computed from content"):
         sc.basis.build("attention", sc.basis.Structure(grid=(4,)))
+
+
+def test_lm_config_takes_canon_layers():
+    """[model.lm] canon / canon_kernel reach TransformerLM; bad places are one ConfigError."""
+    from structconv.models import build_model
+    from structconv.train import load_data
+
+    base = ('[data]\nname = "python-text"\noptions = { limit = 4000 }\nseq_len = 16\n'
+            '[model.lm]\nwidth = 16\nlayers = 1\nheads = 2\nposition = "none"\n')
+    plain = parse_config(base)
+    cfg = parse_config(base + 'canon = "ABCD"\ncanon_kernel = 3\n')
+    data = load_data(cfg)
+    extra = sum(p.numel() for p in build_model(cfg, data).parameters()) - \
+        sum(p.numel() for p in build_model(plain, data).parameters())
+    # kernel x channels per place: A 16, B 3 x 16, C 16, D the feed-forward width 4 x 16
+    assert extra == 3 * (16 + 48 + 16 + 64)
+    cases = (('canon = "AX"', "unknown Canon place"), ("canon_kernel = 0", "canon_kernel"),
+             ('canon = "AA"', "names a place twice"))
+    for bad, match in cases:
+        with pytest.raises(ConfigError, match=match):
+            parse_config(base + bad + "\n")

@@ -187,6 +187,67 @@ def test_bad_arguments_name_the_value():
         CausalShift(4, [-1])
 
 
+def test_out_of_range_tokens_name_the_values_and_the_vocabulary():
+    m = _model("shift")
+    for bad, vals in ((torch.tensor([[1, V, 2]]), f"[{V}]"),
+                      (torch.tensor([[-1, 3, -7]]), "[-7, -1]"),
+                      (torch.tensor([[0, 200, -3, 40, 40]]), "[-3, 40, 200]")):
+        with pytest.raises(ValueError, match=rf"0\.\.{V - 1} \(vocab_size {V}\), got "
+                                             + vals.replace("[", r"\[").replace("]", r"\]")):
+            m(bad)
+    with pytest.raises(ValueError, match="vocab_size 13"):
+        m.generate(torch.tensor([[V + 1]]), 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32])
+def test_any_integer_token_dtype_gives_the_long_models_logits(dtype):
+    m = _model("rotary")
+    ids = torch.randint(0, V, (2, 7))
+    torch.testing.assert_close(m(ids.to(dtype)), m(ids), rtol=0, atol=0)
+    out = m.generate(ids.to(dtype), 3, temperature=0)
+    assert out.dtype == torch.int64 and torch.equal(out, m.generate(ids, 3, temperature=0))
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float32, torch.float64, torch.complex64])
+def test_bool_float_and_complex_tokens_are_refused_clearly(dtype):
+    m = _model("none")
+    with pytest.raises(ValueError, match=f"integer token ids.*got dtype {dtype}"):
+        m(torch.ones(2, 3, dtype=dtype))
+
+
+def test_empty_sequences_are_refused_with_the_shape():
+    m = _model("shift")
+    with pytest.raises(ValueError, match=r"at least one token per sequence, got ids of shape "
+                                         r"\(3, 0\)"):
+        m(torch.zeros(3, 0, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"shape \(1, 0\)"):
+        m.generate(torch.zeros(1, 0, dtype=torch.long), 4)
+    with pytest.raises(ValueError, match=r"integer token ids \(B, L\), got shape \(5,\)"):
+        m(torch.zeros(5, dtype=torch.long))
+    assert m(torch.zeros(0, 4, dtype=torch.long)).shape == (0, 4, V)  # an empty batch is fine
+
+
+def test_generate_validates_sampling_arguments():
+    m = _model("none")
+    p = torch.randint(0, V, (1, 3))
+    for kw, msg in ((dict(top_k=0), "top_k must be None or an int >= 1, got 0"),
+                    (dict(top_k=-2), "top_k must be None or an int >= 1, got -2"),
+                    (dict(top_k=True), "top_k must be None or an int >= 1, got True"),
+                    (dict(top_k=2.5), "top_k must be None or an int >= 1, got 2.5"),
+                    (dict(temperature=-1), "temperature must be a finite number >= 0"),
+                    (dict(temperature=float("nan")), "got nan"),
+                    (dict(temperature=float("inf")), "got inf")):
+        with pytest.raises(ValueError, match=msg):
+            m.generate(p, 2, **kw)
+    for steps in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="steps must be an int >= 0"):
+            m.generate(p, steps)
+    # the edges that are valid: top_k = 1 is greedy, top_k above the vocabulary keeps all
+    g = torch.Generator().manual_seed(0)
+    assert torch.equal(m.generate(p, 4, top_k=1, generator=g), m.generate(p, 4, temperature=0))
+    assert m.generate(p, 4, top_k=10 * V, generator=g).shape == (1, 7)
+
+
 def test_config_builds_a_transformer_lm(tmp_path):
     from structconv.config import ConfigError, load_config
     from structconv.data.text import encode_text
@@ -210,10 +271,23 @@ def test_lm_bench_and_shift_heads_recipe_run(tmp_path):
     import sys
 
     r = subprocess.run([sys.executable, "-m", "structconv.cli", "bench", "lm", "--quick",
-                        "--repeats", "1", "--kinds", "shift,alibi", "--out", str(tmp_path)],
+                        "--repeats", "1", "--kinds", "shift,alibi,none+Canon-ABCD",
+                        "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     res = json.loads((tmp_path / "lm.json").read_text())
     case = res["cases"][0]
     assert case["params"]["plain"] == case["params"]["learned"]
-    assert {"learned_over_plain", "shift_over_none", "alibi_over_none"} <= set(case["ratios"])
+    assert {"learned_over_plain", "shift_over_none", "alibi_over_none",
+            "none+Canon-ABCD_over_none"} <= set(case["ratios"])
+    # equal parameters: every equalised kind within half a feed-forward unit of none's
+    unit = case["layers"] * (2 * case["width"] + 1 + case["canon_kernel"])
+    for k in ("shift", "alibi", "none+Canon-ABCD"):
+        assert abs(case["params"][k] - case["params"]["none"]) <= unit // 2 + 1
+    assert set(case["generation_tokens_per_s"]) == {"none", "learned", "shift", "alibi",
+                                                    "none+Canon-ABCD"}
+    assert all(v > 0 for v in case["generation_tokens_per_s"].values())
+    bad = subprocess.run([sys.executable, "-m", "structconv.cli", "bench", "lm", "--quick",
+                          "--kinds", "none+Canon-X", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "unknown Canon place" in bad.stderr

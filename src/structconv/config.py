@@ -379,11 +379,12 @@ def _check_rest(cfg: dict, source: str) -> dict:
 
 #: ``[model.lm]``: a ``sc.nn.TransformerLM`` instead of declared layers (text tasks)
 LM_KEYS = {"width": 128, "layers": 4, "heads": 4, "position": "shift", "shifts": 4, "ffn": 0,
-            "dropout": 0.0, "context": 0, "bias": True, "tie_weights": True}
+            "dropout": 0.0, "context": 0, "bias": True, "tie_weights": True, "canon": "",
+            "canon_kernel": 4}
 
 
 def _check_lm(m: dict, where: str) -> None:
-    from .nn.lm import POSITIONS
+    from .nn.lm import POSITIONS, check_canon
 
     lm = m["lm"]
     for k in lm:
@@ -412,6 +413,12 @@ def _check_lm(m: dict, where: str) -> None:
           f"{where}.dropout must be in [0, 1), got {dp!r}")
     for k in ("bias", "tie_weights"):
         _need(isinstance(spec[k], bool), f"{where}.{k} must be true or false, got {spec[k]!r}")
+    _need(_int_in(spec["canon_kernel"], 1, 1024),
+          f"{where}.canon_kernel must be an int in 1..1024, got {spec['canon_kernel']!r}")
+    try:
+        check_canon(spec["canon"], spec["canon_kernel"])
+    except ValueError as e:
+        raise ConfigError(f"{where}.{e}") from None
 
 
 def _int_in(v, lo: int, hi: int) -> bool:

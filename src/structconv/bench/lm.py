@@ -7,11 +7,17 @@ step = forward, cross-entropy, backward, AdamW step. Measured in one run, median
 interleaved repeats:
 
 * ``learned_over_plain``: TransformerLM (learned positions) / the plain model (target <= 1.05);
-* ``shift_over_none``: the shift-head model / the ``none`` model of the same width and depth,
-  parameters equalised through the feed-forward width as in ``reproduce shift-heads``
-  (target <= 1.10); ``shift_raw_over_none`` is the same with the default feed-forward width
-  (S more heads of work, so not a like-for-like count);
-* every other position kind / ``none`` for reference.
+* ``KIND_over_none`` for every model kind of ``--kinds`` (a position kind, optionally with
+  Canon layers, e.g. ``none+Canon-ABCD``): its step / the ``none`` model's, every model of the
+  same width and depth with parameters equalised through the feed-forward width as in
+  ``reproduce shift-heads`` (targets: shift <= 1.10, none+Canon-ABCD <= 1.10);
+  ``shift_raw_over_none`` is the shift model with the default feed-forward width (S more heads
+  of work, so not a like-for-like count);
+* generation: tokens per second of ``generate`` with the key/value cache (batch 1, greedy,
+  from an 8-token prompt to the context length) for every kind, and each / ``none``'s.
+
+The cases run nanoGPT's CPU configuration at its context 64 and at 512, and its GPU model's
+shape, all in one run.
 """
 
 from __future__ import annotations
@@ -25,24 +31,37 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..io import atomic_write_json
-from ..nn.lm import POSITIONS, TransformerLM, equalised_ffn
+from ..nn.lm import POSITIONS, TransformerLM, equalised_ffn, split_kind
 from ._util import ALLOCATOR, interleaved_times, record
 
 NAME = "lm"
 
-TARGETS = {"learned_over_plain": ("<=", 1.05), "shift_over_none": ("<=", 1.10)}
+TARGETS = {"learned_over_plain": ("<=", 1.05), "shift_over_none": ("<=", 1.10),
+           "none+Canon-ABCD_over_none": ("<=", 1.10)}
 
-#: (name, vocab, width, layers, heads, context, batch): nanoGPT's CPU configuration, and its
-#: GPU model's shape at a CPU-sized batch
-CASES = {"nanogpt-cpu": (65, 128, 4, 4, 64, 12), "nanogpt-gpu-shape": (65, 384, 6, 6, 256, 4)}
+#: (name, vocab, width, layers, heads, context, batch): nanoGPT's CPU configuration at its
+#: context and at 512 (a batch of about as many tokens), and its GPU model's shape at a
+#: CPU-sized batch
+CASES = {"nanogpt-cpu": (65, 128, 4, 4, 64, 12), "nanogpt-cpu-L512": (65, 128, 4, 4, 512, 2),
+         "nanogpt-gpu-shape": (65, 384, 6, 6, 256, 4)}
+
+#: the model kinds timed by default: every position kind, and Canon-ABCD with none and shift
+KINDS = (*POSITIONS, "none+Canon-ABCD", "shift+Canon-ABCD")
+
+#: tokens of the prompt the generation timing starts from
+PROMPT = 8
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cases", default="nanogpt-cpu,nanogpt-gpu-shape",
-                   help=f"comma list of {', '.join(CASES)}")
-    p.add_argument("--kinds", default=",".join(POSITIONS),
-                   help="position kinds to time against 'none' (default all)")
+    p.add_argument("--cases", default=",".join(CASES), help=f"comma list of {', '.join(CASES)}")
+    p.add_argument("--kinds", default=",".join(KINDS),
+                   help="model kinds to time against 'none': position kinds, optionally with "
+                        "Canon layers (e.g. none+Canon-ABCD); default: "
+                        + ", ".join(KINDS))
     p.add_argument("--shifts", type=int, default=4, help="shift heads of the shift kinds")
+    p.add_argument("--canon-kernel", type=int, default=4, help="taps of the Canon layers")
+    p.add_argument("--no-generation", action="store_true",
+                   help="skip the generation timings")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's choice)")
 
 
@@ -94,6 +113,36 @@ def _step(model, ids, tgt, opt):
     return run
 
 
+def _models(V, E, nl, H, ctx, kinds: list[str], args) -> tuple[dict, dict]:
+    """{name: model} and {name: feed-forward width}: the plain anchor, ``learned`` at the
+    default width, and every kind equalised to the ``none`` model's parameter count."""
+    budget = _count(TransformerLM(V, E, nl, H, "none", ffn=4 * E))
+    models, ffns = {"plain": PlainGPT(V, E, nl, H, ctx)}, {"plain": 4 * E}
+    for kind in dict.fromkeys(["none", "learned", *kinds]):
+        position, canon = split_kind(kind)
+        ffns[kind] = 4 * E if kind == "learned" else equalised_ffn(
+            V, E, nl, H, position, args.shifts, budget, ctx, canon=canon,
+            canon_kernel=args.canon_kernel)
+        models[kind] = TransformerLM(V, E, nl, H, position, args.shifts, ffns[kind],
+                                     context=ctx, canon=canon, canon_kernel=args.canon_kernel)
+    if "shift" in kinds:
+        models["shift_raw"] = TransformerLM(V, E, nl, H, "shift", args.shifts, 4 * E)
+        ffns["shift_raw"] = 4 * E
+    return models, ffns
+
+
+def _generation(models: dict, V: int, ctx: int, args) -> dict:
+    """Tokens per second of cached greedy generation (batch 1) from a PROMPT-token prompt to
+    the context length, for every TransformerLM of ``models``."""
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    prompt = torch.randint(0, V, (1, min(PROMPT, ctx - 1)), generator=gen)
+    steps = ctx - prompt.shape[1]
+    fns = {k: (lambda m=m: m.generate(prompt, steps, temperature=0))
+           for k, m in models.items() if isinstance(m, TransformerLM) and k != "shift_raw"}
+    times = interleaved_times(fns, repeats=args.repeats, warmup=1, min_time=0.2)
+    return {k: steps / t for k, t in times.items()}
+
+
 def bench_case(name: str, args) -> dict:
     V, E, nl, H, ctx, B = CASES[name]
     if args.quick:
@@ -101,17 +150,8 @@ def bench_case(name: str, args) -> dict:
     torch.manual_seed(args.seed)
     ids = torch.randint(0, V, (B, ctx))
     tgt = torch.randint(0, V, (B, ctx))
-    budget = _count(TransformerLM(V, E, nl, H, "none", ffn=4 * E))
-    models = {"plain": PlainGPT(V, E, nl, H, ctx)}
-    ffns = {}
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-    for kind in dict.fromkeys(["none", "learned", *kinds]):
-        ffns[kind] = equalised_ffn(V, E, nl, H, kind, args.shifts, budget, ctx) \
-            if kind != "learned" else 4 * E
-        models[kind] = TransformerLM(V, E, nl, H, kind, args.shifts, ffns[kind], context=ctx)
-    if "shift" in kinds:
-        models["shift_raw"] = TransformerLM(V, E, nl, H, "shift", args.shifts, 4 * E)
-        ffns["shift_raw"] = 4 * E
+    models, ffns = _models(V, E, nl, H, ctx, kinds, args)
     fns = {k: _step(m, ids, tgt, torch.optim.AdamW(m.parameters(), lr=1e-4))
            for k, m in models.items()}
     times = interleaved_times(fns, repeats=args.repeats, warmup=2, min_time=0.2)
@@ -124,20 +164,31 @@ def bench_case(name: str, args) -> dict:
         if k not in ("plain", "none", "learned"):
             ratios[f"{k}_over_none"] = times[k] / times["none"]
     ratios["learned_over_none"] = times["learned"] / times["none"]
-    return dict(case=name, vocab=V, width=E, layers=nl, heads=H, context=ctx, batch=B,
-                shifts=args.shifts, params=params, ffn=ffns,
-                step_ms={k: v * 1e3 for k, v in times.items()}, ratios=ratios)
+    out = dict(case=name, vocab=V, width=E, layers=nl, heads=H, context=ctx, batch=B,
+               shifts=args.shifts, canon_kernel=args.canon_kernel, params=params, ffn=ffns,
+               step_ms={k: v * 1e3 for k, v in times.items()}, ratios=ratios)
+    if not args.no_generation:
+        tps = _generation(models, V, ctx, args)
+        out["generation_tokens_per_s"] = tps
+        out["generation_over_none"] = {k: v / tps["none"] for k, v in tps.items()
+                                       if k != "none"}
+    return out
 
 
 def _print(r: dict) -> None:
     print(f"\n{r['case']}: width {r['width']}, {r['layers']} layers, {r['heads']} heads, "
           f"context {r['context']}, batch {r['batch']} (one training step)")
     for k, ms in r["step_ms"].items():
-        print(f"   {k:<12} {ms:8.2f} ms  params {r['params'][k]:>9,}  ffn {r['ffn'].get(k, '-')}")
+        print(f"   {k:<18} {ms:8.2f} ms  params {r['params'][k]:>9,}  ffn {r['ffn'].get(k, '-')}")
     for k, v in r["ratios"].items():
         op, lim = TARGETS.get(k, ("", None))
         ok = "" if lim is None else (" ok" if v <= lim else " MISS")
-        print(f"   {k:<24} {v:.3f}x" + (f" (target {op} {lim}){ok}" if lim else ""))
+        print(f"   {k:<30} {v:.3f}x" + (f" (target {op} {lim}){ok}" if lim else ""))
+    if "generation_tokens_per_s" in r:
+        print(f"   generation with the cache (batch 1, greedy, to {r['context']} tokens):")
+        for k, v in r["generation_tokens_per_s"].items():
+            rel = r["generation_over_none"].get(k)
+            print(f"   {k:<18} {v:9.1f} tokens/s" + ("" if rel is None else f"  {rel:.3f}x"))
 
 
 def run(args) -> int:
@@ -146,18 +197,27 @@ def run(args) -> int:
     if getattr(args, "threads", 0):
         torch.set_num_threads(args.threads)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
-    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-    bad = [c for c in cases if c not in CASES] + [k for k in kinds if k not in POSITIONS]
+    bad = [c for c in cases if c not in CASES]
     if bad:
-        print(f"lm bench: unknown cases/kinds {bad}: cases {', '.join(CASES)}; kinds "
-              f"{', '.join(POSITIONS)}", file=sys.stderr)
+        print(f"lm bench: unknown cases {bad}: choose from {', '.join(CASES)}", file=sys.stderr)
+        return 2
+    try:
+        for k in args.kinds.split(","):
+            if k.strip():
+                split_kind(k.strip())
+        if args.canon_kernel < 1:
+            raise ValueError(f"--canon-kernel must be >= 1, got {args.canon_kernel}")
+    except ValueError as e:
+        print(f"lm bench: {e}", file=sys.stderr)
         return 2
     if args.quick:
         cases = cases[:1]
     result = dict(suite=NAME, allocator=dict(ALLOCATOR), quick=bool(args.quick),
                   repeats=args.repeats, seed=args.seed, torch=torch.__version__,
                   threads=torch.get_num_threads(), machine=platform.machine(),
-                  targets={k: list(v) for k, v in TARGETS.items()}, cases=[])
+                  targets={k: list(v) for k, v in TARGETS.items()}, cases=[],
+                  note="timings on a shared machine are indicative only: compare the ratios "
+                       "of one run, taken on a quiet machine")
     for c in cases:
         r = bench_case(c, args)
         _print(r)

@@ -14,6 +14,10 @@ and seed, parameters equalised to the ``none`` model through the feed-forward wi
    single relative offset, per head and layer (1.0 = a shift head);
 4. ``--long-kinds``: one longer run of the given kinds (``--long-steps``).
 
+``--kinds`` takes model kinds: a position kind, optionally with Canon layers (Allen-Zhu 2025)
+at some of the places A-D, e.g. ``none+Canon-ABCD`` or ``rotary+Canon-B`` (``--canon-kernel``
+taps, default 4); their parameters are counted and equalised like any other.
+
 Runs are independent: ``--jobs 2`` runs two at once with one thread each. Every run writes its
 result (JSON) and weights (safetensors) under ``<out>/shift_heads_runs/`` and is skipped when
 already there, so an interrupted reproduction resumes. Writes ``<out>/shift_heads.json``.
@@ -34,10 +38,11 @@ import torch.nn.functional as F
 from ..data.registry import DatasetError, data_root
 from ..data.text import encode_text, load_text_file
 from ..io import atomic_write_bytes, atomic_write_json
-from ..nn.lm import POSITIONS, TransformerLM, equalised_ffn
+from ..nn.lm import POSITIONS, TransformerLM, equalised_ffn, split_kind
 from ._common import hardware, mean_std, param_count, pyplot, save_figure, write_result
 
-__all__ = ["add_arguments", "run", "build", "train_one", "extrapolation", "shift_likeness"]
+__all__ = ["add_arguments", "run", "build", "train_one", "extrapolation", "shift_likeness",
+           "lr_at", "save_state", "run_all", "parse_kinds", "run_name", "equalised"]
 
 FACTORS = (1, 2, 4, 8, 16)
 
@@ -45,7 +50,8 @@ FACTORS = (1, 2, 4, 8, 16)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None, help="folder with input.txt")
     parser.add_argument("--kinds", default=",".join(POSITIONS),
-                        help=f"comma list of position kinds ({', '.join(POSITIONS)})")
+                        help=f"comma list of model kinds: position kinds ({', '.join(POSITIONS)})"
+                             ", each optionally with Canon layers, e.g. none+Canon-ABCD")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--batch", type=int, default=12)
@@ -55,6 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heads", type=int, default=4, help="attention heads per layer")
     parser.add_argument("--shifts", type=int, default=4,
                         help="shift heads of the shift kinds (offsets 0..S-1)")
+    parser.add_argument("--canon-kernel", type=int, default=4,
+                        help="taps of the Canon layers of the +Canon- kinds")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--val-batches", type=int, default=40)
@@ -75,9 +83,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # -- the models and their training ---------------------------------------------------------------
 def build(kind: str, vocab: int, a, ffn: int | None = None) -> TransformerLM:
-    """The ``kind`` model of the run's shape (``ffn`` default 4·width)."""
-    return TransformerLM(vocab, a.width, a.layers, a.heads, kind, a.shifts, ffn,
-                         context=a.context)
+    """The ``kind`` model (a model kind: position[+Canon-places]) of the run's shape (``ffn``
+    default 4·width)."""
+    position, canon = split_kind(kind)
+    return TransformerLM(vocab, a.width, a.layers, a.heads, position, a.shifts, ffn,
+                         context=a.context, canon=canon,
+                         canon_kernel=getattr(a, "canon_kernel", 4))
+
+
+def parse_kinds(text: str) -> list[str]:
+    """The model kinds of a comma list (``ValueError`` naming an unknown one)."""
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    for k in kinds:
+        split_kind(k)
+    return kinds
+
+
+def equalised(kinds: list[str], vocab: int, a) -> tuple[int, dict]:
+    """(the ``none`` model's parameter count, {kind: the feed-forward width that matches it})."""
+    budget = param_count(build("none", vocab, a))
+    ffns = {}
+    for k in dict.fromkeys(kinds):
+        position, canon = split_kind(k)
+        ffns[k] = equalised_ffn(vocab, a.width, a.layers, a.heads, position, a.shifts, budget,
+                                a.context, canon=canon,
+                                canon_kernel=getattr(a, "canon_kernel", 4))
+    return budget, ffns
+
+
+def run_name(kind: str, seed: int, steps: int, a) -> str:
+    """A run's file name: kind, seed and steps (and the Canon taps when not the default 4)."""
+    k = getattr(a, "canon_kernel", 4)
+    tag = f"-k{k}" if split_kind(kind)[1] and k != 4 else ""
+    return f"{kind}{tag}-s{seed}-{steps}"
 
 
 def _load(args):
@@ -107,7 +145,8 @@ def _val_loss(model, batches) -> float:
     return tot / len(batches)
 
 
-def _lr(step: int, a) -> float:
+def lr_at(step: int, a) -> float:
+    """The learning rate at ``step`` of ``a.steps`` (peak ``a.lr``)."""
     # nanoGPT's schedule: linear warm-up, cosine decay to a tenth at the last step
     warm, lo = max(1, min(100, a.steps // 10)), a.lr / 10
     if step < warm:
@@ -131,7 +170,7 @@ def train_one(kind: str, seed: int, data, a, ffn: int) -> tuple[dict, Transforme
     curve, t0 = [], time.perf_counter()
     for step in range(a.steps):
         for g in opt.param_groups:
-            g["lr"] = _lr(step, a)
+            g["lr"] = lr_at(step, a)
         x, y = _batch(train, a.batch, a.context, gen)
         loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
         opt.zero_grad(set_to_none=True)
@@ -208,7 +247,8 @@ def shift_likeness(model, val, a, windows: int = 32) -> list[list[dict]]:
 
 
 # -- orchestration ---------------------------------------------------------------------------------
-def _save_state(model, path: Path) -> None:
+def save_state(model, path: Path) -> None:
+    """The model's weights as safetensors at ``path`` (atomically)."""
     from safetensors.torch import save
 
     state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
@@ -221,7 +261,7 @@ def _job(spec):
     if threads:
         torch.set_num_threads(threads)
     folder = Path(folder)
-    name = f"{kind}-s{seed}-{a.steps}"
+    name = run_name(kind, seed, a.steps, a)
     done = folder / f"{name}.json"
     if done.is_file():
         return json.loads(done.read_text())
@@ -230,18 +270,19 @@ def _job(spec):
     val = data.splits["val"]
     res["extrapolation"] = extrapolation(model, val, a)
     res["shift_likeness"] = shift_likeness(model, val, a)
-    _save_state(model, folder / f"{name}.safetensors")
+    save_state(model, folder / f"{name}.safetensors")
     atomic_write_json(done, res)
-    print(f"  {kind:<12} seed {seed} ({a.steps} steps): val {res['val_loss']:.4f}  "
+    print(f"  {kind:<18} seed {seed} ({a.steps} steps): val {res['val_loss']:.4f}  "
           f"params {res['params']}  ffn {ffn}  {res['seconds']:.0f}s", flush=True)
     return res
 
 
-def _run_all(specs, jobs: int) -> list[dict]:
+def run_all(job, specs, jobs: int) -> list[dict]:
+    """``job(spec)`` for every spec: inline, or ``jobs`` at once in spawned workers."""
     if jobs <= 1 or len(specs) <= 1:
-        return [_job(s) for s in specs]
+        return [job(s) for s in specs]
     with mp.get_context("spawn").Pool(jobs) as pool:
-        return pool.map(_job, specs, chunksize=1)
+        return pool.map(job, specs, chunksize=1)
 
 
 def _quick(a) -> None:
@@ -254,28 +295,24 @@ def run(args) -> int:
     """Every kind x seed (+ the long runs); prints the tables, writes JSON and the plots."""
     if args.quick:
         _quick(args)
-    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-    longk = [k.strip() for k in args.long_kinds.split(",") if k.strip()]
-    bad = [k for k in kinds + longk if k not in POSITIONS]
-    if bad:
-        raise ValueError(f"unknown position kinds {bad}: choose from {', '.join(POSITIONS)}")
+    kinds, longk = parse_kinds(args.kinds), parse_kinds(args.long_kinds)
+    if args.canon_kernel < 1:
+        raise ValueError(f"--canon-kernel must be >= 1, got {args.canon_kernel}")
     t_all = time.perf_counter()
     data = _load(args)
     V = len(data.vocab)
-    budget = param_count(build("none", V, args))
-    ffns = {k: equalised_ffn(V, args.width, args.layers, args.heads, k, args.shifts, budget,
-                             args.context) for k in dict.fromkeys(kinds + longk)}
+    budget, ffns = equalised(kinds + longk, V, args)
     folder = Path(args.out) / "shift_heads_runs"
     folder.mkdir(parents=True, exist_ok=True)
     threads = 1 if args.jobs > 1 else args.threads
     specs = [(k, args.seed + i, ffns[k], args, threads, str(folder))
              for k in kinds for i in range(args.seeds)]
-    runs = _run_all(specs, args.jobs)
+    runs = run_all(_job, specs, args.jobs)
     long_runs = []
     if longk:
         la = argparse.Namespace(**{**vars(args), "steps": args.long_steps})
-        long_runs = _run_all([(k, args.seed, ffns[k], la, threads, str(folder)) for k in longk],
-                             args.jobs)
+        long_runs = run_all(_job, [(k, args.seed, ffns[k], la, threads, str(folder))
+                                   for k in longk], args.jobs)
     rows = _summarise(runs, kinds)
     result = dict(experiment="shift_heads", settings={k: v for k, v in vars(args).items()
                                                       if isinstance(v, (int, float, str))},
@@ -308,23 +345,23 @@ def _summarise(runs: list[dict], kinds: list[str]) -> dict:
 
 
 def _print_tables(rows: dict, long_runs: list[dict], a) -> None:
-    print(f"\n{'kind':<12} {'params':>8} {'ffn':>4} {'val loss':>17} {'s/run':>6}")
+    print(f"\n{'kind':<18} {'params':>8} {'ffn':>4} {'val loss':>17} {'s/run':>6}")
     for k, r in rows.items():
         m, s = r["val_loss"]
-        print(f"{k:<12} {r['params']:>8} {r['ffn']:>4} {m:>9.4f} ± {s:.4f} {r['seconds']:>6.0f}")
+        print(f"{k:<18} {r['params']:>8} {r['ffn']:>4} {m:>9.4f} ± {s:.4f} {r['seconds']:>6.0f}")
     for mode in ("nonoverlap", "sliding"):
         print(f"\nextrapolation ({mode}), loss at n x context {a.context}:")
-        print(f"{'kind':<12} " + " ".join(f"{f'{f}x':>15}" for f in FACTORS))
+        print(f"{'kind':<18} " + " ".join(f"{f'{f}x':>15}" for f in FACTORS))
         for k, r in rows.items():
             cells = [r["extrapolation"][mode].get(f) for f in FACTORS]
-            print(f"{k:<12} " + " ".join(f"{'n/a':>15}" if c is None else
+            print(f"{k:<18} " + " ".join(f"{'n/a':>15}" if c is None else
                                          f"{c[0]:>7.3f} ± {c[1]:.3f}" for c in cells))
     print("\nshift-likeness of attention heads (seed 0): mean mass on the top offset "
           "(offset), per layer")
     for k, r in rows.items():
         cells = ["  ".join(f"{h['mass']:.2f}({h['offset']})" for h in layer)
                  for layer in r["shift_likeness"]]
-        print(f"{k:<12} " + " | ".join(cells))
+        print(f"{k:<18} " + " | ".join(cells))
     for r in long_runs:
         print(f"\nlong run {r['kind']}: {r['steps']} steps, val {r['val_loss']:.4f}, "
               f"{r['seconds']:.0f}s")

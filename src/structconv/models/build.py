@@ -61,7 +61,8 @@ def build_lm(cfg: dict, data) -> nn.Module:
     return TransformerLM(len(data.vocab), s["width"], s["layers"], s["heads"], s["position"],
                          s["shifts"], s["ffn"] or None, float(s["dropout"]),
                          context=s["context"] or cfg["data"]["seq_len"], bias=s["bias"],
-                         tie_weights=s["tie_weights"])
+                         tie_weights=s["tie_weights"], canon=s["canon"],
+                         canon_kernel=s["canon_kernel"])
 
 
 def link_sorts(spec: dict, data) -> list | None:
@@ -149,12 +150,14 @@ def _link_memory(cfg: dict, data) -> dict:
 
 def _lm_activations(cfg: dict, data) -> int:
     """Activation scalars one text sample keeps: per token and layer norms, q/k/v, attention
-    output, residuals and the MLP's two maps; per layer the (heads, T, T) attention weights;
-    then the logits."""
+    output, residuals and the MLP's two maps, each Canon place's output; per layer the
+    (heads, T, T) attention weights; then the logits."""
     s = {**LM_KEYS, **cfg["model"]["lm"]}
     T, w = cfg["data"]["seq_len"], s["width"]
     ffn = s["ffn"] or 4 * w
-    return T * s["layers"] * (10 * w + 2 * ffn + s["heads"] * T) + 2 * T * len(data.vocab)
+    canon = {"A": w, "B": 3 * w, "C": w, "D": ffn}
+    per_layer = 10 * w + 2 * ffn + s["heads"] * T + sum(canon[c] for c in s["canon"])
+    return T * s["layers"] * per_layer + 2 * T * len(data.vocab)
 
 
 def memory_estimate(cfg: dict, data, model: nn.Module | None = None) -> dict | None:

@@ -6,6 +6,7 @@ from .attention import (
                         TransformerDecoderLayer,
                         TransformerEncoderLayer,
 )
+from .canon import Canon
 from .convert import from_pyg, from_torch, register_pyg, register_torch, to_torch
 from .dropout import SparseDropout, sparse_dropout
 from .graph import ChebConv, GCNConv, RGCNConv, SGConv, TAGConv
@@ -19,4 +20,4 @@ __all__ = ["Convolution", "from_torch", "from_pyg", "to_torch", "register_torch"
            "MultiheadAttention", "GATConv", "GATv2Conv", "TransformerConv",
            "TransformerEncoderLayer", "TransformerDecoderLayer",
            "MixedAttention", "GridConv", "GridAvgPool", "CausalSelfAttention", "TransformerLM",
-           "SparseDropout", "sparse_dropout"]
+           "SparseDropout", "sparse_dropout", "Canon"]

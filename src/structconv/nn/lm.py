@@ -9,12 +9,15 @@ propagated by their bases, and one GEMM applies every O_k.
 
 ``TransformerLM`` is a decoder-only language model of such layers; ``position`` picks how it
 knows where a token is: nothing, sinusoidal or learned encodings, rotary q/k, ALiBi's mask,
-the paper's shift heads, or shift heads plus ALiBi.
+the paper's shift heads, or shift heads plus ALiBi. ``canon`` adds Canon layers (Allen-Zhu
+2025, ``structconv.nn.canon``): residual causal depthwise convolutions over the sequence at
+the places A (before attention), B (on q/k/v), C (before the feed-forward), D (inside it).
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -25,14 +28,22 @@ from ..attention.basis import CausalShift, DotProductAttention
 from ..attention.positions import alibi_mask, alibi_slopes, rotary, rotary_angles, sinusoidal
 from ..basis.base import Stack
 from ..params import LowRank
+from .canon import CANON_PLACES, Canon
 
-__all__ = ["CausalSelfAttention", "TransformerLM", "POSITIONS", "equalised_ffn"]
+__all__ = ["CausalSelfAttention", "TransformerLM", "POSITIONS", "CANON_TAG", "equalised_ffn",
+           "check_canon", "canon_places", "split_kind", "kind_name"]
 
 #: the amplitude of the sinusoidal encoding: the token embeddings' initial standard deviation
 SINUSOIDAL_SCALE = 0.02
 
-#: the position kinds of ``TransformerLM``
+#: the position kinds of ``TransformerLM``.
+#: HOOK (issue 26 item 2): a learned T5-style relative bias ("relative") joins this tuple when
+#: the attention package's index term lands; ``experiments.canon.STUDY_KINDS`` already lists it
+#: and runs it as soon as it is here.
 POSITIONS = ("none", "sinusoidal", "learned", "rotary", "alibi", "shift", "shift+alibi")
+
+#: how a model kind names its Canon places: "<position>+Canon-<places>", e.g. "none+Canon-ABCD"
+CANON_TAG = "+Canon-"
 
 
 def _shift_list(shifts) -> list[int]:
@@ -48,18 +59,63 @@ def _shift_list(shifts) -> list[int]:
     return out
 
 
+def check_canon(canon, canon_kernel) -> str:
+    """The Canon places ``canon`` (a subset of "ABCD", each letter once) in A-D order; raises
+    ``ValueError`` for anything else or for ``canon_kernel`` not an int >= 1."""
+    if isinstance(canon_kernel, bool) or not isinstance(canon_kernel, int) or canon_kernel < 1:
+        raise ValueError(f"canon_kernel must be an int >= 1, got {canon_kernel!r}")
+    return canon_places(canon)
+
+
+def canon_places(canon) -> str:
+    """``canon`` (a subset of "ABCD", each letter once, any order) in A-D order, else
+    ``ValueError`` naming the offending letters."""
+    if not isinstance(canon, str):
+        raise ValueError(f"canon must be a string of Canon places from 'ABCD', got {canon!r}")
+    bad = sorted({c for c in canon if c not in CANON_PLACES})
+    if bad:
+        raise ValueError(f"canon={canon!r}: unknown Canon place(s) {', '.join(map(repr, bad))};"
+                         f" the places are A, B, C, D")
+    if len(set(canon)) != len(canon):
+        raise ValueError(f"canon={canon!r} names a place twice")
+    return "".join(c for c in CANON_PLACES if c in canon)
+
+
+def split_kind(kind: str) -> tuple[str, str]:
+    """A model kind -> (position, canon places): "rotary" -> ("rotary", ""),
+    "shift+alibi+Canon-AC" -> ("shift+alibi", "AC") (the tag is matched in any case).
+    ``ValueError`` for an unknown position kind or Canon place."""
+    if not isinstance(kind, str):
+        raise ValueError(f"a model kind is a string such as 'none+Canon-ABCD', got {kind!r}")
+    i = kind.lower().rfind(CANON_TAG.lower())
+    position, canon = (kind, "") if i < 0 else (kind[:i], kind[i + len(CANON_TAG):])
+    if position not in POSITIONS:
+        raise ValueError(f"unknown position kind {position!r} in {kind!r}: choose one of "
+                         f"{', '.join(POSITIONS)}, optionally followed by {CANON_TAG}<places>")
+    if i >= 0 and not canon:
+        raise ValueError(f"{kind!r} names no Canon place after {CANON_TAG!r} (places A-D)")
+    return position, canon_places(canon)
+
+
+def kind_name(position: str, canon: str = "") -> str:
+    """The model kind of a position kind and Canon places (``split_kind``'s inverse)."""
+    return f"{position}{CANON_TAG}{canon}" if canon else position
+
+
 class CausalSelfAttention(nn.Module):
     """Causal self-attention with ``heads`` attention heads and one head per causal shift.
 
     x (B, L, E) -> (B, L, E). ``shifts``: an int S (offsets 0..S-1) or a list of offsets >= 0;
     each shift head brings the input ``offset`` steps before (the paper's index-based heads).
     ``rotary`` rotates queries and keys by position; ``alibi`` adds ALiBi's −m_h·(i − j) to
-    the attention heads' scores (a fixed log-domain mask, the framework's H term).
+    the attention heads' scores (a fixed log-domain mask, the framework's H term). ``canon``
+    > 0 puts a Canon-B layer of that many taps (``structconv.nn.canon.Canon``) on the packed
+    q/k/v projections of the attention heads (3 x embed_dim channels), before rotary.
     """
 
     def __init__(self, embed_dim: int, heads: int, shifts: int | Sequence[int] = 0, *,
                  rotary: bool = False, alibi: bool = False, dropout: float = 0.0,
-                 bias: bool = True, device=None, dtype=None):
+                 bias: bool = True, canon: int = 0, device=None, dtype=None):
         super().__init__()
         if embed_dim < 1 or heads < 1 or embed_dim % heads:
             raise ValueError(f"embed_dim={embed_dim} must be a positive multiple of heads="
@@ -76,11 +132,25 @@ class CausalSelfAttention(nn.Module):
         self.out_proj = nn.Linear((heads + self.S) * D, embed_dim, bias=bias, **fk)
         # ALiBi's slopes stay float64 (not a buffer: casting the model must not round them)
         self.slopes = alibi_slopes(heads) if self.alibi else None
+        self.canon = Canon(3 * embed_dim, canon).to(device=device, dtype=dtype) if canon \
+            else None
         self._masks: dict = {}
 
     def extra_repr(self):
         return (f"embed_dim={self.E}, heads={self.H}, shifts={self.shifts}, "
                 f"rotary={self.rotary}, alibi={self.alibi}")
+
+    def _project(self, x: Tensor, cache: dict | None) -> tuple[Tensor, ...]:
+        """q, k, v (B, L, H*D each) and the shift heads' values (B, L, S*D): one GEMM, and
+        Canon-B on the q/k/v part (its cache entry "canon_B")."""
+        H, S, D = self.H, self.S, self.D
+        y = self.in_proj(x)
+        if self.canon is None:
+            # ``split`` (not slicing) so that the backward pass joins the four gradients in one
+            # copy instead of zero-filling four
+            return y.split([H * D, H * D, H * D, S * D], -1)
+        qkv, zs = y.split([3 * H * D, S * D], -1) if S else (y, y[..., :0])
+        return (*self.canon(qkv, cache, "canon_B").split(H * D, -1), zs)
 
     @property
     def reach(self) -> int:
@@ -133,9 +203,7 @@ class CausalSelfAttention(nn.Module):
         against the shift heads' last inputs, so they are not one Stack.)"""
         B, L, _ = x.shape
         H, S, D = self.H, self.S, self.D
-        # one GEMM for q, k and every head's value map; ``split`` (not slicing) so that the
-        # backward pass joins the four gradients in one copy instead of zero-filling four
-        q, k, v, zs = self.in_proj(x).split([H * D, H * D, H * D, S * D], -1)
+        q, k, v, zs = self._project(x, cache)
         q, k, v = (t.view(B, L, H, D).transpose(1, 2) for t in (q, k, v))
         T = 0 if cache is None or "k" not in cache else cache["k"].shape[2]
         if self.rotary:
@@ -176,21 +244,34 @@ class CausalSelfAttention(nn.Module):
 
 
 class _Block(nn.Module):
-    """Pre-norm decoder block: x + attn(ln x), then x + mlp(ln x); (B, L, E) -> (B, L, E)."""
+    """Pre-norm decoder block: x + attn(A(ln x)), then x + proj(gelu(D(fc(C(ln x))))), where
+    A, C, D are Canon layers where ``canon`` names them (else the identity) and B sits in the
+    attention; (B, L, E) -> (B, L, E)."""
 
     def __init__(self, E: int, heads: int, shifts, ffn: int, dropout: float, bias: bool,
-                 rotary: bool, alibi: bool):
+                 rotary: bool, alibi: bool, canon: str = "", canon_kernel: int = 4):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(E, bias=bias), nn.LayerNorm(E, bias=bias)
         self.attn = CausalSelfAttention(E, heads, shifts, rotary=rotary, alibi=alibi,
-                                        dropout=dropout, bias=bias)
+                                        dropout=dropout, bias=bias,
+                                        canon=canon_kernel if "B" in canon else 0)
         self.fc = nn.Linear(E, ffn, bias=bias)
         self.proj = nn.Linear(ffn, E, bias=bias)
         self.drop = nn.Dropout(dropout)
+        width = {"A": E, "C": E, "D": ffn}
+        self.canon = nn.ModuleDict({p: Canon(width[p], canon_kernel) for p in canon if p != "B"})
+
+    def _canon(self, place: str, h: Tensor, cache: dict | None) -> Tensor:
+        return self.canon[place](h, cache, f"canon_{place}") if place in self.canon else h
+
+    def attention_input(self, x: Tensor, cache: dict | None = None) -> Tensor:
+        """What the attention reads: Canon-A of the normalised input."""
+        return self._canon("A", self.ln1(x), cache)
 
     def forward(self, x: Tensor, cache: dict | None = None) -> Tensor:
-        x = x + self.drop(self.attn(self.ln1(x), cache))
-        return x + self.drop(self.proj(F.gelu(self.fc(self.ln2(x)))))
+        x = x + self.drop(self.attn(self.attention_input(x, cache), cache))
+        u = self._canon("D", self.fc(self._canon("C", self.ln2(x), cache)), cache)
+        return x + self.drop(self.proj(F.gelu(u)))
 
 
 class TransformerLM(nn.Module):
@@ -202,13 +283,18 @@ class TransformerLM(nn.Module):
     ``heads`` attention heads of every layer. Every kind but ``"learned"`` takes any length;
     ``"learned"`` needs ``context`` and raises ``ValueError`` for longer inputs.
     ``ffn`` is the feed-forward width (default 4·width); the output map is tied to the token
-    embedding (``tie_weights``), as in GPT-2 and nanoGPT.
+    embedding (``tie_weights``), as in GPT-2 and nanoGPT. ``canon``: the places of Canon layers
+    of ``canon_kernel`` taps in every block, a subset of "ABCD" (see ``structconv.nn.canon``):
+    A on the attention's normalised input (width channels), B on its q/k/v (3·width), C on the
+    feed-forward's normalised input (width), D on its hidden layer before the activation (ffn);
+    each adds canon_kernel x channels parameters per layer.
     """
 
     def __init__(self, vocab_size: int, width: int, layers: int, heads: int,
                  position: str = "shift", shifts: int | Sequence[int] = 4,
                  ffn: int | None = None, dropout: float = 0.0, *, context: int | None = None,
-                 bias: bool = True, tie_weights: bool = True):
+                 bias: bool = True, tie_weights: bool = True, canon: str = "",
+                 canon_kernel: int = 4):
         super().__init__()
         if position not in POSITIONS:
             raise ValueError(f"unknown position {position!r}: choose one of "
@@ -222,6 +308,7 @@ class TransformerLM(nn.Module):
         if position == "learned":
             if not isinstance(context, int) or isinstance(context, bool) or context < 1:
                 raise ValueError(f"position='learned' needs context=int >= 1, got {context!r}")
+        self.canon, self.canon_kernel = check_canon(canon, canon_kernel), canon_kernel
         self.vocab_size, self.width, self.position = vocab_size, width, position
         self.context = context if position == "learned" else None
         self.ffn = int(ffn) if ffn else 4 * width
@@ -236,7 +323,8 @@ class TransformerLM(nn.Module):
         self.drop = nn.Dropout(dropout)
         alibi = position in ("alibi", "shift+alibi")
         self.blocks = nn.ModuleList(
-            _Block(width, heads, use_shifts, self.ffn, dropout, bias, position == "rotary", alibi)
+            _Block(width, heads, use_shifts, self.ffn, dropout, bias, position == "rotary", alibi,
+                   self.canon, canon_kernel)
             for _ in range(layers))
         self.ln = nn.LayerNorm(width, bias=bias)
         self.head = nn.Linear(width, vocab_size, bias=False)
@@ -258,7 +346,8 @@ class TransformerLM(nn.Module):
                 nn.init.normal_(w, 0.0, 0.02 / math.sqrt(2 * layers))
 
     def extra_repr(self):
-        return f"position={self.position!r}, shifts={self.shifts}, context={self.context}"
+        return (f"position={self.position!r}, shifts={self.shifts}, context={self.context}, "
+                f"canon={self.canon!r}, canon_kernel={self.canon_kernel}")
 
     def _embed(self, ids: Tensor, start: int) -> Tensor:
         L = ids.shape[1]
@@ -276,12 +365,35 @@ class TransformerLM(nn.Module):
             x = x + SINUSOIDAL_SCALE * sinusoidal(pos, self.width, dtype=x.dtype)
         return self.drop(x)
 
+    def check_ids(self, ids) -> Tensor:
+        """Token ids (B, L) of any integer dtype with 0 <= id < vocab_size, L >= 1, as the
+        embedding takes them (int64 unless int32); ``ValueError`` naming what is wrong."""
+        if not isinstance(ids, Tensor) or ids.dim() != 2:
+            got = f"shape {tuple(ids.shape)}" if isinstance(ids, Tensor) else \
+                type(ids).__name__
+            raise ValueError(f"TransformerLM expects integer token ids (B, L), got {got}")
+        dt = ids.dtype
+        if dt == torch.bool or dt.is_floating_point or dt.is_complex:
+            raise ValueError(f"TransformerLM expects integer token ids (B, L), got dtype {dt} "
+                             f"(shape {tuple(ids.shape)}): token ids are integers "
+                             f"0..{self.vocab_size - 1}")
+        if ids.shape[1] == 0:
+            raise ValueError(f"TransformerLM needs at least one token per sequence, got ids of "
+                             f"shape {tuple(ids.shape)}")
+        if ids.numel() and not torch.compiler.is_compiling():
+            # a value check needs the data: skipped inside a compiled graph
+            lo, hi = (int(v) for v in ids.aminmax())
+            if lo < 0 or hi >= self.vocab_size:
+                bad = ids[(ids < 0) | (ids >= self.vocab_size)].unique()
+                more = "" if bad.numel() <= 8 else f" (and {bad.numel() - 8} more)"
+                raise ValueError(f"token ids must be in 0..{self.vocab_size - 1} (vocab_size "
+                                 f"{self.vocab_size}), got {bad[:8].tolist()}{more}")
+        return ids if dt in (torch.int64, torch.int32) else ids.long()
+
     def forward(self, ids: Tensor, cache: list | None = None) -> Tensor:
         """ids (B, L) -> logits (B, L, vocab_size). ``cache`` (from ``new_cache``) continues a
         sequence: the ids follow the ones it has seen, and it is updated in place."""
-        if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.dtype.is_floating_point:
-            got = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
-            raise ValueError(f"TransformerLM expects integer token ids (B, L), got {got}")
+        ids = self.check_ids(ids)
         start = 0 if not cache or "k" not in cache[0] else cache[0]["k"].shape[2]
         x = self._embed(ids, start)
         for i, b in enumerate(self.blocks):
@@ -292,16 +404,17 @@ class TransformerLM(nn.Module):
     def attention_maps(self, ids: Tensor) -> list[Tensor]:
         """The attention heads' weights of every layer on ids (B, L): a list of (B, H, L, L)
         in SDPA orientation (query, key); shift heads are not included (they are shifts)."""
-        x = self._embed(ids, 0)
+        x = self._embed(self.check_ids(ids), 0)
         maps = []
         for b in self.blocks:
-            att = b.attn._parts(b.ln1(x), None)[0][0]
+            att = b.attn._parts(b.attention_input(x), None)[0][0]
             maps.append(att.weights())
             x = b(x)
         return maps
 
     def new_cache(self) -> list[dict]:
-        """An empty generation cache: one dict per layer (keys, values, shift inputs)."""
+        """An empty generation cache: one dict per layer (keys, values, the shift heads' last
+        inputs, and each Canon place's last canon_kernel - 1 inputs)."""
         return [{} for _ in self.blocks]
 
     @torch.no_grad()
@@ -310,15 +423,14 @@ class TransformerLM(nn.Module):
                  use_cache: bool = True) -> Tensor:
         """Extend tokens (B, T) by ``steps`` sampled tokens -> (B, T + steps).
 
-        ``temperature = 0`` picks the most likely token. With ``use_cache`` each step feeds
-        only the new token, reading past keys/values (and the shift heads' last inputs) from a
-        cache; a ``"learned"`` model recomputes on its last ``context`` tokens once the
-        sequence outgrows them, as nanoGPT does.
+        ``temperature = 0`` picks the most likely token; ``top_k`` (an int >= 1) samples among
+        the k most likely. With ``use_cache`` each step feeds only the new token, reading past
+        keys/values (and the shift heads' and Canon layers' last inputs) from a cache; a
+        ``"learned"`` model recomputes on its last ``context`` tokens once the sequence
+        outgrows them, as nanoGPT does.
         """
-        if tokens.dim() != 2:
-            raise ValueError(f"generate expects tokens (B, T), got {tuple(tokens.shape)}")
-        if steps < 0:
-            raise ValueError(f"steps must be >= 0, got {steps}")
+        tokens = self.check_ids(tokens).long()
+        _check_sampling(steps, temperature, top_k)
         was = self.training
         self.eval()
         out, cache, feed = tokens, None, tokens
@@ -338,6 +450,18 @@ class TransformerLM(nn.Module):
         return out
 
 
+def _check_sampling(steps, temperature, top_k) -> None:
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
+        raise ValueError(f"generate: steps must be an int >= 0, got {steps!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or \
+            not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"generate: temperature must be a finite number >= 0 (0 picks the "
+                         f"most likely token), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral)
+                              or top_k < 1):
+        raise ValueError(f"generate: top_k must be None or an int >= 1, got {top_k!r}")
+
+
 def _sample(logits: Tensor, temperature: float, top_k: int | None, generator) -> Tensor:
     """One token per row of logits (B, V) -> (B, 1)."""
     if temperature == 0:
@@ -350,10 +474,14 @@ def _sample(logits: Tensor, temperature: float, top_k: int | None, generator) ->
 
 
 def equalised_ffn(vocab_size: int, width: int, layers: int, heads: int, position: str,
-                  shifts, budget: int, context: int | None = None) -> int:
+                  shifts, budget: int, context: int | None = None, *, canon: str = "",
+                  canon_kernel: int = 4) -> int:
     """The feed-forward width whose ``TransformerLM`` has the parameter count closest to
-    ``budget`` (one unit of width costs 2·width + 1 parameters per layer)."""
+    ``budget`` (one unit of width costs 2·width + 1 parameters per layer, plus canon_kernel
+    with a Canon-D layer); Canon parameters are counted like any other."""
     base = 4 * width
-    m = TransformerLM(vocab_size, width, layers, heads, position, shifts, base, context=context)
+    m = TransformerLM(vocab_size, width, layers, heads, position, shifts, base, context=context,
+                      canon=canon, canon_kernel=canon_kernel)
     p0 = sum(p.numel() for p in m.parameters())
-    return max(1, base + round((budget - p0) / (layers * (2 * width + 1))))
+    unit = 2 * width + 1 + (canon_kernel if "D" in m.canon else 0)
+    return max(1, base + round((budget - p0) / (layers * unit)))

@@ -1,0 +1,303 @@
+"""Shift heads against Canon layers on a multi-hop task (issue 26): accuracy per number of hops.
+
+``structconv reproduce canon --out runs`` trains ``sc.nn.TransformerLM`` of every model kind of
+``--kinds`` (default ``STUDY_KINDS``: none, rotary and shift with and without Canon-ABCD,
+ALiBi, the T5-style relative bias once it exists, and each Canon place alone on none) on the
+Depo-style k-hop task of ``structconv.data.depo`` (a shuffled list of the directed pairs of a
+random cycle, then questions "start, k -> k-th successor", k = 1..8), parameters equalised to
+the ``none`` model through the feed-forward width, for ``--seeds`` seeds. Training draws fresh
+sequences every step (the same ones for every kind of a seed) and is scored on the answer
+tokens only. The number of hops of the training questions is drawn uniformly from 1 up to a
+limit that grows from 1 to 8 over the first half of training (``--curriculum``): in pilots
+(none+Canon-ABCD, width 64 and 128, 12 pairs) hops drawn from 1..8 from the start left even
+one hop at chance after 1,500 steps, while one hop alone was learned within 250. Evaluation
+uses ``--eval-per-k`` fixed sequences per k with one question each
+(so no earlier answer can shorten the chain), greedy over the whole vocabulary. Chance is about
+1/n (the instance's nodes).
+
+Reports, per kind: accuracy at every k (mean ± std over seeds), the depth reached (the largest
+k up to which every accuracy is at least ``--depth-at``), final training loss, parameters and
+seconds; ``canon.png`` plots accuracy against k. Every run writes JSON and safetensors under
+``<out>/canon_runs/`` and is skipped when already there (resumes); ``--jobs 2`` runs two at
+once with one thread each. Writes ``<out>/canon.json``.
+
+The Tiny Shakespeare half of the study (validation loss, 1x-16x extrapolation) is
+``reproduce shift-heads --kinds ...`` with the same model kinds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..data.depo import DepoTask, generate
+from ..io import atomic_write_json
+from ..nn.lm import CANON_TAG, POSITIONS, TransformerLM, split_kind
+from ._common import hardware, mean_std, param_count, pyplot, save_figure, write_result
+from .shift_heads import equalised, lr_at, run_all, run_name, save_state
+
+__all__ = ["add_arguments", "run", "STUDY_KINDS", "available_kinds", "task_of", "build",
+           "answer_loss", "eval_sets", "accuracy_per_k", "train_one", "depth"]
+
+#: the issue's arms. HOOK (issue 26 item 2): "relative" (a learned T5-style relative bias from
+#: the attention package's index term) is not a position kind yet; ``available_kinds`` holds
+#: it back with a note until ``TransformerLM``'s ``POSITIONS`` has it, then it runs unchanged.
+STUDY_KINDS = ("none", "none+Canon-ABCD", "rotary", "rotary+Canon-ABCD", "shift",
+               "shift+Canon-ABCD", "alibi", "relative", "none+Canon-A", "none+Canon-B",
+               "none+Canon-C", "none+Canon-D")
+
+#: position kinds the study names that ``TransformerLM`` may not have yet (see the hook above)
+PENDING = {"relative": "the T5-style relative bias (issue 26 item 2) is not a TransformerLM "
+                       "position kind yet"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kinds", default=",".join(STUDY_KINDS),
+                        help="comma list of model kinds (position[+Canon-places])")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4, help="attention heads per layer")
+    parser.add_argument("--shifts", type=int, default=4, help="shift heads of the shift kinds")
+    parser.add_argument("--canon-kernel", type=int, default=4, help="taps of the Canon layers")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--nodes", type=int, default=32, help="node tokens")
+    parser.add_argument("--n", type=int, default=12, help="nodes (pairs) per sequence")
+    parser.add_argument("--max-hops", type=int, default=8, help="k runs over 1..max-hops")
+    parser.add_argument("--queries", type=int, default=8,
+                        help="questions per training sequence (evaluation asks one)")
+    parser.add_argument("--curriculum", type=float, default=0.5,
+                        help="the largest k trained grows from 1 to --max-hops over this "
+                             "fraction of the steps (0: every k from the start)")
+    parser.add_argument("--eval-per-k", type=int, default=512,
+                        help="evaluation sequences per number of hops")
+    parser.add_argument("--eval-every", type=int, default=250)
+    parser.add_argument("--depth-at", type=float, default=0.9,
+                        help="accuracy a number of hops must reach to count in the depth")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once (one thread each)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads with --jobs 1 (0: torch's default)")
+    parser.add_argument("--plot", default=None, help="accuracy plot PNG path")
+
+
+# -- the task and the models ---------------------------------------------------------------------
+def available_kinds(text: str) -> tuple[list[str], dict[str, str]]:
+    """(the model kinds of a comma list that can run now, {kind held back: why}): a kind whose
+    position is ``PENDING`` and not yet in ``POSITIONS`` is held back; any other unknown kind
+    raises ``ValueError``."""
+    run, held = [], {}
+    for k in (k.strip() for k in text.split(",")):
+        position = k[:k.lower().rfind(CANON_TAG.lower())] if CANON_TAG.lower() in k.lower() \
+            else k
+        if position in PENDING and position not in POSITIONS:
+            held[k] = PENDING[position]
+        elif k:
+            split_kind(k)
+            run.append(k)
+    return run, held
+
+
+def task_of(a) -> DepoTask:
+    """The run's task (``ValueError`` for sizes that do not make one)."""
+    return DepoTask(nodes=a.nodes, n=a.n, max_hops=a.max_hops, queries=a.queries)
+
+
+def build(kind: str, task: DepoTask, a, ffn: int | None = None) -> TransformerLM:
+    """The ``kind`` model for ``task`` (a learned position table covers a training sequence)."""
+    position, canon = split_kind(kind)
+    return TransformerLM(task.vocab_size, a.width, a.layers, a.heads, position, a.shifts, ffn,
+                         context=task.length, canon=canon, canon_kernel=a.canon_kernel)
+
+
+def answer_loss(model, ids, answers, task: DepoTask):
+    """Cross-entropy of the answers (B, Q) predicted at the hop tokens of ids (B, T)."""
+    pos = task.positions[:answers.shape[1]]
+    logits = model(ids[:, :int(pos[-1]) + 1])[:, pos]  # the answers are never read
+    return F.cross_entropy(logits.flatten(0, 1), answers.flatten())
+
+
+def eval_sets(task: DepoTask, per_k: int, seed: int = 12345) -> dict[int, tuple]:
+    """{k: (ids (per_k, T), answers (per_k,))}: one question per sequence, all with k hops."""
+    one = dataclasses.replace(task, queries=1)
+    out = {}
+    for k in range(1, task.max_hops + 1):
+        b = generate(one, per_k, torch.Generator().manual_seed(seed + k), hops=k)
+        out[k] = (b.ids, b.answers[:, 0])
+    return out
+
+
+@torch.no_grad()
+def accuracy_per_k(model, sets: dict[int, tuple], task: DepoTask,
+                   chunk: int = 256) -> dict[int, float]:
+    """Greedy accuracy (argmax over the vocabulary) of the answers of each k's set."""
+    was = model.training
+    model.eval()
+    pos = int(task.positions[0])
+    acc = {}
+    for k, (ids, answers) in sets.items():
+        hits = sum(int((model(ids[i:i + chunk, :pos + 1])[:, pos].argmax(-1)
+                        == answers[i:i + chunk]).sum()) for i in range(0, len(ids), chunk))
+        acc[k] = hits / len(ids)
+    model.train(was)
+    return acc
+
+
+def reach_at(step: int, a, K: int) -> int:
+    """The largest number of hops trained at ``step``: 1 at the start, growing linearly to K
+    at ``a.curriculum`` x ``a.steps`` (K throughout when the curriculum is 0). The schedule
+    depends on the step only, so every kind of a seed trains on the same sequences."""
+    span = a.curriculum * a.steps
+    return K if span <= 0 else min(K, 1 + int(step * K / span))
+
+
+def depth(acc: dict, at: float) -> int:
+    """The largest k such that every number of hops up to k has accuracy >= ``at`` (0: none)."""
+    d = 0
+    for k in sorted(acc, key=int):
+        if acc[k] < at:
+            break
+        d = int(k)
+    return d
+
+
+# -- training ------------------------------------------------------------------------------------
+def train_one(kind: str, seed: int, task: DepoTask, a, ffn: int) -> tuple[dict, TransformerLM]:
+    """Train one model for ``a.steps`` steps on fresh sequences; (result with the curve, model)."""
+    torch.manual_seed(seed)
+    model = build(kind, task, a, ffn)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": rest, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.99))
+    gen = torch.Generator().manual_seed(20_000 + seed)  # the same sequences for every kind
+    sets = eval_sets(task, a.eval_per_k)
+    curve, t0, loss = [], time.perf_counter(), None
+    for step in range(a.steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, a)
+        hops = torch.randint(1, reach_at(step, a, task.max_hops) + 1,
+                             (a.batch, task.queries), generator=gen)
+        b = generate(task, a.batch, gen, hops=hops)
+        loss = answer_loss(model, b.ids, b.answers, task)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
+            acc = accuracy_per_k(model, sets, task)
+            curve.append(dict(step=step + 1, train_loss=float(loss.detach()), accuracy=acc))
+    final = curve[-1]["accuracy"]
+    return dict(kind=kind, seed=seed, steps=a.steps, accuracy=final,
+                depth=depth(final, a.depth_at), train_loss=curve[-1]["train_loss"],
+                curve=curve, seconds=time.perf_counter() - t0, params=param_count(model),
+                ffn=ffn), model
+
+
+def _job(spec):
+    """One run (in a worker with one thread, or inline): train, evaluate, write, return."""
+    kind, seed, ffn, a, threads, folder = spec
+    if threads:
+        torch.set_num_threads(threads)
+    folder = Path(folder)
+    name = run_name(kind, seed, a.steps, a)
+    done = folder / f"{name}.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    res, model = train_one(kind, seed, task_of(a), a, ffn)
+    save_state(model, folder / f"{name}.safetensors")
+    atomic_write_json(done, res)
+    accs = " ".join(f"{res['accuracy'][k]:.2f}" for k in sorted(res["accuracy"]))
+    print(f"  {kind:<18} seed {seed} ({a.steps} steps): accuracy by k {accs}  depth "
+          f"{res['depth']}  params {res['params']}  {res['seconds']:.0f}s", flush=True)
+    return res
+
+
+def _quick(a) -> None:
+    a.steps, a.seeds, a.eval_every, a.eval_per_k, a.batch = 12, 1, 6, 16, 4
+    a.width, a.layers, a.heads, a.shifts = 16, 1, 2, 2
+    a.nodes, a.n, a.max_hops, a.queries, a.curriculum = 12, 6, 3, 2, 0.5
+
+
+def run(args) -> int:
+    """Every available kind x seed; prints the tables, writes JSON and the plot."""
+    if args.quick:
+        _quick(args)
+    kinds, held = available_kinds(args.kinds)
+    task = task_of(args)
+    if args.canon_kernel < 1:
+        raise ValueError(f"--canon-kernel must be >= 1, got {args.canon_kernel}")
+    for k, why in held.items():
+        print(f"skipping {k}: {why}")
+    if not kinds:
+        raise ValueError("no model kind of --kinds can run yet")
+    t_all = time.perf_counter()
+    shaped = argparse.Namespace(**{**vars(args), "context": task.length})
+    budget, ffns = equalised(kinds, task.vocab_size, shaped)
+    folder = Path(args.out) / "canon_runs"
+    folder.mkdir(parents=True, exist_ok=True)
+    threads = 1 if args.jobs > 1 else args.threads
+    specs = [(k, args.seed + i, ffns[k], args, threads, str(folder))
+             for k in kinds for i in range(args.seeds)]
+    runs = run_all(_job, specs, args.jobs)
+    rows = _summarise(runs, kinds, args.depth_at)
+    result = dict(experiment="canon", task=dataclasses.asdict(task), vocab=task.vocab_size,
+                  length=task.length, settings={k: v for k, v in vars(args).items()
+                                                if isinstance(v, (int, float, str))},
+                  budget=budget, ffn=ffns, held_back=held, kinds=rows, runs=runs,
+                  wall_seconds=time.perf_counter() - t_all, hardware=hardware())
+    _print_table(rows, task)
+    write_result(args, "canon", result)
+    _plot(rows, task, args)
+    return 0
+
+
+def _summarise(runs: list[dict], kinds: list[str], at: float) -> dict:
+    rows = {}
+    for kind in kinds:
+        rs = [r for r in runs if r["kind"] == kind]
+        ks = sorted(rs[0]["accuracy"], key=int)
+        acc = {int(k): mean_std([r["accuracy"][k] for r in rs]) for k in ks}
+        rows[kind] = dict(accuracy=acc, depth=depth({k: m for k, (m, _) in acc.items()}, at),
+                          depths=[r["depth"] for r in rs], params=rs[0]["params"],
+                          ffn=rs[0]["ffn"], train_loss=mean_std([r["train_loss"] for r in rs]),
+                          seconds=mean_std([r["seconds"] for r in rs])[0], seeds=len(rs))
+    return rows
+
+
+def _print_table(rows: dict, task: DepoTask) -> None:
+    K = task.max_hops
+    print(f"\naccuracy by number of hops (mean ± std over seeds; chance ~{1 / task.n:.2f})")
+    print(f"{'kind':<18} {'params':>8} {'ffn':>4} " + " ".join(f"{f'k={k}':>11}"
+                                                          for k in range(1, K + 1))
+          + f" {'depth':>5} {'s/run':>6}")
+    for kind, r in rows.items():
+        cells = " ".join(f"{r['accuracy'][k][0]:.2f} ± {r['accuracy'][k][1]:.2f}"
+                         for k in range(1, K + 1))
+        print(f"{kind:<18} {r['params']:>8} {r['ffn']:>4} {cells} {r['depth']:>5} "
+              f"{r['seconds']:>6.0f}")
+
+
+def _plot(rows: dict, task: DepoTask, a) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ks = list(range(1, task.max_hops + 1))
+    for kind, r in rows.items():
+        m = [r["accuracy"][k][0] for k in ks]
+        s = [r["accuracy"][k][1] for k in ks]
+        ax.errorbar(ks, m, yerr=s, marker="o", capsize=2,
+                    linestyle="--" if "Canon" in kind else "-", label=kind)
+    ax.axhline(1 / task.n, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_xlabel("hops k")
+    ax.set_ylabel("answer accuracy")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(f"k-hop task: {task.n} pairs, {a.layers}x{a.width}, {a.steps} steps")
+    ax.legend(fontsize=7, ncol=2)
+    save_figure(fig, a, "canon")
