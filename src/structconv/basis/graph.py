@@ -601,13 +601,23 @@ def relation_operators(edge_index: Tensor, edge_type: Tensor, relations, M: int,
     w = edge_weight if edge_weight is not None else torch.ones(
         E, dtype=value_dtype(None, dtype), device=src.device)
     ops = {}
-    for r in sorted(relations):
-        m = et == r
-        if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():
+        for r in sorted(relations):
             # static shapes: every edge, weighted zero outside relation r
-            s_r, d_r, w_r = src, dst, w * m.to(w.dtype)
-        else:
-            s_r, d_r, w_r = src[m], dst[m], w[m]
+            m = (et == r).to(w.dtype)
+            ops[r] = SparseOperator(src, dst, relation_values(src, dst, w * m, M, N,
+                                                              normalization), M, N)
+        return ops
+    # the edges grouped by relation once (a stable sort keeps each relation's edge order):
+    # one pass for thousands of relations, not a comparison of every edge per relation
+    order = torch.argsort(et, stable=True)
+    src, dst, et, w = src[order], dst[order], et[order], w[order]
+    bounds = torch.searchsorted(et, torch.tensor(sorted(relations), dtype=et.dtype,
+                                                 device=et.device), side="left")
+    ends = torch.searchsorted(et, torch.tensor(sorted(relations), dtype=et.dtype,
+                                               device=et.device), side="right")
+    for r, a, b in zip(sorted(relations), bounds.tolist(), ends.tolist()):
+        s_r, d_r, w_r = src[a:b], dst[a:b], w[a:b]
         ops[r] = SparseOperator(s_r, d_r, relation_values(s_r, d_r, w_r, M, N, normalization),
                                 M, N)
     return ops
