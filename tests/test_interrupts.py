@@ -153,14 +153,15 @@ def _wait_for(path: Path, proc, timeout: float = 120) -> None:
 
 
 def test_ctrl_c_at_the_command_line_saves_and_says_how_to_resume(tmp_path):
-    over = ["train.epochs=3", "data.options.limit=600", "data.batch_size=8",
+    over = ["train.epochs=3", "data.options.limit=1200", "data.batch_size=8",
             "model.layers.0.dropout=0.5", "train.checkpoint_seconds=1e9"]
     run = tmp_path / "run"
     proc = subprocess.Popen(CLI + ["train", "--config", "cnn_digits", *over, "--out", str(run)],
                             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, preexec_fn=_sigint_default)
-    _wait_for(run / "metrics.jsonl", proc)  # epoch 1 is done: stop inside epoch 2
-    time.sleep(0.3)
+    # epoch 1 is done: stop inside epoch 2 (150 steps of a few ms each; no sleep, which a quiet
+    # machine would outrun)
+    _wait_for(run / "metrics.jsonl", proc)
     proc.send_signal(signal.SIGINT)
     err = proc.communicate(timeout=120)[1].strip().splitlines()
     assert proc.returncode == 130, err
@@ -182,14 +183,13 @@ def test_ctrl_c_at_the_command_line_saves_and_says_how_to_resume(tmp_path):
 
 @pytest.mark.skipif(sys.platform != "linux", reason="DDP workers fork on Linux")
 def test_sigterm_to_a_data_parallel_run_stops_every_rank_cleanly(tmp_path):
-    over = ["train.epochs=3", "data.options.limit=400", "model.dtype=\"float64\"",
+    over = ["train.epochs=3", "data.options.limit=1000", "model.dtype=\"float64\"",
             "data.batch_size=10", "train.checkpoint_seconds=1e9"]
     run = tmp_path / "ddp"
     proc = subprocess.Popen(CLI + ["train", "--config", "cnn_digits", *over, "--out", str(run),
                                    "--nproc", "2"], env=ENV, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
-    _wait_for(run / "metrics.jsonl", proc)
-    time.sleep(0.3)
+    _wait_for(run / "metrics.jsonl", proc)  # inside epoch 2 (no sleep: a quiet machine outruns it)
     proc.send_signal(signal.SIGTERM)  # a scheduler signals the parent alone
     err = proc.communicate(timeout=120)[1].strip().splitlines()
     assert proc.returncode == 143, err

@@ -129,9 +129,12 @@ def _worker(rank, nproc, port, errors, fn, args):
     except BaseException as e:  # report one line to the parent, which raises it
         errors.put((rank, f"{type(e).__name__}: {e}" if not isinstance(e, ValueError)
                     else str(e)))
-        raise SystemExit(1) from None
-    finally:
-        cleanup()
+        # leave at once, running no destructor: a DDP reducer freed after its peer is lost
+        # deadlocks (its gloo group joins a thread that waits for the GIL held by the join)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    cleanup()
 
 
 def spawn(nproc: int, fn, *args, start_method: str | None = None, stop=None) -> None:
