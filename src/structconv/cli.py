@@ -53,6 +53,15 @@ def _train_arguments(s: argparse.ArgumentParser) -> None:
                    help="progress bars and per-epoch lines (default: when stderr is a tty)")
     s.add_argument("--stop-after", type=int, default=0, metavar="N",
                    help="end this process after N epochs (continue later with --resume)")
+    _allow_imports_argument(s, "--resume DIR")
+
+
+def _allow_imports_argument(s: argparse.ArgumentParser, what: str) -> None:
+    s.add_argument("--allow-imports", action="store_true",
+                   help=f"let the config of {what} import the modules its import-path kinds "
+                        "('package.module:function') name: a run directory is data, so only "
+                        "shipped and installed kinds load unless you allow it (or set "
+                        "STRUCTCONV_ALLOW_IMPORTS=1); a --config file is trusted as code")
 
 
 def _kg_arguments(s: argparse.ArgumentParser) -> None:
@@ -109,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = cmd("eval", "evaluate a trained run directory on a split")
     s.add_argument("run", help="run directory written by structconv train")
     s.add_argument("--split", default="test", help="train, val or test (default test)")
+    _allow_imports_argument(s, "the run directory")
     s.add_argument("--weights", default="best",
                    help="best (default), last (the last checkpoint) or a safetensors file")
 
@@ -148,11 +158,12 @@ def _cmd_demo(args) -> int:
     return run_demo(args)
 
 
-def _train_worker(cfg, out, device, resume, progress, stop_after):
+def _train_worker(cfg, out, device, resume, progress, stop_after, allow_imports=False):
     # rank 0 writes result.json into the run directory, which the parent then reads
     from .train import train
 
-    train(cfg, out, device=device, resume=resume, progress=progress, stop_after=stop_after)
+    train(cfg, out, device=device, resume=resume, progress=progress, stop_after=stop_after,
+          allow_imports=allow_imports)
 
 
 def _ranking_rows(prefix: str, m: dict) -> list[tuple[str, str]]:
@@ -244,7 +255,7 @@ def _train_processes(args, cfg, out: Path, progress: bool) -> dict:
     # CUDA cannot be used in forked children once the driver is initialised: spawn there
     try:
         spawn(args.nproc, _train_worker, cfg, str(out), args.device, bool(args.resume),
-              progress, args.stop_after,
+              progress, args.stop_after, args.allow_imports,
               start_method="spawn" if args.device.startswith("cuda") else None)
     except SpawnError as e:
         # the last checkpoint is intact (atomic writes): say how to go on from it
@@ -263,7 +274,8 @@ def _cmd_train(args) -> int:
 
     resolve_device(args.device)
     if args.nproc > 1:  # refused here, before any worker starts
-        check_world_size(cfg if cfg is not None else prepare_run(out, None, True), args.nproc)
+        check_world_size(cfg if cfg is not None else
+                         prepare_run(out, None, True, args.allow_imports), args.nproc)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     if args.nproc > 1:
         res = _train_processes(args, cfg, out, progress)
@@ -272,7 +284,7 @@ def _cmd_train(args) -> int:
         from .train import train
 
         res = train(cfg, out, device=args.device, resume=bool(args.resume), progress=progress,
-                    stop_after=args.stop_after)
+                    stop_after=args.stop_after, allow_imports=args.allow_imports)
         main_rank = world().main
         cleanup()
         if not main_rank:  # torchrun: one table, from rank 0
@@ -288,7 +300,7 @@ def _cmd_eval(args) -> int:
 
     if args.split not in ("train", "val", "test"):
         raise UsageError(f"--split must be train, val or test, got {args.split!r}")
-    cfg, data, model = load_run(args.run, args.weights, args.device)
+    cfg, data, model = load_run(args.run, args.weights, args.device, args.allow_imports)
     if is_link(cfg):
         return _eval_link(args, cfg, data, model)
     t0 = time.perf_counter()

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from . import basis as B
 from . import params as P
+from .registry import ImportRefused
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -546,9 +547,7 @@ def _check_layer(layer: dict, where: str):
     dp = layer.get("dropout", 0.0)
     _need(isinstance(dp, (int, float)) and 0 <= dp < 1,
           f"{where}: dropout must be in [0, 1), got {dp!r}")
-    _need(layer.get("param", "full") in P.PARAMS,
-          f"{where}: unknown param {layer.get('param')!r} (known: "
-          f"{', '.join(P.PARAMS.kinds())}, or 'package.module:function')")
+    _check_param(layer.get("param", "full"), where)
     if kind == "conv":
         _need("basis" in layer, f"{where}: a conv layer needs a basis (e.g. basis = "
                                 f"{{ kind = \"grid\", kernel_size = 3 }})")
@@ -561,8 +560,23 @@ def _check_layer(layer: dict, where: str):
                                              f"{{ kind = \"max\", kernel_size = 2 }}, got {pool!r}")
 
 
+def _check_param(name, where: str):
+    """A layer's ``param`` names a registered or installed form, or ``package.module:function``
+    (imported later, and refused where imports are not allowed: a run directory's config)."""
+    if name in P.PARAMS:
+        return
+    if isinstance(name, str) and ":" in name:
+        try:
+            P.PARAMS.get(name)  # raises ImportRefused, naming the import and the source
+        except ImportRefused as e:
+            raise ImportRefused(f"{where}: {e}") from None
+    raise ConfigError(f"{where}: unknown param {name!r} (known: "
+                      f"{', '.join(P.PARAMS.kinds())}, or 'package.module:function')")
+
+
 def _check_basis(spec, where: str):
-    """A basis table names a registered kind (or ``package.module:function``, imported later)."""
+    """A basis table names a registered or installed kind, or ``package.module:function``
+    (imported later, and refused where imports are not allowed: a run directory's config)."""
     _need(isinstance(spec, (str, dict)), f"{where}: a basis is a kind name or a table, "
                                          f"got {spec!r}")
     spec = B.as_spec(spec)
@@ -570,6 +584,8 @@ def _check_basis(spec, where: str):
     if kind not in B.BASES:
         try:
             B.BASES.get(kind)
+        except ImportRefused as e:  # a run directory's import path: refused, as its own kind
+            raise ImportRefused(f"{where}: {e}") from None
         except B.KindError as e:
             raise ConfigError(f"{where}: {e}") from None
     if kind == "stack":

@@ -48,6 +48,7 @@ from .minibatch import SampledEval, batch_inputs, dropout_seed, make_loader, res
 from .models.build import build_model, check_memory
 from .optim import epoch_generator
 from .optim import make_optimizer as _named_optimizer
+from .registry import untrusted
 
 __all__ = ["TrainingError", "train", "evaluate", "evaluate_link", "load_data", "resolve_device",
            "load_run", "make_optimizer", "count_parameters", "prepare_run", "check_world_size"]
@@ -270,9 +271,11 @@ def _improved(cfg, val: dict, best) -> bool:
     return val["acc"] > best
 
 
-def prepare_run(run: Path, cfg: dict | None, resume: bool) -> dict:
+def prepare_run(run: Path, cfg: dict | None, resume: bool, allow_imports: bool = False) -> dict:
     """The config of a run in ``run``: read (and validated) from its ``config.json`` to
-    resume, or ``cfg`` when ``run`` holds no run yet (else TrainingError)."""
+    resume, or ``cfg`` when ``run`` holds no run yet (else TrainingError). A run directory is
+    data: its config may name no import path unless ``allow_imports`` (see
+    ``structconv.registry.untrusted``)."""
     cfg_path = run / "config.json"
     if resume:
         if not cfg_path.is_file():
@@ -282,7 +285,8 @@ def prepare_run(run: Path, cfg: dict | None, resume: bool) -> dict:
             saved = json.loads(cfg_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise CheckpointError(f"{cfg_path}: corrupt JSON ({e})") from None
-        return validate(saved, str(cfg_path))
+        with untrusted(run, allow_imports):
+            return validate(saved, str(cfg_path))
     if (run / CHECKPOINT_JSON).exists():
         raise TrainingError(f"{run} already holds a run; use --resume {run} to continue it "
                             "or choose another --out")
@@ -290,16 +294,19 @@ def prepare_run(run: Path, cfg: dict | None, resume: bool) -> dict:
 
 
 def train(cfg: dict | None, out: str | Path, device: str = "cpu", resume: bool = False,
-          progress: bool = False, stop_after: int = 0) -> dict:
+          progress: bool = False, stop_after: int = 0, allow_imports: bool = False) -> dict:
     """Train the model of ``cfg`` into run directory ``out``; returns the result summary.
 
     ``resume`` continues the run in ``out`` from its last checkpoint (``cfg`` is then read from
-    ``out/config.json``). ``stop_after`` ends the process after that many epochs of this call
-    (as if interrupted), for tests of resuming.
+    ``out/config.json``: data, whose import-path kinds are refused unless ``allow_imports``).
+    ``stop_after`` ends the process after that many epochs of this call (as if interrupted),
+    for tests of resuming.
     """
     run = Path(out)
-    link = is_link(cfg if not resume else prepare_run(run, None, True))
-    t = (_LinkTrainer if link else _Trainer)(cfg, run, device, resume, progress)
+    # a resumed run's config is validated and its model built as data (no imports)
+    with untrusted(run, allow_imports) if resume else contextlib.nullcontext():
+        link = is_link(cfg if not resume else prepare_run(run, None, True))
+        t = (_LinkTrainer if link else _Trainer)(cfg, run, device, resume, progress)
     epochs_run = 0
     for epoch in range(t.start + 1, t.cfg["train"]["epochs"] + 1):
         if t.state["stopped"]:
@@ -680,17 +687,21 @@ def _splits(data) -> set:
     return set(data.masks) if data.task == "node" else set(data.splits)
 
 
-def load_run(run: str | Path, weights: str = "best", device: str = "cpu"):
-    """(cfg, data, model) of a finished or checkpointed run, weights ``best`` or ``last``."""
+def load_run(run: str | Path, weights: str = "best", device: str = "cpu",
+             allow_imports: bool = False):
+    """(cfg, data, model) of a finished or checkpointed run, weights ``best`` or ``last``.
+    The run directory is data: its config's import-path kinds are refused (``ImportRefused``)
+    unless ``allow_imports``."""
     run = Path(run)
     if not run.is_dir():
         raise CheckpointError(f"{run}: run directory not found")
     if not (run / "config.json").is_file():
         raise CheckpointError(f"{run}: not a run directory (no config.json); give a directory "
                               "made by structconv train")
-    cfg = prepare_run(run, None, resume=True)
-    data = load_data(cfg)
-    model = build_model(cfg, data).to(resolve_device(device))
+    with untrusted(run, allow_imports):
+        cfg = prepare_run(run, None, resume=True)
+        data = load_data(cfg)
+        model = build_model(cfg, data).to(resolve_device(device))
     if weights == "best":
         path = run / "best.safetensors"
         if path.is_file():
