@@ -571,7 +571,8 @@ def _check_param(name, where: str):
         except ImportRefused as e:
             raise ImportRefused(f"{where}: {e}") from None
     raise ConfigError(f"{where}: unknown param {name!r} (known: "
-                      f"{', '.join(P.PARAMS.kinds())}, or 'package.module:function')")
+                      f"{', '.join(P.PARAMS.kinds())}, a form installed under entry-point "
+                      f"group {P.PARAMS.group!r}, or 'package.module:function')")
 
 
 def _check_basis(spec, where: str):
