@@ -205,3 +205,35 @@ def test_a_folder_that_never_trained_takes_the_new_settings(kg, tmp_path):
     (folder / SETTINGS_JSON).write_text(json.dumps({"lr": 99.0}))  # started, nothing saved
     assert main(_recipe(kg, out, "--quick")) == 0
     assert json.loads((folder / SETTINGS_JSON).read_text())["lr"] == 0.1
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(data, runs folder) of one --quick run, to copy."""
+    root = tmp_path_factory.mktemp("link")
+    kg = _write_kg(root / "kg" / "WN18RR")
+    assert main(_recipe(kg, root / "runs", "--quick")) == 0
+    return kg, root / "runs"
+
+
+@pytest.mark.parametrize("text,match", [
+    ("[]", r"settings\.json: unreadable \(a JSON object of settings expected, got list\)"),
+    ("[" * 100_000 + "]" * 100_000, r"settings\.json: unreadable \("),
+    ('{"lr": ' + "9" * 5000 + "}", r"settings\.json: unreadable \(Exceeds"),
+    ('{"data": 5}', r"the data \(its content\) 5\.\.\. in the run, [0-9a-f]{12}\.\.\. now"),
+    ('{"lr": "a\\nb\\u2028c"}', r"--lr a b c in the run, 0\.1 now"),
+    ('{"x\\ny": 1}', r"setting 'x\\ny' 1 in the run, \(no effect\) now"),
+    (json.dumps({f"k{i}": i for i in range(100)}), r"; and \d+ more; continue it"),
+], ids=["list", "deep", "digits", "data-number", "newlines", "odd-key", "many"])
+def test_a_hand_edited_settings_file_is_one_line(trained, tmp_path, capsys, text, match):
+    import re
+    import shutil
+
+    kg, out = trained[0], tmp_path / "runs"
+    shutil.copytree(trained[1], out)
+    folder = out / "kg_link" / "wn18rr-distmult-1vsall-d10-enc0"
+    (folder / SETTINGS_JSON).write_text(text, encoding="utf-8")
+    capsys.readouterr()
+    err = _refused(capsys, main(_recipe(kg, out, "--quick")))
+    assert re.search(match, err), err
+    assert err.endswith(f"or delete {folder}") or "unreadable" in err, err

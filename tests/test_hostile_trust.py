@@ -16,6 +16,7 @@ import shutil
 import sys
 import threading
 import uuid
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -94,6 +95,11 @@ class Side:
     def imported(self) -> bool:
         return self.marker.exists() or self.name in sys.modules
 
+    def forget(self) -> None:
+        """As if never imported (so that a later import shows again)."""
+        sys.modules.pop(self.name, None)
+        self.marker.unlink(missing_ok=True)
+
 
 @pytest.fixture
 def side(tmp_path, monkeypatch):
@@ -135,31 +141,43 @@ def _stack_part(kind):
         "basis", {"kind": "stack", "parts": ["gcn", {"kind": kind}]})
 
 
+def _cli(capsys, *args) -> SimpleNamespace:
+    """``structconv ARGS`` in this process (the side module's folder is on ``sys.path``)."""
+    from structconv.cli import main
+
+    capsys.readouterr()
+    rc = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return SimpleNamespace(returncode=rc, stdout=out.out, stderr=out.err)
+
+
 # -- the command line: eval RUN and train --resume RUN -------------------------------------------
 @pytest.mark.parametrize("command", ["eval", "resume"])
 @pytest.mark.parametrize("where", ["basis", "param", "stack part"])
-def test_run_directory_import_paths_are_refused(base_run, tmp_path, side, command, where):
+def test_run_directory_import_paths_are_refused(base_run, tmp_path, side, capsys, command,
+                                                where):
     edit = {"basis": _basis(f"{side.name}:gcn"), "param": _param(f"{side.name}:full"),
             "stack part": _stack_part(f"{side.name}:gcn")}[where]
     run = _copy_with(base_run, tmp_path, edit)
     args = ["eval", run] if command == "eval" else ["train", "--resume", run]
-    r = run_cli(*args, env=side.env, cwd=tmp_path)
+    r = _cli(capsys, *args)
     kind = "param kind" if where == "param" else "basis kind"
     _one_line_refusal(r, f"{kind} '{side.name}:")
     assert str(run) in r.stderr
-    assert not side.marker.exists()  # nothing was imported
+    assert not side.imported  # nothing was imported
     # the run directory is left as it was: no checkpoint written by a refused resume
     assert sorted(p.name for p in run.iterdir()) == sorted(p.name for p in base_run.iterdir())
 
 
-def test_builtins_print_is_not_called(base_run, tmp_path, side):
+def test_builtins_print_is_not_called(base_run, tmp_path, side, capsys):
     run = _copy_with(base_run, tmp_path, _basis("builtins:print"))
-    r = run_cli("eval", run, env=side.env)
+    r = _cli(capsys, "eval", run)
     _one_line_refusal(r, "basis kind 'builtins:print'")
     assert "'kind'" not in r.stdout  # before, print was called with the basis table
 
 
 def test_venv_main_creates_nothing(base_run, tmp_path, side):
+    # the issue's case end to end, through a real process: before, it made virtual environments
     run = _copy_with(base_run, tmp_path, _basis("venv.__main__:x"))
     cwd = tmp_path / "cwd"
     cwd.mkdir()
@@ -168,47 +186,48 @@ def test_venv_main_creates_nothing(base_run, tmp_path, side):
     assert list(cwd.iterdir()) == [] and not (run / "pyvenv.cfg").exists()
 
 
-def test_resume_with_processes_is_refused_before_any_starts(base_run, tmp_path, side):
+def test_resume_with_processes_is_refused_before_any_starts(base_run, tmp_path, side, capsys):
     run = _copy_with(base_run, tmp_path, _basis(f"{side.name}:gcn"))
-    r = run_cli("train", "--resume", run, "--nproc", "2", env=side.env)
+    r = _cli(capsys, "train", "--resume", run, "--nproc", "2")
     if "exceeds the" in r.stderr:  # a one-core machine refuses --nproc 2 first
         pytest.skip(r.stderr.strip())
     _one_line_refusal(r, f"basis kind '{side.name}:gcn'")
-    assert not side.marker.exists()
+    assert not side.imported
 
 
 @pytest.mark.parametrize("allow", ["flag", "env"])
-def test_the_user_may_allow_a_run_directory_its_imports(base_run, tmp_path, side, allow):
+def test_the_user_may_allow_a_run_directory_its_imports(base_run, tmp_path, side, capsys,
+                                                        monkeypatch, allow):
     run = _copy_with(base_run, tmp_path, _basis(f"{side.name}:gcn"))
-    env = dict(side.env)
     extra = []
     if allow == "flag":
         extra = ["--allow-imports"]
     else:
-        env[ALLOW_IMPORTS_ENV] = "1"
-    r = run_cli("eval", run, *extra, env=env)
+        monkeypatch.setenv(ALLOW_IMPORTS_ENV, "1")
+    r = _cli(capsys, "eval", run, *extra)
     assert r.returncode == 0, r.stderr[-2000:]
     assert side.marker.exists() and "accuracy" in r.stdout
-    side.marker.unlink()
-    r = run_cli("train", "--resume", run, *extra, env=env)
+    side.forget()
+    r = _cli(capsys, "train", "--resume", run, *extra)
     assert r.returncode == 0, r.stderr[-2000:]
     assert side.marker.exists() and (run / "result.json").is_file()
 
 
-def test_the_variable_allows_only_when_it_says_1(base_run, tmp_path, side):
+def test_the_variable_allows_only_when_it_says_1(base_run, tmp_path, side, capsys, monkeypatch):
     run = _copy_with(base_run, tmp_path, _basis(f"{side.name}:gcn"))
-    for value in ("0", "", "true", "yes"):
-        r = run_cli("eval", run, env={**side.env, ALLOW_IMPORTS_ENV: value})
+    for value in ("0", "", "true", "yes", "1 "):
+        monkeypatch.setenv(ALLOW_IMPORTS_ENV, value)
+        r = _cli(capsys, "eval", run)
         _one_line_refusal(r, f"basis kind '{side.name}:gcn'")
-    assert not side.marker.exists()
+    assert not side.imported
 
 
-def test_a_config_file_is_trusted_as_code(tmp_path, side):
+def test_a_config_file_is_trusted_as_code(tmp_path, side, capsys):
     cfg = tmp_path / "cfg.toml"
     cfg.write_text(TINY.replace('basis = "gcn"\nchannels = 8',
                                 f'basis = {{ kind = "{side.name}:gcn" }}\nchannels = 8')
                    .replace("epochs = 2", "epochs = 1"))
-    r = run_cli("train", "--config", cfg, "--out", tmp_path / "run", env=side.env)
+    r = _cli(capsys, "train", "--config", cfg, "--out", tmp_path / "run")
     assert r.returncode == 0, r.stderr[-2000:]
     assert side.marker.exists()
 
@@ -235,16 +254,16 @@ monitor = "val_loss"
 """
 
 
-def test_python_text_modules_are_read_not_imported(tmp_path, side):
+def test_python_text_modules_are_read_not_imported(tmp_path, side, capsys):
     cfg = tmp_path / "lm.toml"
     cfg.write_text(LM.format(modules=f"textwrap,{side.name}"))
     run = tmp_path / "run"
-    r = run_cli("train", "--config", cfg, "--out", run, env=side.env)
+    r = _cli(capsys, "train", "--config", cfg, "--out", run)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert not side.marker.exists()  # even a trusted config's modules are data
-    r = run_cli("eval", run, env=side.env)
+    assert not side.imported  # even a trusted config's modules are data
+    r = _cli(capsys, "eval", run)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert not side.marker.exists()
+    assert not side.imported
     # the text holds the module's source, exactly
     text = sc.data.text.python_text(side.name)
     assert text == side.path.read_text() and not side.imported
@@ -349,3 +368,96 @@ def test_the_rule_ends_on_errors_and_stays_in_its_thread():
         assert not imports_allowed()
     assert seen == [True]
     assert issubclass(ImportRefused, KindError) and issubclass(ImportRefused, ValueError)
+
+
+# -- hostile run directories: exit 2 and one line each, nothing imported --------------------------
+def _nested_stack(kind):
+    return lambda cfg: cfg["model"]["layers"][0].__setitem__("basis", {
+        "kind": "stack", "parts": [{"kind": "stack", "parts": ["gcn", {"kind": kind}]}]})
+
+
+def _hostile_edit(case: str, mod: str):
+    return {
+        "kind a number": (_basis(5), r"basis kind must be a string, got 5"),
+        "kind a table": (_basis({"kind": f"{mod}:gcn"}), r"basis kind must be a string"),
+        "empty module": (_basis(":gcn"), r"refused to import basis kind ':gcn'"),
+        "stdlib callable": (_basis("os:system"), r"refused to import basis kind 'os:system'"),
+        "padded path": (_basis(f" {mod}:gcn"), rf"refused to import basis kind ' {mod}:gcn'"),
+        "module name alone": (_basis(mod), rf"unknown basis kind '{mod}'"),
+        "nested stack": (_nested_stack(f"{mod}:gcn"),
+                         r"basis\.parts\.0\.parts\.1: refused to import basis kind"),
+        "param a table": (_param({"kind": f"{mod}:full"}), r"unknown param \{'kind'"),
+        "param a number": (_param(7), r"unknown param 7"),
+    }[case]
+
+
+HOSTILE_EDITS = ["kind a number", "kind a table", "empty module", "stdlib callable",
+                 "padded path", "module name alone", "nested stack", "param a table",
+                 "param a number"]
+
+
+def _main_refuses(capsys, args, match):
+    import re
+
+    from structconv.cli import main
+
+    capsys.readouterr()
+    rc = main([str(a) for a in args])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert re.search(match, err), err
+    return err
+
+
+@pytest.mark.parametrize("case", HOSTILE_EDITS)
+def test_hostile_run_configs_are_one_line(base_run, tmp_path, side, capsys, case):
+    edit, match = _hostile_edit(case, side.name)
+    run = _copy_with(base_run, tmp_path, edit)
+    for args in (["eval", run], ["train", "--resume", run]):
+        _main_refuses(capsys, args, match)
+    assert not side.imported
+    assert sorted(p.name for p in run.iterdir()) == sorted(p.name for p in base_run.iterdir())
+
+
+@pytest.mark.parametrize("text,match", [
+    ("[]", r"config\.json: a config is a JSON object, got list"),
+    ("null", r"config\.json: a config is a JSON object, got NoneType"),
+    ('"gcn"', r"config\.json: a config is a JSON object, got str"),
+    ("[" * 100_000 + "]" * 100_000, r"config\.json: corrupt JSON \(RecursionError"),
+    ('{"seed": ' + "9" * 5000 + "}", r"config\.json: corrupt JSON \(ValueError: Exceeds"),
+    ("\ufeff{}", r"config\.json: corrupt JSON \(JSONDecodeError: Unexpected UTF-8 BOM"),
+    ("{\"data\": ", r"config\.json: corrupt JSON \(JSONDecodeError"),
+], ids=["list", "null", "string", "deep", "digits", "bom", "truncated"])
+def test_a_config_json_that_is_not_a_config_is_one_line(base_run, tmp_path, capsys, text, match):
+    run = tmp_path / "run"
+    shutil.copytree(base_run, run)
+    (run / "config.json").write_text(text, encoding="utf-8")
+    for args in (["eval", run], ["train", "--resume", run]):
+        _main_refuses(capsys, args, match)
+
+
+# -- the resume commands printed for a run with imports allow them ---------------------------------
+def test_printed_resume_commands_allow_the_runs_imports(tmp_path, side, monkeypatch, capsys):
+    from test_interrupts import _stop_at
+
+    from structconv.cli import main
+    from structconv.interrupt import TrainingInterrupted
+
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text(TINY.replace('basis = "gcn"\nchannels = 8',
+                                f'basis = {{ kind = "{side.name}:gcn" }}\nchannels = 8')
+                   .replace("epochs = 2", "epochs = 3"))
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(cfg), "--out", str(run), "--stop-after", "1"]) == 0
+    hint = f"resume with: structconv train --resume {run} --allow-imports"
+    assert hint in capsys.readouterr().out
+    with monkeypatch.context() as m:  # a signal inside the resumed run's next epoch
+        _stop_at(m, 1)
+        with pytest.raises(TrainingInterrupted, match=hint):
+            train(None, run, resume=True, allow_imports=True)
+    # the printed command is one that works
+    assert main(["train", "--resume", str(run), "--allow-imports"]) == 0
+    assert json.loads((run / "result.json").read_text())["epochs"] == 3
+    # a run without imports is told no more than before
+    assert "--allow-imports" not in sc.train.resume_command(run, parse_config(TINY))

@@ -179,9 +179,18 @@ def _ranking_rows(prefix: str, m: dict) -> list[tuple[str, str]]:
             (("mrr", "MRR"), ("hits@1", "Hits@1"), ("hits@3", "Hits@3"), ("hits@10", "Hits@10"))]
 
 
-def _print_result(res: dict, out) -> None:
+def _resume_hint(args, cfg, out) -> str:
+    """The command that continues run ``out`` (``cfg`` None: a resumed run, whose
+    imports, if any, this command was allowed)."""
+    from .train import resume_command
+
+    cmd = resume_command(out, cfg or {}, args.nproc)
+    return cmd + (" --allow-imports" if args.allow_imports and cfg is None else "")
+
+
+def _print_result(res: dict, out, hint: str) -> None:
     if res.get("interrupted"):
-        print(f"stopped after epoch {res['epoch']}; resume with: structconv train --resume {out}")
+        print(f"stopped after epoch {res['epoch']}; resume with: {hint}")
         return
     rows = [("model", res["model"]), ("dataset", res["dataset"]),
             ("parameters", f"{res['parameters']:,}"), ("epochs", res["epochs"]),
@@ -272,16 +281,15 @@ def _train_processes(args, cfg, out: Path, progress) -> dict:
         except SpawnError as e:
             # the last checkpoint is intact (atomic writes): say how to go on from it
             if (out / "checkpoint.json").is_file():
-                raise SpawnError(f"{e}; resume from the last checkpoint with: {PROG} train "
-                                 f"--resume {out} --nproc {args.nproc}") from None
+                raise SpawnError(f"{e}; resume from the last checkpoint with: "
+                                 f"{_resume_hint(args, cfg, out)}") from None
             raise
         if result_path.is_file():
             return json.loads(result_path.read_text())
         if stop.requested:
             raise TrainingInterrupted(stop.signum, f"interrupted by "
                                       f"{StopRequest.name(stop.signum)}: checkpoint saved in "
-                                      f"{out}; resume with: {PROG} train --resume {out} "
-                                      f"--nproc {args.nproc}")
+                                      f"{out}; resume with: {_resume_hint(args, cfg, out)}")
         return {"interrupted": True, "epoch": "?"}
 
 
@@ -308,7 +316,7 @@ def _cmd_train(args) -> int:
         cleanup()
         if not main_rank:  # torchrun: one table, from rank 0
             return 0
-    _print_result(res, out)
+    _print_result(res, out, _resume_hint(args, cfg, out))
     return 0
 
 

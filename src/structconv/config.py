@@ -37,7 +37,7 @@ __all__ = ["ConfigError", "load_config", "parse_config", "apply_overrides", "val
            "DEFAULTS", "config_path", "sampler_spec", "SAMPLER_KEYS", "graph_kinds",
            "graph_layer_hops", "shipped_configs", "LINK_KEYS", "LINK_TRAIN_KEYS", "LM_KEYS",
            "LINK_MONITORS", "ACTIVATIONS", "link_spec", "link_train_spec", "is_link",
-           "is_content"]
+           "is_content", "import_paths"]
 
 
 class ConfigError(ValueError):
@@ -90,7 +90,14 @@ ACTIVATIONS = ("relu", "gelu", "elu", "tanh", "sigmoid", "none", "leaky_relu")
 
 def graph_kinds() -> list[str]:
     """The basis kinds a sampler can restrict (those registered with a ``Sampled`` trait)."""
-    return [k for k in B.BASES.kinds() if B.BASES.trait(k, "sampled") is not None]
+    out = []
+    for k in B.BASES.kinds():
+        try:
+            if B.BASES.trait(k, "sampled") is not None:
+                out.append(k)
+        except B.KindError:  # a broken plug-in is named where a config uses it, not here
+            continue
+    return out
 
 
 # -- loading -------------------------------------------------------------------------------------
@@ -576,6 +583,26 @@ def _check_param(name, where: str):
     raise ConfigError(f"{where}: unknown param {name!r} (known: "
                       f"{', '.join(P.PARAMS.kinds())}, a form installed under entry-point "
                       f"group {P.PARAMS.group!r}, or 'package.module:function')")
+
+
+def import_paths(cfg: dict) -> list[str]:
+    """The import paths (``package.module:function``) a validated config names as basis kinds
+    (stack parts included) or param forms: the code it runs when built, which a run directory
+    holding it may import only when allowed (``--allow-imports``)."""
+    out: list[str] = []
+    for layer in (cfg.get("model") or {}).get("layers") or []:
+        param = layer.get("param")
+        if isinstance(param, str) and ":" in param:
+            out.append(param)
+        specs = [layer["basis"]] if "basis" in layer else []
+        while specs:
+            spec = specs.pop()
+            kind = B.as_spec(spec).get("kind") if isinstance(spec, (str, dict)) else None
+            if isinstance(kind, str) and ":" in kind:
+                out.append(kind)
+            elif kind == "stack":
+                specs.extend(spec.get("parts") or [])
+    return out
 
 
 def _check_basis(spec, where: str):

@@ -41,7 +41,7 @@ from .checkpoint import (
     save_checkpoint,
     save_weights,
 )
-from .config import ConfigError, is_link, link_train_spec, sampler_spec, validate
+from .config import ConfigError, import_paths, is_link, link_train_spec, sampler_spec, validate
 from .data.registry import load_dataset
 from .interrupt import StopRequest, TrainingInterrupted
 from .io import RunLock, atomic_write_json
@@ -54,7 +54,7 @@ from .runlog import LINK_PANELS, Progress, plot_curves, progress_mode, tensorboa
 
 __all__ = ["TrainingError", "train", "evaluate", "evaluate_link", "load_data", "resolve_device",
            "load_run", "make_optimizer", "count_parameters", "prepare_run", "check_world_size",
-           "check_train_split"]
+           "check_train_split", "resume_command"]
 
 
 class TrainingError(ValueError):
@@ -267,14 +267,26 @@ def prepare_run(run: Path, cfg: dict | None, resume: bool, allow_imports: bool =
                                   "by structconv train")
         try:
             saved = json.loads(cfg_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{cfg_path}: corrupt JSON ({e})") from None
+        except (ValueError, RecursionError) as e:  # also a 5,000-digit number, deep nesting
+            raise CheckpointError(f"{cfg_path}: corrupt JSON ({type(e).__name__}: "
+                                  f"{str(e)[:200]})") from None
+        if not isinstance(saved, dict):
+            raise CheckpointError(f"{cfg_path}: a config is a JSON object, got "
+                                  f"{type(saved).__name__}")
         with untrusted(run, allow_imports):
             return validate(saved, str(cfg_path))
     if (run / CHECKPOINT_JSON).exists():
         raise TrainingError(f"{run} already holds a run; use --resume {run} to continue it "
                             "or choose another --out")
     return cfg
+
+
+def resume_command(run, cfg: dict, nproc: int = 1) -> str:
+    """The command that continues the run in ``run`` whose config is ``cfg``: with
+    ``--allow-imports`` where the config names import paths (a run directory is data: its
+    imports are refused unless allowed)."""
+    return (f"structconv train --resume {run}" + (f" --nproc {nproc}" if nproc > 1 else "")
+            + (" --allow-imports" if import_paths(cfg) else ""))
 
 
 def train(cfg: dict | None, out: str | Path, device: str = "cpu", resume: bool = False,
@@ -440,10 +452,9 @@ class _Trainer:
         of) of ``epoch``, or after the epoch (None)."""
         sig = self.stop.signum or signal.SIGTERM  # another rank's signal: stop as SIGTERM
         where = f"epoch {epoch}, step {step[0]}/{step[1]}" if step else f"the end of epoch {epoch}"
-        nproc = f" --nproc {self.w.size}" if self.w.size > 1 else ""
         raise TrainingInterrupted(sig, f"interrupted by {StopRequest.name(sig)} at {where}: "
                                        f"checkpoint saved in {self.run}; resume with: "
-                                       f"structconv train --resume {self.run}{nproc}")
+                                       f"{resume_command(self.run, self.cfg, self.w.size)}")
 
     def checkpoint(self, epoch: int, partial: dict | None = None,
                    extra: dict | None = None) -> None:

@@ -240,24 +240,33 @@ def check_settings(folder: Path, settings: dict) -> None:
             raise ConfigError(f"reproduce kg-link: {folder} holds a run whose settings were not "
                               f"recorded (no {SETTINGS_JSON}): it cannot be continued safely; "
                               f"{fresh}") from None
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"reproduce kg-link: {path}: unreadable ({e}); {fresh}") from None
+        except (OSError, ValueError, RecursionError) as e:
+            raise ConfigError(f"reproduce kg-link: {path}: unreadable ({str(e)[:200]}); "
+                              f"{fresh}") from None
+        if not isinstance(saved, dict):
+            raise ConfigError(f"reproduce kg-link: {path}: unreadable (a JSON object of "
+                              f"settings expected, got {type(saved).__name__}); {fresh}")
         diff = [k for k in sorted(set(saved) | set(settings)) if saved.get(k) != settings.get(k)]
         if diff:
+            more = f"; and {len(diff) - 20} more" if len(diff) > 20 else ""
             raise ConfigError(f"reproduce kg-link: {folder} holds a run with other settings: "
                               + "; ".join(_difference(k, saved.get(k), settings.get(k))
-                                          for k in diff)
-                              + f"; continue it with its settings, or {fresh}")
+                                          for k in diff[:20])
+                              + f"{more}; continue it with its settings, or {fresh}")
         return
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, settings)
 
 
 def _difference(key: str, was, now) -> str:
-    def show(v):
-        return "(no effect)" if v is None else f"{v[:12]}..." if key == "data" else str(v)
+    def show(v):  # a hand-edited settings.json may hold anything: shown short
+        if v is None:
+            return "(no effect)"
+        text = " ".join(str(v).split())  # on one line
+        return f"{text[:12]}..." if key == "data" else text[:80]
 
-    name = "the data (its content)" if key == "data" else _flag(key)
+    name = ("the data (its content)" if key == "data" else _flag(key) if key in KEYED
+            else f"setting {ascii(key)[:80]}")
     return f"{name} {show(was)} in the run, {show(now)} now"
 
 
