@@ -210,7 +210,20 @@ epochs = 1
 """
 
 
-def test_command_line_trains_and_evaluates_with_installed_kinds(plug, tmp_path):
+def _forget(plug) -> None:
+    """The registries and the import system forget the plug-in (as a process that never met it)."""
+    for reg in (sc.basis.BASES, sc.params.PARAMS):
+        for k in [k for k in reg.kinds() if k.startswith(plug.prefix)]:
+            reg.unregister(k)
+    sys.modules.pop(plug.module, None)
+    plug.marker.unlink(missing_ok=True)
+
+
+def test_command_line_trains_and_evaluates_with_installed_kinds(plug, tmp_path, capsys,
+                                                                monkeypatch):
+    from structconv.cli import main
+
+    # a fresh process finds the installed kinds by name (one real process; the rest in this one)
     env = {**ENV, "PYTHONPATH": f"{plug.site}:{ENV.get('PYTHONPATH', '')}"}
     cfg = tmp_path / "plug.toml"
     cfg.write_text(CFG.format(p=plug.prefix))
@@ -218,24 +231,30 @@ def test_command_line_trains_and_evaluates_with_installed_kinds(plug, tmp_path):
     r = run_cli("train", "--config", cfg, "--out", run, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (run / "result.json").is_file() and plug.marker.exists()
-    plug.marker.unlink()
+    _forget(plug)
     # a run directory naming installed kinds needs no --allow-imports: they were installed
-    r = run_cli("eval", run, env=env)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "accuracy" in r.stdout and plug.marker.exists()
+    capsys.readouterr()
+    assert main(["eval", str(run)]) == 0
+    assert "accuracy" in capsys.readouterr().out and plug.marker.exists()
     # without the plug-in installed, its kind is unknown: one line
-    r = run_cli("eval", run)
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
-    assert f"unknown param '{plug.prefix}_full'" in r.stderr
-    assert "a form installed under entry-point group 'structconv.params'" in r.stderr
+    _forget(plug)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(plug.site)])
+    assert main(["eval", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"unknown param '{plug.prefix}_full'" in err, err
+    assert "a form installed under entry-point group 'structconv.params'" in err
+    assert not plug.marker.exists()
 
 
-def test_command_line_names_a_broken_entry_point_in_one_line(plug, tmp_path):
-    env = {**ENV, "PYTHONPATH": f"{plug.site}:{ENV.get('PYTHONPATH', '')}"}
+def test_command_line_names_a_broken_entry_point_in_one_line(plug, tmp_path, capsys):
+    from structconv.cli import main
+
     cfg = tmp_path / "plug.toml"
     cfg.write_text(CFG.format(p=plug.prefix).replace(f'"{plug.prefix}_plain"',
                                                      f'"{plug.prefix}_missing"'))
-    r = run_cli("train", "--config", cfg, "--out", tmp_path / "run", env=env)
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    capsys.readouterr()
+    assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
     assert f"entry point {plug.prefix}_missing = {plug.module}_nowhere:build of " \
-           f"{plug.name}" in r.stderr and "failed to load" in r.stderr
+           f"{plug.name}" in err and "failed to load" in err
