@@ -54,6 +54,15 @@ def _train_arguments(s: argparse.ArgumentParser) -> None:
                         "line every 30 s otherwise)")
     s.add_argument("--stop-after", type=int, default=0, metavar="N",
                    help="end this process after N epochs (continue later with --resume)")
+    _allow_imports_argument(s, "--resume DIR")
+
+
+def _allow_imports_argument(s: argparse.ArgumentParser, what: str) -> None:
+    s.add_argument("--allow-imports", action="store_true",
+                   help=f"let the config of {what} import the modules its import-path kinds "
+                        "('package.module:function') name: a run directory is data, so only "
+                        "shipped and installed kinds load unless you allow it (or set "
+                        "STRUCTCONV_ALLOW_IMPORTS=1); a --config file is trusted as code")
 
 
 def _kg_arguments(s: argparse.ArgumentParser) -> None:
@@ -110,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = cmd("eval", "evaluate a trained run directory on a split")
     s.add_argument("run", help="run directory written by structconv train")
     s.add_argument("--split", default="test", help="train, val or test (default test)")
+    _allow_imports_argument(s, "the run directory")
     s.add_argument("--weights", default="best",
                    help="best (default), last (the last checkpoint) or a safetensors file")
 
@@ -149,7 +159,7 @@ def _cmd_demo(args) -> int:
     return run_demo(args)
 
 
-def _train_worker(cfg, out, device, resume, progress, stop_after):
+def _train_worker(cfg, out, device, resume, progress, stop_after, allow_imports=False):
     # rank 0 writes result.json into the run directory, which the parent then reads; the parent
     # holds the run's lock
     from .interrupt import TrainingInterrupted
@@ -157,7 +167,7 @@ def _train_worker(cfg, out, device, resume, progress, stop_after):
 
     try:
         train(cfg, out, device=device, resume=resume, progress=progress, stop_after=stop_after,
-              lock=False)
+              lock=False, allow_imports=allow_imports)
     except TrainingInterrupted:
         pass  # the checkpoint is written: a clean stop, which the parent reports
 
@@ -169,9 +179,18 @@ def _ranking_rows(prefix: str, m: dict) -> list[tuple[str, str]]:
             (("mrr", "MRR"), ("hits@1", "Hits@1"), ("hits@3", "Hits@3"), ("hits@10", "Hits@10"))]
 
 
-def _print_result(res: dict, out) -> None:
+def _resume_hint(args, cfg, out) -> str:
+    """The command that continues run ``out`` (``cfg`` None: a resumed run, whose
+    imports, if any, this command was allowed)."""
+    from .train import resume_command
+
+    cmd = resume_command(out, cfg or {}, args.nproc)
+    return cmd + (" --allow-imports" if args.allow_imports and cfg is None else "")
+
+
+def _print_result(res: dict, out, hint: str) -> None:
     if res.get("interrupted"):
-        print(f"stopped after epoch {res['epoch']}; resume with: structconv train --resume {out}")
+        print(f"stopped after epoch {res['epoch']}; resume with: {hint}")
         return
     rows = [("model", res["model"]), ("dataset", res["dataset"]),
             ("parameters", f"{res['parameters']:,}"), ("epochs", res["epochs"]),
@@ -257,21 +276,20 @@ def _train_processes(args, cfg, out: Path, progress) -> dict:
         # CUDA cannot be used in forked children once the driver is initialised: spawn there
         try:
             spawn(args.nproc, _train_worker, cfg, str(out), args.device, bool(args.resume),
-                  progress, args.stop_after, stop=stop,
+                  progress, args.stop_after, args.allow_imports, stop=stop,
                   start_method="spawn" if args.device.startswith("cuda") else None)
         except SpawnError as e:
             # the last checkpoint is intact (atomic writes): say how to go on from it
             if (out / "checkpoint.json").is_file():
-                raise SpawnError(f"{e}; resume from the last checkpoint with: {PROG} train "
-                                 f"--resume {out} --nproc {args.nproc}") from None
+                raise SpawnError(f"{e}; resume from the last checkpoint with: "
+                                 f"{_resume_hint(args, cfg, out)}") from None
             raise
         if result_path.is_file():
             return json.loads(result_path.read_text())
         if stop.requested:
             raise TrainingInterrupted(stop.signum, f"interrupted by "
                                       f"{StopRequest.name(stop.signum)}: checkpoint saved in "
-                                      f"{out}; resume with: {PROG} train --resume {out} "
-                                      f"--nproc {args.nproc}")
+                                      f"{out}; resume with: {_resume_hint(args, cfg, out)}")
         return {"interrupted": True, "epoch": "?"}
 
 
@@ -282,7 +300,8 @@ def _cmd_train(args) -> int:
 
     resolve_device(args.device)
     if args.nproc > 1:  # refused here, before any worker starts
-        check_world_size(cfg if cfg is not None else prepare_run(out, None, True), args.nproc)
+        check_world_size(cfg if cfg is not None else
+                         prepare_run(out, None, True, args.allow_imports), args.nproc)
     # on by default: a bar on a terminal, a line every 30 s in a log or a pipe
     progress = True if args.progress is None else args.progress
     if args.nproc > 1:
@@ -292,12 +311,12 @@ def _cmd_train(args) -> int:
         from .train import train
 
         res = train(cfg, out, device=args.device, resume=bool(args.resume), progress=progress,
-                    stop_after=args.stop_after)
+                    stop_after=args.stop_after, allow_imports=args.allow_imports)
         main_rank = world().main
         cleanup()
         if not main_rank:  # torchrun: one table, from rank 0
             return 0
-    _print_result(res, out)
+    _print_result(res, out, _resume_hint(args, cfg, out))
     return 0
 
 
@@ -308,7 +327,7 @@ def _cmd_eval(args) -> int:
 
     if args.split not in ("train", "val", "test"):
         raise UsageError(f"--split must be train, val or test, got {args.split!r}")
-    cfg, data, model = load_run(args.run, args.weights, args.device)
+    cfg, data, model = load_run(args.run, args.weights, args.device, args.allow_imports)
     if is_link(cfg):
         return _eval_link(args, cfg, data, model)
     t0 = time.perf_counter()

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from . import basis as B
 from . import params as P
+from .registry import ImportRefused
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -36,7 +37,7 @@ __all__ = ["ConfigError", "load_config", "parse_config", "apply_overrides", "val
            "DEFAULTS", "config_path", "sampler_spec", "SAMPLER_KEYS", "graph_kinds",
            "graph_layer_hops", "shipped_configs", "LINK_KEYS", "LINK_TRAIN_KEYS", "LM_KEYS",
            "LINK_MONITORS", "ACTIVATIONS", "link_spec", "link_train_spec", "is_link",
-           "is_content"]
+           "is_content", "import_paths"]
 
 
 class ConfigError(ValueError):
@@ -89,7 +90,14 @@ ACTIVATIONS = ("relu", "gelu", "elu", "tanh", "sigmoid", "none", "leaky_relu")
 
 def graph_kinds() -> list[str]:
     """The basis kinds a sampler can restrict (those registered with a ``Sampled`` trait)."""
-    return [k for k in B.BASES.kinds() if B.BASES.trait(k, "sampled") is not None]
+    out = []
+    for k in B.BASES.kinds():
+        try:
+            if B.BASES.trait(k, "sampled") is not None:
+                out.append(k)
+        except B.KindError:  # a broken plug-in is named where a config uses it, not here
+            continue
+    return out
 
 
 # -- loading -------------------------------------------------------------------------------------
@@ -549,9 +557,7 @@ def _check_layer(layer: dict, where: str):
     dp = layer.get("dropout", 0.0)
     _need(isinstance(dp, (int, float)) and 0 <= dp < 1,
           f"{where}: dropout must be in [0, 1), got {dp!r}")
-    _need(layer.get("param", "full") in P.PARAMS,
-          f"{where}: unknown param {layer.get('param')!r} (known: "
-          f"{', '.join(P.PARAMS.kinds())}, or 'package.module:function')")
+    _check_param(layer.get("param", "full"), where)
     if kind == "conv":
         _need("basis" in layer, f"{where}: a conv layer needs a basis (e.g. basis = "
                                 f"{{ kind = \"grid\", kernel_size = 3 }})")
@@ -564,8 +570,44 @@ def _check_layer(layer: dict, where: str):
                                              f"{{ kind = \"max\", kernel_size = 2 }}, got {pool!r}")
 
 
+def _check_param(name, where: str):
+    """A layer's ``param`` names a registered or installed form, or ``package.module:function``
+    (imported later, and refused where imports are not allowed: a run directory's config)."""
+    if name in P.PARAMS:
+        return
+    if isinstance(name, str) and ":" in name:
+        try:
+            P.PARAMS.get(name)  # raises ImportRefused, naming the import and the source
+        except ImportRefused as e:
+            raise ImportRefused(f"{where}: {e}") from None
+    raise ConfigError(f"{where}: unknown param {name!r} (known: "
+                      f"{', '.join(P.PARAMS.kinds())}, a form installed under entry-point "
+                      f"group {P.PARAMS.group!r}, or 'package.module:function')")
+
+
+def import_paths(cfg: dict) -> list[str]:
+    """The import paths (``package.module:function``) a validated config names as basis kinds
+    (stack parts included) or param forms: the code it runs when built, which a run directory
+    holding it may import only when allowed (``--allow-imports``)."""
+    out: list[str] = []
+    for layer in (cfg.get("model") or {}).get("layers") or []:
+        param = layer.get("param")
+        if isinstance(param, str) and ":" in param:
+            out.append(param)
+        specs = [layer["basis"]] if "basis" in layer else []
+        while specs:
+            spec = specs.pop()
+            kind = B.as_spec(spec).get("kind") if isinstance(spec, (str, dict)) else None
+            if isinstance(kind, str) and ":" in kind:
+                out.append(kind)
+            elif kind == "stack":
+                specs.extend(spec.get("parts") or [])
+    return out
+
+
 def _check_basis(spec, where: str):
-    """A basis table names a registered kind (or ``package.module:function``, imported later)."""
+    """A basis table names a registered or installed kind, or ``package.module:function``
+    (imported later, and refused where imports are not allowed: a run directory's config)."""
     _need(isinstance(spec, (str, dict)), f"{where}: a basis is a kind name or a table, "
                                          f"got {spec!r}")
     spec = B.as_spec(spec)
@@ -573,6 +615,8 @@ def _check_basis(spec, where: str):
     if kind not in B.BASES:
         try:
             B.BASES.get(kind)
+        except ImportRefused as e:  # a run directory's import path: refused, as its own kind
+            raise ImportRefused(f"{where}: {e}") from None
         except B.KindError as e:
             raise ConfigError(f"{where}: {e}") from None
     if kind == "stack":

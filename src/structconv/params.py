@@ -335,15 +335,18 @@ class LowRank(Parameterization):
                       B * (M + N) * K * r, heads, device_type=basis.device.type)]
 
 
-#: the parameter forms usable as ``param = "NAME"`` in a model config
-PARAMS = Registry("param")
+#: the parameter forms usable as ``param = "NAME"`` in a model config: the shipped ones, those
+#: registered from Python, and installed packages' entry points of ``structconv.params``
+PARAMS = Registry("param", group="structconv.params")
 
 
 def register(name: str, build=None, **traits):
     """Make ``name`` usable as ``param = "NAME"`` in a model config (and in ``make_param``).
 
     ``build(spec, K, P, Q) -> Parameterization``: ``spec`` is the layer's table (a dict: the
-    form's extra sizes such as ``groups``, ``H`` or ``rank``). Usable as a decorator.
+    form's extra sizes such as ``groups``, ``H`` or ``rank``). Usable as a decorator. An
+    installed package's entry point ``NAME = "module:build"`` in group ``structconv.params``
+    makes a form of every process, the command line included.
     """
     return PARAMS.register(name, build, **traits)
 

@@ -41,7 +41,7 @@ from .checkpoint import (
     save_checkpoint,
     save_weights,
 )
-from .config import ConfigError, is_link, link_train_spec, sampler_spec, validate
+from .config import ConfigError, import_paths, is_link, link_train_spec, sampler_spec, validate
 from .data.registry import load_dataset
 from .interrupt import StopRequest, TrainingInterrupted
 from .io import RunLock, atomic_write_json
@@ -49,11 +49,12 @@ from .minibatch import SampledEval, batch_inputs, dropout_seed, make_loader, res
 from .models.build import build_model, check_memory
 from .optim import epoch_generator
 from .optim import make_optimizer as _named_optimizer
+from .registry import untrusted
 from .runlog import LINK_PANELS, Progress, plot_curves, progress_mode, tensorboard, write_metrics
 
 __all__ = ["TrainingError", "train", "evaluate", "evaluate_link", "load_data", "resolve_device",
            "load_run", "make_optimizer", "count_parameters", "prepare_run", "check_world_size",
-           "check_train_split"]
+           "check_train_split", "resume_command"]
 
 
 class TrainingError(ValueError):
@@ -254,9 +255,11 @@ def _improved(cfg, val: dict, best) -> bool:
     return val["acc"] > best
 
 
-def prepare_run(run: Path, cfg: dict | None, resume: bool) -> dict:
+def prepare_run(run: Path, cfg: dict | None, resume: bool, allow_imports: bool = False) -> dict:
     """The config of a run in ``run``: read (and validated) from its ``config.json`` to
-    resume, or ``cfg`` when ``run`` holds no run yet (else TrainingError)."""
+    resume, or ``cfg`` when ``run`` holds no run yet (else TrainingError). A run directory is
+    data: its config may name no import path unless ``allow_imports`` (see
+    ``structconv.registry.untrusted``)."""
     cfg_path = run / "config.json"
     if resume:
         if not cfg_path.is_file():
@@ -264,21 +267,36 @@ def prepare_run(run: Path, cfg: dict | None, resume: bool) -> dict:
                                   "by structconv train")
         try:
             saved = json.loads(cfg_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{cfg_path}: corrupt JSON ({e})") from None
-        return validate(saved, str(cfg_path))
+        except (ValueError, RecursionError) as e:  # also a 5,000-digit number, deep nesting
+            raise CheckpointError(f"{cfg_path}: corrupt JSON ({type(e).__name__}: "
+                                  f"{str(e)[:200]})") from None
+        if not isinstance(saved, dict):
+            raise CheckpointError(f"{cfg_path}: a config is a JSON object, got "
+                                  f"{type(saved).__name__}")
+        with untrusted(run, allow_imports):
+            return validate(saved, str(cfg_path))
     if (run / CHECKPOINT_JSON).exists():
         raise TrainingError(f"{run} already holds a run; use --resume {run} to continue it "
                             "or choose another --out")
     return cfg
 
 
+def resume_command(run, cfg: dict, nproc: int = 1) -> str:
+    """The command that continues the run in ``run`` whose config is ``cfg``: with
+    ``--allow-imports`` where the config names import paths (a run directory is data: its
+    imports are refused unless allowed)."""
+    return (f"structconv train --resume {run}" + (f" --nproc {nproc}" if nproc > 1 else "")
+            + (" --allow-imports" if import_paths(cfg) else ""))
+
+
 def train(cfg: dict | None, out: str | Path, device: str = "cpu", resume: bool = False,
-          progress: bool | str | None = False, stop_after: int = 0, lock: bool = True) -> dict:
+          progress: bool | str | None = False, stop_after: int = 0, lock: bool = True,
+          allow_imports: bool = False) -> dict:
     """Train the model of ``cfg`` into run directory ``out``; returns the result summary.
 
     ``resume`` continues the run in ``out`` from its last checkpoint (``cfg`` is then read from
-    ``out/config.json``), inside an epoch where it stopped inside one. ``progress``: True for
+    ``out/config.json``: data, whose import-path kinds are refused unless ``allow_imports``),
+    inside an epoch where it stopped inside one. ``progress``: True for
     a bar on a terminal and a line every 30 s elsewhere, False for none. The run directory is
     locked while the run writes it (``lock=False``: the caller holds the lock). SIGINT and
     SIGTERM stop at the next batch boundary after a checkpoint, raising
@@ -291,9 +309,11 @@ def train(cfg: dict | None, out: str | Path, device: str = "cpu", resume: bool =
     # taken by the trainer at its first write (nothing is written for a refused config)
     run_lock = RunLock(run, "structconv train") if lock and main else None
     with run_lock or contextlib.nullcontext(), StopRequest() as stop:
-        link = is_link(cfg if not resume else prepare_run(run, None, True))
-        t = (_LinkTrainer if link else _Trainer)(cfg, run, device, resume, progress, stop,
-                                                 run_lock)
+        # a resumed run's config is validated and its model built as data (no imports)
+        with untrusted(run, allow_imports) if resume else contextlib.nullcontext():
+            link = is_link(cfg if not resume else prepare_run(run, None, True))
+            t = (_LinkTrainer if link else _Trainer)(cfg, run, device, resume, progress, stop,
+                                                     run_lock)
         epochs_run = 0
         for epoch in range(t.start + 1, t.cfg["train"]["epochs"] + 1):
             if t.state["stopped"]:
@@ -432,10 +452,9 @@ class _Trainer:
         of) of ``epoch``, or after the epoch (None)."""
         sig = self.stop.signum or signal.SIGTERM  # another rank's signal: stop as SIGTERM
         where = f"epoch {epoch}, step {step[0]}/{step[1]}" if step else f"the end of epoch {epoch}"
-        nproc = f" --nproc {self.w.size}" if self.w.size > 1 else ""
         raise TrainingInterrupted(sig, f"interrupted by {StopRequest.name(sig)} at {where}: "
                                        f"checkpoint saved in {self.run}; resume with: "
-                                       f"structconv train --resume {self.run}{nproc}")
+                                       f"{resume_command(self.run, self.cfg, self.w.size)}")
 
     def checkpoint(self, epoch: int, partial: dict | None = None,
                    extra: dict | None = None) -> None:
@@ -753,17 +772,21 @@ def _splits(data) -> set:
     return set(data.masks) if data.task == "node" else set(data.splits)
 
 
-def load_run(run: str | Path, weights: str = "best", device: str = "cpu"):
-    """(cfg, data, model) of a finished or checkpointed run, weights ``best`` or ``last``."""
+def load_run(run: str | Path, weights: str = "best", device: str = "cpu",
+             allow_imports: bool = False):
+    """(cfg, data, model) of a finished or checkpointed run, weights ``best`` or ``last``.
+    The run directory is data: its config's import-path kinds are refused (``ImportRefused``)
+    unless ``allow_imports``."""
     run = Path(run)
     if not run.is_dir():
         raise CheckpointError(f"{run}: run directory not found")
     if not (run / "config.json").is_file():
         raise CheckpointError(f"{run}: not a run directory (no config.json); give a directory "
                               "made by structconv train")
-    cfg = prepare_run(run, None, resume=True)
-    data = load_data(cfg)
-    model = build_model(cfg, data).to(resolve_device(device))
+    with untrusted(run, allow_imports):
+        cfg = prepare_run(run, None, resume=True)
+        data = load_data(cfg)
+        model = build_model(cfg, data).to(resolve_device(device))
     if weights == "best":
         path = run / "best.safetensors"
         if path.is_file():

@@ -23,8 +23,9 @@ from .mining import single_and_mined_sorts
 __all__ = ["BASES", "register", "build", "Structure", "KindError", "as_spec", "with_defaults",
            "Sampled", "sampled", "identity"]
 
-#: the basis kinds usable as ``basis = { kind = "..." }`` in a model config
-BASES = Registry("basis")
+#: the basis kinds usable as ``basis = { kind = "..." }`` in a model config: the shipped ones,
+#: those registered from Python, and installed packages' entry points of ``structconv.bases``
+BASES = Registry("basis", group="structconv.bases")
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,10 @@ def register(kind: str, build=None, **traits):
     none). Traits: ``defaults`` (a dict of the table's defaults), ``content=True`` (computed from
     content by its layer), ``sampled`` (a ``Sampled``: the kind can be trained on sampled
     mini-batches). Usable as a decorator.
+
+    A kind registered from Python exists in that process only: a package that installs an
+    entry point ``KIND = "module:build"`` in group ``structconv.bases`` makes it a kind of every
+    process, the command line included (registering itself in ``module`` keeps its traits).
     """
     return BASES.register(kind, build, **traits)
 

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import codecs
-import importlib
-import inspect
+import sys
+import tokenize
 from pathlib import Path
 
 import torch
 
 from .registry import DatasetError, TextData, check_fraction, check_int, register_dataset
 
-__all__ = ["encode_text", "load_text_file", "python_text"]
+__all__ = ["encode_text", "load_text_file", "python_text", "module_source"]
 
 
 def _check_split(name: str, val, test, limit) -> None:
@@ -59,21 +59,68 @@ def _tiny(root, val=0.05, test=0.05, limit=None):
                           limit=limit)
 
 
+def _find_spec(name: str):
+    """``name``'s module spec found as the import system would, without importing (running)
+    it or its parent packages: a loaded module's own spec, else the meta-path finders asked
+    with the parent package's search path (None: not found)."""
+    if name in sys.modules:
+        return getattr(sys.modules[name], "__spec__", None)
+    parent, _, _ = name.rpartition(".")
+    path = None
+    if parent:
+        pspec = _find_spec(parent)
+        path = getattr(pspec, "submodule_search_locations", None)
+        if path is None:  # no such package, or a plain module (not a package)
+            return None
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        spec = find(name, path) if find is not None else None
+        if spec is not None:
+            return spec
+    return None
+
+
+def module_source(name: str) -> str:
+    """The source text of module ``name``, read without importing it: a config naming modules
+    (python-text's ``modules``) names data to read, never code to run."""
+    try:
+        spec = _find_spec(name) if name.replace(".", "").replace("_", "").isalnum() else None
+    except (ImportError, ValueError) as e:
+        raise DatasetError(f"python-text: no module {name!r} ({e})") from None
+    if spec is None:
+        raise DatasetError(f"python-text: no module {name!r} (modules are comma-separated "
+                           "importable names, e.g. this,textwrap)")
+    get = getattr(spec.loader, "get_source", None)
+    try:
+        src = get(spec.name) if get is not None else None
+        # a frozen stdlib module (Python >= 3.11) names its file in the loader state
+        file = getattr(spec.loader_state, "filename", None)
+        if src is None and file:
+            with tokenize.open(file) as f:
+                src = f.read()
+    except (ImportError, OSError, SyntaxError, UnicodeDecodeError) as e:
+        raise DatasetError(f"python-text: no source for module {name!r} ({e})") from None
+    if src is None:
+        raise DatasetError(f"python-text: no source for module {name!r} (a compiled or "
+                           "built-in module)")
+    return src
+
+
 def python_text(modules: str = "this,textwrap") -> str:
-    """Text that ships with every Python: stdlib module sources (``this`` as the decoded Zen)."""
+    """Text that ships with every Python: stdlib module sources (``this`` as the decoded Zen),
+    read from their files; no module is imported."""
+    if not isinstance(modules, str):
+        raise DatasetError(f"python-text: modules must be a comma-separated string of module "
+                           f"names, got {modules!r}")
     parts = []
     for name in [m.strip() for m in modules.split(",") if m.strip()]:
+        src = module_source(name)
         if name == "this":
-            # importing ``this`` prints the Zen; decode its rot13 source text instead
-            spec = importlib.util.find_spec("this")
-            src = Path(spec.origin).read_text(encoding="utf-8")
-            body = src.split('"""')[1]
-            parts.append(codecs.decode(body, "rot13"))
-            continue
-        try:
-            parts.append(inspect.getsource(importlib.import_module(name)))
-        except (ImportError, OSError, TypeError) as e:
-            raise DatasetError(f"python-text: no source for module {name!r} ({e})") from None
+            # ``this`` holds the Zen rot13-encoded in its source: decode the text
+            src = codecs.decode(src.split('"""')[1], "rot13")
+        parts.append(src)
+    if not parts:
+        raise DatasetError(f"python-text: modules names no module, got {modules!r}")
     return "\n".join(parts)
 
 

@@ -8,12 +8,22 @@ logged every ``--eval-every`` epochs (full filtered validation set) for the lear
 test set is scored once, at the end, always in full. ``--time-limit`` stops training at an
 epoch's end; the run checkpoints every epoch and continues when started again with the same
 ``--out`` (``<out>/kg_link/<tag>/``). Writes ``<out>/kg_link/<tag>/result.json``.
+
+The arguments are checked by the config schema (``structconv.config.validate``, as the
+``[model.link]`` / ``[train.link]`` keys they stand for) before anything is read. A run folder is
+keyed by every setting that changes what it computes (``KEYED`` and the data's digest, written
+to ``settings.json``): continuing a folder with other settings is refused, naming each one.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
+import json
+import math
+import os
+import re
 import time
 from pathlib import Path
 
@@ -21,13 +31,16 @@ import torch
 from torch import Tensor
 
 from ..basis.mining import single_and_mined_sorts
+from ..checkpoint import CHECKPOINT_JSON
+from ..config import DEFAULTS, ConfigError, validate
 from ..data.kg import load_kg
 from ..data.registry import data_root
 from ..io import atomic_write_json
 from ..kg import LinkPredictor, link_metrics, train_link
 from ._common import hardware, param_count, set_threads
 
-__all__ = ["add_arguments", "run", "PUBLISHED"]
+__all__ = ["add_arguments", "run", "PUBLISHED", "KEYED", "check_arguments", "run_settings",
+           "check_settings", "SETTINGS_JSON"]
 
 #: published filtered test MRR (REFERENCES.md)
 PUBLISHED = {
@@ -76,7 +89,88 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="2 epochs (smoke test)")
 
 
+#: each option's key in a link config: the options are checked by the config schema, so a value
+#: a [model.link] / [train.link] config refuses is refused here too (the error names the option)
+CONFIG_KEYS = {
+    "decoder": "model.link.decoder", "dim": "model.link.dim", "init_std": "model.link.init_std",
+    "encoder_layers": "model.link.encoder_layers", "sorts": "model.link.sorts",
+    "top": "model.link.top", "block": "model.link.block",
+    "edge_dropout": "model.link.edge_dropout", "mode": "train.link.mode",
+    "reg": "train.link.reg", "reg_weight": "train.link.reg_weight",
+    "label_smoothing": "train.link.label_smoothing", "negatives": "train.link.negatives",
+    "eval_every": "train.link.eval_every", "epochs": "train.epochs", "lr": "train.lr",
+    "optimizer": "train.optimizer", "batch": "data.batch_size",
+    "eval_batch": "data.eval_batch_size", "seed": "seed",
+}
+#: the options that change what a run computes (its model and scores at every epoch): a run
+#: folder holds one combination of them. Not keyed: how long it trains (--epochs, --quick,
+#: --time-limit) and how it reports (--eval-every, --eval-batch, --threads), which a continued
+#: run may change; and --data, keyed by the content it holds instead of its path
+KEYED = ("dataset", "decoder", "mode", "dim", "init_std", "batch", "lr", "optimizer", "reg",
+         "reg_weight", "label_smoothing", "negatives", "encoder_layers", "sorts", "top", "block",
+         "edge_dropout", "seed")
+#: a run folder's settings (``run_settings``), written when it starts
+SETTINGS_JSON = "settings.json"
+#: seeds as numpy takes them; the epoch seed rule (structconv.optim) multiplies them further
+MAX_SEED = 2**32 - 1
+
+
+def _flag(attr: str) -> str:
+    return "--" + attr.replace("_", "-")
+
+
+def _as_config(args, epochs: int) -> dict:
+    """The link config whose keys the options stand for (the schema's defaults elsewhere)."""
+    cfg = copy.deepcopy(DEFAULTS)
+    cfg["model"]["link"], cfg["train"]["monitor"] = {}, "val_mrr"
+    cfg["data"]["name"] = args.dataset
+    values = {**vars(args), "epochs": epochs, "seed": 0 if args.seed is None else args.seed}
+    for attr, key in CONFIG_KEYS.items():
+        *path, last = key.split(".")
+        node = cfg
+        for part in path:
+            node = node[part]
+        node[last] = values[attr]
+    return cfg
+
+
+def _named_as_options(message: str) -> str:
+    """A schema error about the config keys the options stand for, naming the options."""
+    flags = {key: _flag(attr) for attr, key in CONFIG_KEYS.items()}
+    keys = "|".join(map(re.escape, sorted(flags, key=len, reverse=True)))
+    message = re.sub(rf"(?<![\w.-])({keys})(?![\w.])", lambda m: flags[m.group(1)], message)
+    # a bare key in a hint ("set encoder_layers >= 1", "must divide dim=200")
+    bare = "|".join(map(re.escape, (a for a in CONFIG_KEYS if a != "seed")))
+    return re.sub(rf"(?<![\w.-])({bare})(?=\s*>?=)", lambda m: _flag(m.group(1)), message)
+
+
+def check_arguments(args) -> None:
+    """Every option checked before anything is read: ConfigError (one line naming the option
+    and its value) for a value the link config schema refuses, or that this recipe cannot
+    use (--time-limit, --threads, --tag, --seed)."""
+    where = "reproduce kg-link"
+    try:
+        validate(_as_config(args, 2 if args.quick else args.epochs), where)
+    except ConfigError as e:
+        raise ConfigError(_named_as_options(str(e))) from None
+    seed = 0 if args.seed is None else args.seed
+    if not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"{where}: --seed must be an int in [0, {MAX_SEED}], got {seed}")
+    t = args.time_limit
+    if t is not None and not (math.isfinite(t) and t > 0):
+        raise ConfigError(f"{where}: --time-limit must be a number of seconds > 0, got {t}")
+    cores = os.cpu_count() or 1
+    if not 0 <= args.threads <= cores:
+        raise ConfigError(f"{where}: --threads must be in [0, {cores}] (0: torch's default; "
+                          f"this machine has {cores} cores), got {args.threads}")
+    tag = args.tag
+    if tag is not None and (not tag or tag in (".", "..") or Path(tag).name != tag
+                            or any(c in tag for c in "/\\\0")):
+        raise ConfigError(f"{where}: --tag must be a plain folder name (no path), got {tag!r}")
+
+
 def run(args) -> int:
+    check_arguments(args)
     set_threads(args)
     name = _NAMES[args.dataset]
     root = Path(args.data) if args.data else (data_root() or Path(".")) / "kg" / name
@@ -88,7 +182,7 @@ def run(args) -> int:
                        + (f"-block{args.block}" if args.encoder_layers and args.block != 5
                           else ""))
     folder = Path(args.out) / "kg_link" / tag
-    folder.mkdir(parents=True, exist_ok=True)
+    check_settings(folder, run_settings(args, data))
     sorts, mined = None, []
     graph = data.graph("train")
     names = data.relation_names
@@ -100,6 +194,80 @@ def run(args) -> int:
     print(f"{data}: {tag}, {param_count(model):,} parameters")
     _train_and_test(args, data, model, folder, tag, epochs, mined)
     return 0
+
+
+def data_digest(data) -> str:
+    """sha256 of a knowledge graph's content: entity and relation names (their ids) and the
+    triples of every split."""
+    h = hashlib.sha256()
+    for names in (data.entities, data.relations):
+        h.update(json.dumps(names, ensure_ascii=False).encode("utf-8"))
+    for split in ("train", "valid", "test"):
+        t = getattr(data, split).to(torch.int64).contiguous()
+        h.update(f"{split}{tuple(t.shape)}".encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
+def run_settings(args, data) -> dict:
+    """What a run computes, by option (``KEYED``; None where an option has no effect under
+    the others), and the digest of its data."""
+    s = {k: getattr(args, k) for k in KEYED}
+    s["seed"] = 0 if args.seed is None else args.seed
+    if not args.encoder_layers:  # no R-GCN encoder: no blocks, edge dropout or sorts
+        s["block"] = s["edge_dropout"] = s["top"] = None
+    if args.sorts != "mined":  # --top picks mined sorts only
+        s["top"] = None
+    if args.mode != "negative":  # corruptions are drawn in negative sampling only
+        s["negatives"] = None
+    if args.reg == "none":
+        s["reg_weight"] = None
+    return {**s, "data": data_digest(data)}
+
+
+def check_settings(folder: Path, settings: dict) -> None:
+    """Start ``folder`` with ``settings`` (written to ``settings.json``), or continue it when
+    it holds a run of the same settings; a run of other settings (or of unrecorded ones) is
+    refused (ConfigError naming each differing setting, its two values and how to start
+    fresh)."""
+    path = folder / SETTINGS_JSON
+    started = (folder / CHECKPOINT_JSON).is_file() or (folder / "result.json").is_file()
+    fresh = (f"start fresh with another --tag (or --out), or delete {folder}")
+    if started:
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"reproduce kg-link: {folder} holds a run whose settings were not "
+                              f"recorded (no {SETTINGS_JSON}): it cannot be continued safely; "
+                              f"{fresh}") from None
+        except (OSError, ValueError, RecursionError) as e:
+            raise ConfigError(f"reproduce kg-link: {path}: unreadable ({str(e)[:200]}); "
+                              f"{fresh}") from None
+        if not isinstance(saved, dict):
+            raise ConfigError(f"reproduce kg-link: {path}: unreadable (a JSON object of "
+                              f"settings expected, got {type(saved).__name__}); {fresh}")
+        diff = [k for k in sorted(set(saved) | set(settings)) if saved.get(k) != settings.get(k)]
+        if diff:
+            more = f"; and {len(diff) - 20} more" if len(diff) > 20 else ""
+            raise ConfigError(f"reproduce kg-link: {folder} holds a run with other settings: "
+                              + "; ".join(_difference(k, saved.get(k), settings.get(k))
+                                          for k in diff[:20])
+                              + f"{more}; continue it with its settings, or {fresh}")
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, settings)
+
+
+def _difference(key: str, was, now) -> str:
+    def show(v):  # a hand-edited settings.json may hold anything: shown short
+        if v is None:
+            return "(no effect)"
+        text = " ".join(str(v).split())  # on one line
+        return f"{text[:12]}..." if key == "data" else text[:80]
+
+    name = ("the data (its content)" if key == "data" else _flag(key) if key in KEYED
+            else f"setting {ascii(key)[:80]}")
+    return f"{name} {show(was)} in the run, {show(now)} now"
 
 
 def _model(args, data, graph, sorts, names) -> LinkPredictor:
