@@ -183,7 +183,8 @@ def test_ctrl_c_at_the_command_line_saves_and_says_how_to_resume(tmp_path):
 
 @pytest.mark.skipif(sys.platform != "linux", reason="DDP workers fork on Linux")
 def test_sigterm_to_a_data_parallel_run_stops_every_rank_cleanly(tmp_path):
-    over = ["train.epochs=3", "data.options.limit=1000", "model.dtype=\"float64\"",
+    # five epochs: the signal must land inside the run even when this process is starved
+    over = ["train.epochs=5", "data.options.limit=1000", "model.dtype=\"float64\"",
             "data.batch_size=10", "train.checkpoint_seconds=1e9"]
     run = tmp_path / "ddp"
     proc = subprocess.Popen(CLI + ["train", "--config", "cnn_digits", *over, "--out", str(run),
