@@ -36,7 +36,7 @@ __all__ = ["ConfigError", "load_config", "parse_config", "apply_overrides", "val
            "DEFAULTS", "config_path", "sampler_spec", "SAMPLER_KEYS", "graph_kinds",
            "graph_layer_hops", "shipped_configs", "LINK_KEYS", "LINK_TRAIN_KEYS", "LM_KEYS",
            "LINK_MONITORS", "ACTIVATIONS", "link_spec", "link_train_spec", "is_link",
-           "is_content"]
+           "is_content", "config_from"]
 
 
 class ConfigError(ValueError):
@@ -586,3 +586,16 @@ def is_content(spec) -> bool:
     """Whether a basis table's kind is computed from content by its layer (attention)."""
     kind = B.as_spec(spec).get("kind")
     return isinstance(kind, str) and bool(B.BASES.trait(kind, "content", False))
+
+
+def config_from(config, overrides=()) -> dict:
+    """A validated config from a dict of tables (merged over ``DEFAULTS``), a TOML file's path
+    or a shipped config's name, with ``key=value`` overrides applied (``sc.train``'s input)."""
+    if isinstance(config, dict):
+        cfg = validate(_merge(DEFAULTS, config), "<config dict>")
+        return validate(_merge(DEFAULTS, apply_overrides(cfg, overrides)), "<config dict>") \
+            if overrides else cfg
+    if isinstance(config, (str, Path)):
+        return load_config(config, overrides)
+    raise ConfigError(f"a config is a dict, a TOML file's path or a shipped config's name, "
+                      f"got {type(config).__name__}")
