@@ -14,6 +14,9 @@ A page asks for a generated part with an HTML comment on a line of its own:
   --quick``, run at build time, or read from ``$STRUCTCONV_EXAMPLE_OUTPUT/NAME.txt`` where
   the examples' test has written it (CI then runs each example once). A failing example fails
   the build, except one whose dataset is absent from the data home, which says so.
+
+And a results page (``docs/results-*.md``) missing from ``mkdocs.yml``'s nav joins its Results
+section (``on_config``), so another branch's new results page needs no nav edit.
 """
 
 from __future__ import annotations
@@ -318,6 +321,33 @@ def example_part(name: str) -> str:
                 f"data home when this site was built; the script said:\n\n"
                 f"        {text.strip()}\n")
     return f"```text\n$ python examples/{name}.py --quick\n{text.rstrip()}\n```"
+
+
+def _nav_files(items) -> set[str]:
+    out = set()
+    for item in items or []:
+        value = next(iter(item.values())) if isinstance(item, dict) else item
+        if isinstance(value, list):
+            out |= _nav_files(value)
+        elif isinstance(value, str):
+            out.add(value)
+    return out
+
+
+def on_config(config):
+    """Results pages (``docs/results-*.md``) that the nav does not list join its Results
+    section, titled by their first heading: a branch that adds one needs no nav edit."""
+    nav = config.get("nav")
+    if not nav:
+        return config
+    listed = _nav_files(nav)
+    section = next((item["Results"] for item in nav
+                    if isinstance(item, dict) and isinstance(item.get("Results"), list)), None)
+    if section is not None:
+        for path in sorted(Path(config["docs_dir"]).glob("results*.md")):
+            if path.name not in listed:
+                section.append(path.name)
+    return config
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
