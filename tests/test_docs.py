@@ -104,18 +104,18 @@ def site(example_runs, tmp_path_factory):
 
 
 def test_site_builds_strictly(site):
-    for page in ("index.html", "guide/configs/index.html", "guide/cli/index.html",
-                 "api/nn/index.html", "examples/cnn/index.html"):
+    for page in ("index.html", "guide/configs.html", "guide/cli.html",
+                 "api/nn.html", "examples/cnn.html"):
         assert (site / page).is_file(), page
-    configs = (site / "guide/configs/index.html").read_text(encoding="utf-8")
+    configs = (site / "guide/configs.html").read_text(encoding="utf-8")
     # generated from the schema: every [train.sampler] key and a basis kind's default
     from structconv.config import SAMPLER_KEYS
 
     for key in SAMPLER_KEYS:
         assert f"<code>{key}</code>" in configs, key
-    cli = (site / "guide/cli/index.html").read_text(encoding="utf-8")
+    cli = (site / "guide/cli.html").read_text(encoding="utf-8")
     assert "structconv kg" in cli and "--stop-after" in cli
-    cnn = (site / "examples/cnn/index.html").read_text(encoding="utf-8")
+    cnn = (site / "examples/cnn.html").read_text(encoding="utf-8")
     assert "class DigitsCNN" in cnn and "test acc" in cnn
 
 

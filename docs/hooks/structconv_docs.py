@@ -72,9 +72,10 @@ MEANINGS = {
                      "`val_loss` (link prediction: `val_mrr`, `val_hits@1`, `val_hits@3`, "
                      "`val_hits@10`)",
     "train.grad_clip": "clip the gradient's norm to this value (0: no clipping)",
-    "train.checkpoint_every": "write a checkpoint every this many epochs (0: every epoch)",
-    "train.checkpoint_seconds": "also write one inside an epoch once this many seconds have "
-                                "passed since the last",
+    "train.checkpoint_every": "a checkpoint every this many epochs; 0: by time (below), and "
+                              "always after the last epoch",
+    "train.checkpoint_seconds": "with `checkpoint_every = 0`, a checkpoint once this many "
+                                "seconds have passed since the last, inside an epoch too",
     "train.sampler": "the `[train.sampler]` table: sampled mini-batches for node tasks",
     "train.link": "the `[train.link]` table: how a link predictor trains",
     "model.lm.width": "the model's width (embedding and residual stream)",
@@ -132,12 +133,14 @@ MEANINGS = {
     "layer.groups": "`grouped`: the number of groups",
     "layer.H": "`separable`: the number of channel maps H",
     "layer.rank": "`lowrank`: the rank",
-    "layer.activation": "`relu`, `gelu`, `elu`, `tanh`, `sigmoid`, `leaky_relu` or `none`",
+    "layer.activation": "`relu`, `gelu`, `elu`, `tanh`, `sigmoid`, `leaky_relu` or `none` (an "
+                        "`mlp` layer's hidden activation, default `gelu`)",
     "layer.dropout": "dropout on the layer's input",
     "layer.bias": "a bias of `channels` entries",
     "layer.pool": "`avg`, `max` or a table `{ kind = \"max\", kernel_size = 2 }` after the "
                   "activation (grid data)",
-    "layer.residual": "add the layer's input to its output (channels must match)",
+    "layer.residual": "add the layer's input to its output (channels must match); `mlp` layers "
+                      "default to `true`",
     "layer.norm": "`layer`: a pre-norm LayerNorm on the layer's input; `none`",
     "layer.route": "the contraction order passed to `sc.convolve` (`auto`: the planner)",
     "layer.hidden": "`mlp`: the hidden width (0: 4 x channels)",
@@ -146,7 +149,7 @@ MEANINGS = {
 #: the layer keys' defaults (a layer table has no defaults table in the schema)
 LAYER_DEFAULTS = {"type": "conv", "basis": "(required for conv)", "channels": "same",
                   "param": "full", "groups": 1, "H": 1, "rank": 1, "activation": "none",
-                  "dropout": 0.0, "bias": True, "pool": "(none)", "residual": "false (mlp: true)",
+                  "dropout": 0.0, "bias": True, "pool": None, "residual": False,
                   "norm": "none", "route": "auto", "hidden": 0}
 
 #: what each shipped basis kind is
