@@ -90,7 +90,8 @@ def link_prediction(triples, n: int, epochs: int) -> None:
           f"filtered): MRR {m['mrr']:.3f}  Hits@1 {m['hits@1']:.3f}  Hits@10 {m['hits@10']:.3f}")
     share = model.sort_contributions()[0]  # (layers, K): the one encoder layer
     top = sorted(zip(sorts, share.tolist()), key=lambda s: -s[1])[:3]
-    print("the encoder relies most on: " + ", ".join(f"{s} ({v:.2f})" for s, v in top))
+    print("the sorts whose terms weigh most in the encoder (Frobenius norm): "
+          + ", ".join(f"{s} ({v:.1f})" for s, v in top))
 
 
 def main(argv=None) -> None:

@@ -18,7 +18,6 @@ import types
 from pathlib import Path
 
 import pytest
-
 from datahome import absent
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,13 +25,13 @@ DOCS = ROOT / "docs"
 
 #: each example and a line its --quick output must hold (what makes the output meaningful)
 EXAMPLES = {
-    "cnn": r"epoch  2  train loss \d\.\d+  test acc 0\.\d+",
-    "gcn_cora": r"epoch  30  loss \d\.\d+  val acc 0\.\d+  test acc 0\.\d+",
-    "gat_edge_features": r"with edge_dim=2: +0\.\d+",
-    "rgcn_link": r"MRR 0\.\d+  Hits@1 0\.\d+  Hits@10 [01]\.\d+",
+    "cnn": r"epoch  2  train loss \d\.\d+  test acc [01]\.\d+",
+    "gcn_cora": r"epoch  30  loss \d\.\d+  val acc [01]\.\d+  test acc [01]\.\d+",
+    "gat_edge_features": r"with edge_dim=2: +[01]\.\d+",
+    "rgcn_link": r"MRR [01]\.\d+  Hits@1 [01]\.\d+  Hits@10 [01]\.\d+",
     "transformer_lm": r"sample: '.+'",
     "cyclic_shift": r"routes .+ agree to \d\.\de-\d+ \(float64\)",
-    "sampled_graph": r"test accuracy \(exact layer-wise inference\): 0\.\d+",
+    "sampled_graph": r"test accuracy \(exact layer-wise inference\): [01]\.\d+",
     "train_config": r"gcn_karate_dict on karate: val acc \d\.\d+, test acc \d\.\d+",
 }
 #: examples that read a dataset from the data home
@@ -149,7 +148,10 @@ def test_every_public_name_has_an_api_entry(site):
             path = ALIASES.get(f"{package}.{name}", f"{package}.{name}")
             if isinstance(obj, types.ModuleType) and path == f"{package}.{name}":
                 continue  # a subpackage: its own page
-            if path not in anchors:
+            # a function named as the module defining it (sc.kg.evaluate in kg/evaluate.py)
+            # is documented where it is defined
+            home = f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}"
+            if path not in anchors and home not in anchors:
                 missing.append(path)
     assert not missing, "public names without an API entry (add a docstring and a `:::` " \
                         "line in docs/api):\n" + "\n".join(missing)

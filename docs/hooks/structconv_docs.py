@@ -175,6 +175,7 @@ FORMS = {
     "full": "K·P·Q parameters, every theta[k] free",
     "grouped": "K·P·Q/groups, each theta[k] block diagonal (`groups`)",
     "depthwise": "K·P + P·Q: a per-channel filter, then a channel map",
+    "depthwise_separable": "the same form as `depthwise`, by its full name",
     "separable": "controlled separability, H·(K + P·Q) (`H`; eq. \"separable\")",
     "lowrank": "K·rank·(P + Q) (`rank`): the Transformer's value/output form",
 }

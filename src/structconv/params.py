@@ -335,8 +335,8 @@ class LowRank(Parameterization):
                       B * (M + N) * K * r, heads, device_type=basis.device.type)]
 
 
-#: the parameter forms usable as ``param = "NAME"`` in a model config
 PARAMS = Registry("param")
+"""The parameter forms usable as ``param = "NAME"`` in a model config."""
 
 
 def register(name: str, build=None, **traits):

@@ -23,8 +23,8 @@ from .mining import single_and_mined_sorts
 __all__ = ["BASES", "register", "build", "Structure", "KindError", "as_spec", "with_defaults",
            "Sampled", "sampled", "identity"]
 
-#: the basis kinds usable as ``basis = { kind = "..." }`` in a model config
 BASES = Registry("basis")
+"""The basis kinds usable as ``basis = { kind = "..." }`` in a model config."""
 
 
 @dataclass(frozen=True)
