@@ -176,7 +176,8 @@ def _python_blocks(page: Path) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", page.read_text(encoding="utf-8"), re.S | re.M)
 
 
-GUIDE = sorted([DOCS / "index.md", *(DOCS / "guide").glob("*.md")])
+#: the pages whose Python must run: the README's tour, the site's home and the guide
+GUIDE = [ROOT / "README.md", *sorted([DOCS / "index.md", *(DOCS / "guide").glob("*.md")])]
 
 
 @pytest.fixture(scope="module")
