@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine (Python >= 3.10 with venv):
 #   make demo   create .venv, install structconv, run `structconv demo`
 #   make test   create .venv, install structconv with test extras, run ruff and the test suite
+# and `make docs` builds the documentation site into site/ (strict: a warning fails it)
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -14,7 +15,7 @@ $(BIN)/structconv: pyproject.toml constraints.txt
 	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
 	touch $@
 
-.PHONY: install demo test lint bench
+.PHONY: install demo test lint bench docs
 install: $(BIN)/structconv
 
 demo: install
@@ -28,3 +29,7 @@ test: install lint
 
 bench: install
 	$(BIN)/structconv bench all
+
+# the site: guide, API reference from the docstrings, examples with their output (mkdocs.yml)
+docs: install
+	$(BIN)/mkdocs build --strict

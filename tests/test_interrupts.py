@@ -132,7 +132,8 @@ def test_periodic_checkpoints_are_taken_inside_epochs(tmp_path):
 def test_stop_after_leaves_a_resumable_run(tmp_path):
     cfg = apply_overrides(load_config("gcn_karate"), ["train.epochs=4",
                                                       "train.checkpoint_seconds=1e9"])
-    assert train(cfg, tmp_path / "run", stop_after=2) == {"interrupted": True, "epoch": 2}
+    assert train(cfg, tmp_path / "run", stop_after=2) == {"interrupted": True, "epoch": 2,
+                                                          "run": str(tmp_path / "run")}
     train(None, tmp_path / "run", resume=True)
     train(cfg, tmp_path / "ref")
     _same_run(tmp_path / "run", tmp_path / "ref")

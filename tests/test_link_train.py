@@ -125,7 +125,8 @@ def test_resumed_link_run_equals_an_uninterrupted_one(kg, tmp_path):
     cfg = load_config(str(_config(kg, tmp_path, ENCODER, NEGATIVE + "\nval_limit = 4",
                                   "checkpoint_every = 1")))
     ref = train(cfg, tmp_path / "ref")
-    assert train(cfg, tmp_path / "run", stop_after=3) == {"interrupted": True, "epoch": 3}
+    assert train(cfg, tmp_path / "run", stop_after=3) == {"interrupted": True, "epoch": 3,
+                                                          "run": str(tmp_path / "run")}
     again = train(None, tmp_path / "run", resume=True)
     rows = _rows(tmp_path / "run")
     assert rows == _rows(tmp_path / "ref")

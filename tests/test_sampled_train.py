@@ -148,7 +148,8 @@ def test_sampled_train_resume_matches_uninterrupted(tmp_path):
     over = ["train.epochs=6", "train.checkpoint_every=1", 'train.sampler.eval="layerwise"']
     cfg = load_config("gcn_karate_sampled", over)
     res = train(cfg, tmp_path / "ref")
-    assert train(cfg, tmp_path / "run", stop_after=3) == {"interrupted": True, "epoch": 3}
+    assert train(cfg, tmp_path / "run", stop_after=3) == {"interrupted": True, "epoch": 3,
+                                                          "run": str(tmp_path / "run")}
     again = train(None, tmp_path / "run", resume=True)
     assert _rows(tmp_path / "run") == _rows(tmp_path / "ref")
     assert again["test_acc"] == res["test_acc"] and again["val_loss"] == res["val_loss"]

@@ -2,7 +2,8 @@
 
 ``x`` (B, M, P) bundle, basis ``A`` (K, M, N) carrying the structure (grid shifts, graph
 polynomials, relational sorts, attention), parameter ``Θ`` (K, P, Q) whose size never depends
-on M or N. See ``convolve`` and the packages ``basis``, ``params``, ``attention``, ``nn``.
+on M or N. See ``convolve`` and the packages ``basis``, ``params``, ``attention``, ``nn``;
+``train(config, out=...)`` trains a model described by a config.
 """
 
 from . import basis, params
@@ -12,13 +13,16 @@ from .engine import ROUTES, convolve, explain, plan
 __version__ = "0.1.0"
 
 __all__ = ["convolve", "plan", "explain", "ROUTES", "mixed_product", "materialize", "invert",
-           "compose", "basis", "params", "attention", "nn", "kg", "sampling", "__version__"]
+           "compose", "basis", "params", "attention", "nn", "kg", "sampling", "data", "train",
+           "__version__"]
 
 
 def __getattr__(name):
     # nn and attention import torch.nn machinery and optional extras: load them on first use
-    if name in ("nn", "attention", "data", "kg", "sampling"):
+    if name in ("nn", "attention", "data", "kg", "sampling", "train"):
         import importlib
 
+        # ``train`` is the module structconv.train, which is callable: sc.train(config, ...)
+        # calls its train() (see structconv.train._EntryPoint)
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'structconv' has no attribute {name!r}")

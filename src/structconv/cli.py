@@ -11,7 +11,6 @@ import argparse
 import importlib
 import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -208,13 +207,6 @@ def _print_result(res: dict, out, hint: str) -> None:
         print(f"{k:<{w}}  {v}")
 
 
-def _safe_name(name: str) -> str:
-    """A run name as one safe directory name: no separators, no leading dots (a config's
-    ``name = "../../x"`` must not escape the runs directory)."""
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", str(name)).lstrip(".")
-    return safe or "run"
-
-
 def _train_target(args) -> tuple[dict | None, Path]:
     """The config (None when resuming) and run directory of ``structconv train``."""
     from .config import load_config
@@ -239,8 +231,9 @@ def _train_target(args) -> tuple[dict | None, Path]:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not args.out:
         # torchrun's processes would each pick their own timestamped directory
         raise UsageError("under torchrun, give the run directory with --out DIR")
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return cfg, Path(args.out) if args.out else Path("runs") / f"{_safe_name(name)}-{stamp}"
+    from .train import default_run_dir
+
+    return cfg, Path(args.out) if args.out else default_run_dir(name)
 
 
 def _check_nproc(args) -> None:

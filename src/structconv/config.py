@@ -37,14 +37,13 @@ __all__ = ["ConfigError", "load_config", "parse_config", "apply_overrides", "val
            "DEFAULTS", "config_path", "sampler_spec", "SAMPLER_KEYS", "graph_kinds",
            "graph_layer_hops", "shipped_configs", "LINK_KEYS", "LINK_TRAIN_KEYS", "LM_KEYS",
            "LINK_MONITORS", "ACTIVATIONS", "link_spec", "link_train_spec", "is_link",
-           "is_content", "import_paths"]
+           "is_content", "import_paths", "config_from"]
 
 
 class ConfigError(ValueError):
     """A config file or override is invalid; the message names the key and the bad value."""
 
 
-#: defaults merged under every config (the file's values win)
 DEFAULTS = {
     "seed": 0,
     "data": {"name": "digits", "root": None, "options": {}, "batch_size": 64, "seq_len": 64,
@@ -55,37 +54,38 @@ DEFAULTS = {
               "epochs": 10, "patience": 0, "monitor": "val_acc", "grad_clip": 0.0,
               "checkpoint_every": 0, "checkpoint_seconds": 10.0, "sampler": {}, "link": {}},
 }
+"""Defaults merged under every config (the file's values win)."""
 
-#: ``[model.link]``: a link predictor (``sc.kg.LinkPredictor``) for a knowledge-graph dataset:
-#: entity vectors of ``dim`` reals scored by ``decoder``, optionally refined by
-#: ``encoder_layers`` R-GCN layers (blocks of ``block`` x ``block``) over the training graph with
-#: ``sorts`` "single" (one weight per relation), "mined" (plus the ``top`` best supported paths
-#: of length 2..``max_length``, as the relational basis kind) or a list of sorts by name (the
-#: encoder's whole set: list the single relations too, e.g. ["p", "p^-1", "p.q"]).
 LINK_KEYS = {"decoder": "distmult", "dim": 200, "reciprocal": True, "init_std": 1e-3,
              "encoder_layers": 0, "block": 5, "sorts": "single", "max_length": 2, "top": 10,
              "backtrack": True, "edge_dropout": 0.4, "self_dropout": 0.2, "dropout": 0.0}
-#: ``[train.link]``: how a link predictor trains (``sc.kg.train_link``'s options): ``mode``
-#: "1vsall" or "negative" (``negatives`` corruptions per positive), ``label_smoothing``,
-#: ``reg`` "n3" / "l2" / "none" times ``reg_weight``; validation ranks every ``eval_every``
-#: epochs the first ``val_limit`` validation triples (0: all of them).
+"""``[model.link]``: a link predictor (``sc.kg.LinkPredictor``) for a knowledge-graph dataset:
+entity vectors of ``dim`` reals scored by ``decoder``, optionally refined by ``encoder_layers``
+R-GCN layers (blocks of ``block`` x ``block``) over the training graph with ``sorts`` "single"
+(one weight per relation), "mined" (plus the ``top`` best supported paths of length
+2..``max_length``, as the relational basis kind) or a list of sorts by name (the encoder's whole
+set: list the single relations too, e.g. ["p", "p^-1", "p.q"])."""
 LINK_TRAIN_KEYS = {"mode": "1vsall", "label_smoothing": 0.0, "reg": "none", "reg_weight": 0.0,
                    "negatives": 1, "eval_every": 1, "val_limit": 0}
-#: what a link predictor's training may monitor (filtered, on the validation triples)
+"""``[train.link]``: how a link predictor trains (``sc.kg.train_link``'s options): ``mode``
+"1vsall" or "negative" (``negatives`` corruptions per positive), ``label_smoothing``, ``reg``
+"n3" / "l2" / "none" times ``reg_weight``; validation ranks every ``eval_every`` epochs the
+first ``val_limit`` validation triples (0: all of them)."""
 LINK_MONITORS = ("val_mrr", "val_hits@1", "val_hits@3", "val_hits@10")
+"""What a link predictor's training may monitor (filtered, on the validation triples)."""
 
-#: ``[train.sampler]``: mini-batches of sampled neighbourhoods for node classification (empty:
-#: full batch). ``fanouts`` one per graph layer in PyG's order: fanouts[0] is the seeds' hop,
-#: i.e. the LAST graph layer's; each a positive int, -1 / "all", or a list of per-hop fanouts
-#: for a multi-hop layer. ``batch_size`` seeds per mini-batch and process; ``accumulate``
-#: mini-batches per optimizer step and process; ``workers`` background sampling processes;
-#: ``degrees`` "full" (the full graph's normalisation) or "sample"; ``eval`` "full" (full
-#: batch), "layerwise" (exact, one layer's activations at a time) or "auto".
 SAMPLER_KEYS = {"fanouts": None, "batch_size": 1024, "accumulate": 1, "workers": 0,
                 "degrees": "full", "eval": "auto"}
+"""``[train.sampler]``: mini-batches of sampled neighbourhoods for node classification (empty: full
+batch). ``fanouts`` one per graph layer in PyG's order: fanouts[0] is the seeds' hop, i.e. the
+LAST graph layer's; each a positive int, -1 / "all", or a list of per-hop fanouts for a
+multi-hop layer. ``batch_size`` seeds per mini-batch and process; ``accumulate`` mini-batches
+per optimizer step and process; ``workers`` background sampling processes; ``degrees`` "full"
+(the full graph's normalisation) or "sample"; ``eval`` "full" (full batch), "layerwise" (exact,
+one layer's activations at a time) or "auto"."""
 _TOP = {"seed", "name", "description", "data", "model", "train"}
-#: the activations a declared layer may name
 ACTIVATIONS = ("relu", "gelu", "elu", "tanh", "sigmoid", "none", "leaky_relu")
+"""The activations a declared layer may name."""
 
 
 def graph_kinds() -> list[str]:
@@ -388,10 +388,10 @@ def _check_rest(cfg: dict, source: str) -> dict:
     return cfg
 
 
-#: ``[model.lm]``: a ``sc.nn.TransformerLM`` instead of declared layers (text tasks)
 LM_KEYS = {"width": 128, "layers": 4, "heads": 4, "position": "shift", "shifts": 4, "ffn": 0,
             "dropout": 0.0, "context": 0, "bias": True, "tie_weights": True, "canon": "",
             "canon_kernel": 4}
+"""``[model.lm]``: a ``sc.nn.TransformerLM`` instead of declared layers (text tasks)."""
 
 
 def _check_lm(m: dict, where: str) -> None:
@@ -630,3 +630,16 @@ def is_content(spec) -> bool:
     """Whether a basis table's kind is computed from content by its layer (attention)."""
     kind = B.as_spec(spec).get("kind")
     return isinstance(kind, str) and bool(B.BASES.trait(kind, "content", False))
+
+
+def config_from(config, overrides=()) -> dict:
+    """A validated config from a dict of tables (merged over ``DEFAULTS``), a TOML file's path
+    or a shipped config's name, with ``key=value`` overrides applied (``sc.train``'s input)."""
+    if isinstance(config, dict):
+        cfg = validate(_merge(DEFAULTS, config), "<config dict>")
+        return validate(_merge(DEFAULTS, apply_overrides(cfg, overrides)), "<config dict>") \
+            if overrides else cfg
+    if isinstance(config, (str, Path)):
+        return load_config(config, overrides)
+    raise ConfigError(f"a config is a dict, a TOML file's path or a shipped config's name, "
+                      f"got {type(config).__name__}")

@@ -33,6 +33,7 @@ from .params import as_theta
 __all__ = ["convolve", "plan", "explain", "featureless", "ROUTES", "Plan", "Route"]
 
 ROUTES = ("input_param", "basis_input", "basis_param")
+"""The paper's three contraction orders (the sides of the triangle), names ``route`` takes."""
 
 #: a materialised Φ (M, N, P, Q) larger than this many elements is never planned automatically
 PHI_LIMIT = 2**26

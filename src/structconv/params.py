@@ -335,9 +335,9 @@ class LowRank(Parameterization):
                       B * (M + N) * K * r, heads, device_type=basis.device.type)]
 
 
-#: the parameter forms usable as ``param = "NAME"`` in a model config: the shipped ones, those
-#: registered from Python, and installed packages' entry points of ``structconv.params``
 PARAMS = Registry("param", group="structconv.params")
+"""The parameter forms usable as ``param = "NAME"`` in a model config: the shipped ones, those
+registered from Python, and installed packages' entry points of ``structconv.params``."""
 
 
 def register(name: str, build=None, **traits):

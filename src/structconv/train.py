@@ -1,5 +1,8 @@
 """The trainer: a config (see ``structconv.config``) -> a run directory with metrics and weights.
 
+``train(config, out=...)`` is the entry point, exported as ``sc.train`` (calling this module
+calls it) and run by ``structconv train``.
+
 A run directory holds ``config.json``, ``metrics.jsonl`` and ``metrics.csv`` (one row per epoch),
 ``curves.png``, checkpoints (``checkpoint.json`` + ``ckpt-*.safetensors``), ``best.safetensors``
 (weights of the best validation epoch) and ``result.json``. Data order, dropout and every other
@@ -17,11 +20,15 @@ and tested by filtered ranking (``evaluate_link``).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import math
 import os
+import re
 import signal
+import sys
 import time
+import types
 import warnings
 from pathlib import Path
 
@@ -41,7 +48,15 @@ from .checkpoint import (
     save_checkpoint,
     save_weights,
 )
-from .config import ConfigError, import_paths, is_link, link_train_spec, sampler_spec, validate
+from .config import (
+    ConfigError,
+    config_from,
+    import_paths,
+    is_link,
+    link_train_spec,
+    sampler_spec,
+    validate,
+)
 from .data.registry import load_dataset
 from .interrupt import StopRequest, TrainingInterrupted
 from .io import RunLock, atomic_write_json
@@ -54,7 +69,7 @@ from .runlog import LINK_PANELS, Progress, plot_curves, progress_mode, tensorboa
 
 __all__ = ["TrainingError", "train", "evaluate", "evaluate_link", "load_data", "resolve_device",
            "load_run", "make_optimizer", "count_parameters", "prepare_run", "check_world_size",
-           "check_train_split", "resume_command"]
+           "check_train_split", "resume_command", "default_run_dir"]
 
 
 class TrainingError(ValueError):
@@ -289,22 +304,65 @@ def resume_command(run, cfg: dict, nproc: int = 1) -> str:
             + (" --allow-imports" if import_paths(cfg) else ""))
 
 
-def train(cfg: dict | None, out: str | Path, device: str = "cpu", resume: bool = False,
-          progress: bool | str | None = False, stop_after: int = 0, lock: bool = True,
+def train(config: dict | str | Path | None = None, out: str | Path | None = None,
+          device: str = "cpu", resume: bool = False, progress: bool | str | None = False,
+          stop_after: int = 0, lock: bool = True, *, overrides=(), seed: int | None = None,
           allow_imports: bool = False) -> dict:
-    """Train the model of ``cfg`` into run directory ``out``; returns the result summary.
+    """Train the model a config describes into a run directory; returns the run's result.
 
-    ``resume`` continues the run in ``out`` from its last checkpoint (``cfg`` is then read from
-    ``out/config.json``: data, whose import-path kinds are refused unless ``allow_imports``),
-    inside an epoch where it stopped inside one. ``progress``: True for
-    a bar on a terminal and a line every 30 s elsewhere, False for none. The run directory is
-    locked while the run writes it (``lock=False``: the caller holds the lock). SIGINT and
-    SIGTERM stop at the next batch boundary after a checkpoint, raising
-    ``TrainingInterrupted`` (a ``KeyboardInterrupt`` whose message gives the resume
-    command). ``stop_after`` stops after that many epochs of this call, with a checkpoint (a
-    resumable run), and returns ``{"interrupted": True, "epoch": ...}``.
+    This is ``sc.train`` and what ``structconv train`` runs. ``config`` is a shipped config's
+    name (``"cnn_digits"``, see ``structconv configs``), a TOML file's path, or a dict of the
+    same tables (merged over ``structconv.config.DEFAULTS`` and validated); ``overrides`` are
+    ``key=value`` strings as on the command line (``"train.epochs=3"``); ``seed`` replaces
+    the config's. ``out`` is the run directory (default ``runs/<name>-<date>-<time>``).
+
+    ``resume=True`` continues the run in ``out`` from its last checkpoint with the config saved
+    there (give no ``config``: a run directory is data, so its import-path kinds are refused
+    unless ``allow_imports``), inside an epoch where it stopped inside one; the result is the
+    uninterrupted run's. ``progress``: True for a bar on a terminal and a line every 30 s
+    elsewhere, False for none. The run directory is locked while the run writes it
+    (``lock=False``: the caller holds the lock). SIGINT and SIGTERM stop at the next batch
+    boundary after a checkpoint, raising ``TrainingInterrupted`` (a ``KeyboardInterrupt``
+    whose message gives the resume command). ``stop_after`` stops after that many epochs of
+    this call, with a checkpoint, and returns ``{"interrupted": True, "epoch": ..., "run":
+    ...}``.
+
+    Returns the ``result.json`` summary (``model``, ``dataset``, ``parameters``, ``epochs``,
+    ``best_epoch``, the validation and test metrics, ``train_time_s``) with ``run``, the run
+    directory, added. Bad input raises ``ConfigError`` / ``TrainingError`` (ValueErrors)
+    naming the key or file.
     """
-    run = Path(out)
+    if resume:
+        if config is not None or overrides or seed is not None:
+            raise TrainingError("resume=True continues the run in `out` with the config saved "
+                                "there: give no config, overrides or seed")
+        if out is None:
+            raise TrainingError("resume=True needs out=, the run directory to continue")
+        cfg = None
+    else:
+        if config is None:
+            raise TrainingError("train needs a config: a shipped config's name, a TOML file "
+                                "or a dict (or resume=True with out=RUN)")
+        cfg = config_from(config, overrides)
+        if seed is not None:
+            cfg["seed"] = seed
+        if not cfg.get("name"):
+            cfg["name"] = "run" if isinstance(config, dict) else Path(config).stem
+    run = Path(out) if out is not None else default_run_dir(cfg["name"])
+    result = _run(cfg, run, device, resume, progress, stop_after, lock, allow_imports)
+    return {**result, "run": str(run)}
+
+
+def default_run_dir(name: str) -> Path:
+    """``runs/<name>-<date>-<time>``, the name made one safe directory name (no separators,
+    no leading dots: a config's ``name = "../../x"`` must not escape ``runs/``)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", str(name)).lstrip(".") or "run"
+    return Path("runs") / f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _run(cfg: dict | None, run: Path, device: str, resume: bool, progress, stop_after: int,
+         lock: bool, allow_imports: bool = False) -> dict:
+    """The training loop of ``train``: epochs until the last, a stop or ``stop_after``."""
     main = int(os.environ.get("RANK", "0")) == 0
     # taken by the trainer at its first write (nothing is written for a refused config)
     run_lock = RunLock(run, "structconv train") if lock and main else None
@@ -801,3 +859,21 @@ def load_run(run: str | Path, weights: str = "best", device: str = "cpu",
     check_fits(model, sd, weights if weights not in ("best", "last") else run)
     model.load_state_dict(sd)
     return cfg, data, model
+
+
+class _EntryPoint(types.ModuleType):
+    """This module, callable: ``sc.train(...)`` is ``structconv.train.train(...)``.
+
+    The package exports ``train``, the function, under the name of this module. Python sets
+    ``structconv.train`` to the module whenever it is first imported (``from structconv.train
+    import ...`` anywhere), which would replace an exported function; a callable module keeps
+    ``sc.train(config, out=...)`` and ``sc.train.load_data`` both working, whatever was
+    imported first.
+    """
+
+    def __call__(self, *args, **kwargs):
+        return train(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _EntryPoint
+sys.modules[__name__].__signature__ = inspect.signature(train)

@@ -23,9 +23,9 @@ from .mining import single_and_mined_sorts
 __all__ = ["BASES", "register", "build", "Structure", "KindError", "as_spec", "with_defaults",
            "Sampled", "sampled", "identity"]
 
-#: the basis kinds usable as ``basis = { kind = "..." }`` in a model config: the shipped ones,
-#: those registered from Python, and installed packages' entry points of ``structconv.bases``
 BASES = Registry("basis", group="structconv.bases")
+"""The basis kinds usable as ``basis = { kind = "..." }`` in a model config: the shipped ones,
+those registered from Python, and installed packages' entry points of ``structconv.bases``."""
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 __all__ = ["INVERSE", "inverse_name", "parse_sort", "parse_sorts", "sort_name"]
 
-#: the suffix naming an inverse relation (``"affiliation^-1"``)
 INVERSE = "^-1"
+"""The suffix naming an inverse relation (``"affiliation^-1"``)."""
 
 
 def inverse_name(name: str) -> str:

@@ -104,8 +104,8 @@ class TextData:
         return f"{self.name}: {len(self.vocab)} symbols ({sizes} characters)"
 
 
-#: name -> (loader(root, **options), folder under the data root or None, one-line description)
 DATASETS: dict[str, tuple[Callable, str | None, str]] = {}
+"""Name -> (loader(root, **options), folder under the data root or None, one-line description)."""
 #: name -> the files (relative to its folder) a file-backed dataset needs
 _FILES: dict[str, tuple[str, ...]] = {}
 

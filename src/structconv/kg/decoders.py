@@ -90,3 +90,4 @@ class ComplEx(_Decoder):
 
 
 DECODERS = {"distmult": DistMult, "complex": ComplEx}
+"""The link-prediction decoders by name (``LinkPredictor``'s ``decoder``, ``[model.link]``'s)."""

@@ -62,8 +62,6 @@ def _defaults(build, names: Sequence[str]) -> dict:
             for n in names}
 
 
-#: the graph basis kinds that can be restricted, with their options and defaults: those of the
-#: ``sc.basis`` constructor of the same name
 KINDS = {
     "gcn": _defaults(G.gcn, ("add_self_loops", "normalize", "improved")),
     "sgc": _defaults(G.sgc, ("K", "add_self_loops")),
@@ -72,6 +70,8 @@ KINDS = {
     "relational": _defaults(G.relational, ("sorts", "normalization", "identity",
                                            "num_relations")),
 }
+"""The graph basis kinds that can be restricted, with their options and defaults: those of the
+``sc.basis`` constructor of the same name."""
 _DEGREES = ("full", "sample")
 
 

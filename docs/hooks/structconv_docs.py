@@ -1,0 +1,368 @@
+"""mkdocs hooks: the parts of the site that are generated from the code, so they stay true.
+
+A page asks for a generated part with an HTML comment on a line of its own:
+
+- ``<!-- structconv:config TABLE -->``: the keys of a config table with their defaults, read
+  from ``structconv.config``'s schema (``DEFAULTS``, ``LM_KEYS``, ``LINK_KEYS``,
+  ``LINK_TRAIN_KEYS``, ``SAMPLER_KEYS``, the layer keys), the shipped basis kinds with their
+  defaults from the registry, or the parameter forms. Each key's meaning is written below in
+  ``MEANINGS``; a key of the schema without one, or a meaning of a key the schema no longer
+  has, fails the build (so a new key cannot go undocumented).
+- ``<!-- structconv:commands -->``: every command of ``structconv`` with its options, read
+  from the argument parser.
+- ``<!-- structconv:example-output NAME -->``: the output of ``python examples/NAME.py
+  --quick``, run at build time, or read from ``$STRUCTCONV_EXAMPLE_OUTPUT/NAME.txt`` where
+  the examples' test has written it (CI then runs each example once). A failing example fails
+  the build, except one whose dataset is absent from the data home, which says so.
+
+And a results page (``docs/results-*.md``) missing from ``mkdocs.yml``'s nav joins its Results
+section (``on_config``), so another branch's new results page needs no nav edit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from mkdocs.exceptions import PluginError
+
+ROOT = Path(__file__).resolve().parents[2]
+MARK = re.compile(r"^<!-- structconv:(\S+)(?: (\S+))? -->$", re.M)
+
+#: examples that read a dataset from the data home: without it their page says so
+EXAMPLE_DATA = {"gcn_cora": "cora"}
+
+#: the meaning of every config key, "table.key" (top-level keys by their name)
+MEANINGS = {
+    "seed": "random seed: initialisation, data order, dropout (every draw derives from it and "
+            "the epoch)",
+    "name": "the run's name (default: the config file's stem); the default run directory is "
+            "`runs/<name>-<date>-<time>`",
+    "description": "free text, shown by `structconv configs`",
+    "data.name": "a registered dataset (`structconv datasets`), options may follow: "
+                 "`synthetic:nodes=1000,edges=5000`",
+    "data.root": "the dataset's folder (default: its folder in the data home)",
+    "data.options": "keyword options of the dataset's loader (e.g. `{ limit = 2000 }`)",
+    "data.batch_size": "examples per optimizer step (image and text tasks; split across "
+                       "processes)",
+    "data.seq_len": "characters per training window (text tasks)",
+    "data.eval_batch_size": "examples per evaluation batch",
+    "data.batches_per_epoch": "batches in an epoch; 0: one pass over the training split",
+    "model.layers": "the `[[model.layers]]` array: one table per layer (keys below)",
+    "model.readout": "over the entries after the last layer: `flatten`, `mean`, `sum`, `max` "
+                     "or `none` (node and text tasks); `auto`: flatten for images, none "
+                     "otherwise",
+    "model.classifier": "a linear classifier after the readout: `true`, `false`, or `auto` "
+                        "(added when the channels differ from the classes or after flatten)",
+    "model.embedding": "text tasks: the token embedding's width (0: 64)",
+    "model.dtype": "`float32` or `float64`",
+    "model.lm": "the `[model.lm]` table: a `sc.nn.TransformerLM` instead of layers",
+    "model.link": "the `[model.link]` table: a `sc.kg.LinkPredictor` for a knowledge graph",
+    "train.optimizer": "`adam`, `adamw`, `sgd` or `adagrad`",
+    "train.lr": "learning rate",
+    "train.weight_decay": "weight decay (L2 for adam / sgd / adagrad, decoupled for adamw)",
+    "train.momentum": "SGD's momentum",
+    "train.epochs": "epochs to train (at most)",
+    "train.patience": "stop after this many epochs without a better `monitor` (0: never)",
+    "train.monitor": "the validation figure that picks the best epoch: `val_acc` or "
+                     "`val_loss` (link prediction: `val_mrr`, `val_hits@1`, `val_hits@3`, "
+                     "`val_hits@10`)",
+    "train.grad_clip": "clip the gradient's norm to this value (0: no clipping)",
+    "train.checkpoint_every": "a checkpoint every this many epochs; 0: by time (below), and "
+                              "always after the last epoch",
+    "train.checkpoint_seconds": "with `checkpoint_every = 0`, a checkpoint once this many "
+                                "seconds have passed since the last, inside an epoch too",
+    "train.sampler": "the `[train.sampler]` table: sampled mini-batches for node tasks",
+    "train.link": "the `[train.link]` table: how a link predictor trains",
+    "model.lm.width": "the model's width (embedding and residual stream)",
+    "model.lm.layers": "decoder blocks",
+    "model.lm.heads": "attention heads per block (width must divide by heads)",
+    "model.lm.position": "`none`, `sinusoidal`, `learned`, `rotary`, `alibi`, `shift` or "
+                         "`shift+alibi` (see [Language models](lm.md))",
+    "model.lm.shifts": "causal shift heads per block for `shift` and `shift+alibi`",
+    "model.lm.ffn": "the feed-forward width (0: 4 x width)",
+    "model.lm.dropout": "dropout on embeddings, attention and feed-forward outputs",
+    "model.lm.context": "`learned` positions: the longest input (0: data.seq_len)",
+    "model.lm.bias": "biases in the linear maps and layer norms",
+    "model.lm.tie_weights": "the output map shares the token embedding",
+    "model.lm.canon": "Canon layers at the places named, a subset of `ABCD`",
+    "model.lm.canon_kernel": "taps of each Canon layer's causal depthwise convolution",
+    "model.link.decoder": "`distmult` or `complex`",
+    "model.link.dim": "entity vector size (even for complex)",
+    "model.link.reciprocal": "a relation `r + R` for each inverse query (tail and head "
+                             "prediction get their own relation vectors)",
+    "model.link.init_std": "standard deviation of the initial vectors",
+    "model.link.encoder_layers": "R-GCN layers refining the entity vectors (0: none)",
+    "model.link.block": "the encoder's block-diagonal weight blocks, `block` x `block` (must "
+                        "divide dim)",
+    "model.link.sorts": "the encoder's sorts: `single` (one weight per relation), `mined` "
+                        "(plus the `top` best supported paths up to `max_length`) or a list "
+                        "of sorts by name",
+    "model.link.max_length": "longest mined path (2..4)",
+    "model.link.top": "mined paths kept",
+    "model.link.backtrack": "mined paths may step straight back along an inverse",
+    "model.link.edge_dropout": "fraction of edges the encoder drops at each training step",
+    "model.link.self_dropout": "fraction of the encoder's self-connections dropped",
+    "model.link.dropout": "dropout on the entity vectors",
+    "train.link.mode": "`1vsall` (each query against every entity, cross-entropy) or "
+                       "`negative` (corrupted triples, binary cross-entropy)",
+    "train.link.label_smoothing": "label smoothing of the 1-vs-all targets",
+    "train.link.reg": "`n3`, `l2` or `none`",
+    "train.link.reg_weight": "the regulariser's weight",
+    "train.link.negatives": "corruptions per positive triple (`negative` mode)",
+    "train.link.eval_every": "rank the validation triples every this many epochs",
+    "train.link.val_limit": "rank only the first this many validation triples (0: all)",
+    "train.sampler.fanouts": "one per graph layer in PyG's order (the first is the seeds' hop, "
+                             "i.e. the last layer's): a positive int, -1 / `\"all\"`, or a "
+                             "list of per-hop fanouts for a multi-hop layer",
+    "train.sampler.batch_size": "seed nodes per mini-batch and process",
+    "train.sampler.accumulate": "mini-batches per optimizer step and process",
+    "train.sampler.workers": "background sampling processes",
+    "train.sampler.degrees": "normalise by the `full` graph's degrees or the `sample`'s",
+    "train.sampler.eval": "evaluation: `full` (full batch), `layerwise` (exact, one layer's "
+                          "activations at a time) or `auto`",
+    "layer.type": "`conv` (a basis and a parameter form), `linear` (a channel map) or `mlp` "
+                  "(the Transformer's residual feed-forward block)",
+    "layer.basis": "a basis kind's name or table (kinds below)",
+    "layer.channels": "output channels: an int, `classes` or `same`",
+    "layer.param": "the parameter form (forms below) or `package.module:function`",
+    "layer.groups": "`grouped`: the number of groups",
+    "layer.H": "`separable`: the number of channel maps H",
+    "layer.rank": "`lowrank`: the rank",
+    "layer.activation": "`relu`, `gelu`, `elu`, `tanh`, `sigmoid`, `leaky_relu` or `none` (an "
+                        "`mlp` layer's hidden activation, default `gelu`)",
+    "layer.dropout": "dropout on the layer's input",
+    "layer.bias": "a bias of `channels` entries",
+    "layer.pool": "`avg`, `max` or a table `{ kind = \"max\", kernel_size = 2 }` after the "
+                  "activation (grid data)",
+    "layer.residual": "add the layer's input to its output (channels must match); `mlp` layers "
+                      "default to `true`",
+    "layer.norm": "`layer`: a pre-norm LayerNorm on the layer's input; `none`",
+    "layer.route": "the contraction order passed to `sc.convolve` (`auto`: the planner)",
+    "layer.hidden": "`mlp`: the hidden width (0: 4 x channels)",
+}
+
+#: the layer keys' defaults (a layer table has no defaults table in the schema)
+LAYER_DEFAULTS = {"type": "conv", "basis": "(required for conv)", "channels": "same",
+                  "param": "full", "groups": 1, "H": 1, "rank": 1, "activation": "none",
+                  "dropout": 0.0, "bias": True, "pool": None, "residual": False,
+                  "norm": "none", "route": "auto", "hidden": 0}
+
+#: what each shipped basis kind is
+KINDS = {
+    "grid": "shift matrices of an N-d grid (`sc.basis.Grid`): `kernel_size`, `stride`, "
+            "`padding`, `dilation`; `causal` pads before only (sequences)",
+    "identity": "K = 1, the identity (a pointwise layer)",
+    "gcn": "Kipf & Welling's normalised adjacency (`sc.basis.gcn`), K = 1",
+    "sgc": "SGC: the GCN basis to the power `hops`, K = 1",
+    "chebyshev": "Chebyshev polynomials T_0..T_{K-1} of the scaled Laplacian (ChebNet)",
+    "diffusion": "monomials S^0..S^K of the normalised adjacency (TAGConv; `rw` for "
+                 "diffusion convolution)",
+    "relational": "one matrix per random-walk sort (`single`, `mined` or a list by name), "
+                  "plus the identity: R-GCN and its extension",
+    "stack": "the concatenation of `parts = [...]` along k (e.g. attention and shift heads)",
+    "attention": "scaled dot-product attention computed from the layer's input (`heads`, "
+                 "`causal`, `dim`)",
+    "graph_attention": "GAT's attention on the graph's edges (`heads`, `negative_slope`)",
+}
+
+#: what each parameter form is
+FORMS = {
+    "full": "K·P·Q parameters, every theta[k] free",
+    "grouped": "K·P·Q/groups, each theta[k] block diagonal (`groups`)",
+    "depthwise": "K·P + P·Q: a per-channel filter, then a channel map",
+    "depthwise_separable": "the same form as `depthwise`, by its full name",
+    "separable": "controlled separability, H·(K + P·Q) (`H`; eq. \"separable\")",
+    "lowrank": "K·rank·(P + Q) (`rank`): the Transformer's value/output form",
+}
+
+
+def _fmt(v) -> str:
+    if isinstance(v, bool):
+        return "`true`" if v else "`false`"
+    if v is None:
+        return "(none)"
+    if isinstance(v, str):
+        return f"`\"{v}\"`" if v else "`\"\"`"
+    if isinstance(v, dict) and not v:
+        return "`{}`"
+    if isinstance(v, list) and not v:
+        return "`[]`"
+    return f"`{v}`"
+
+
+def _meaning(key: str) -> str:
+    if key not in MEANINGS:
+        raise PluginError(f"docs/hooks/structconv_docs.py: config key {key!r} has no meaning "
+                          "in MEANINGS: describe it there")
+    return MEANINGS[key]
+
+
+def _key_table(prefix: str, defaults: dict) -> str:
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    for k, v in defaults.items():
+        key = f"{prefix}.{k}" if prefix else k
+        default = v if isinstance(v, str) and prefix == "layer" and v.startswith("(") else _fmt(v)
+        rows.append(f"| `{k}` | {default} | {_meaning(key)} |")
+    return "\n".join(rows)
+
+
+def _schema() -> dict[str, dict]:
+    from structconv import config as C
+
+    layer_keys = set(getattr(C, "LAYER_KEYS", None) or C._LAYER_KEYS)
+    if layer_keys != set(LAYER_DEFAULTS):
+        raise PluginError(f"docs/hooks/structconv_docs.py: the layer keys changed: schema "
+                          f"{sorted(layer_keys)}, documented {sorted(LAYER_DEFAULTS)}")
+    top = {"seed": C.DEFAULTS["seed"], "name": None, "description": None}
+    return {"top": top, "data": C.DEFAULTS["data"], "model": C.DEFAULTS["model"],
+            "train": C.DEFAULTS["train"], "model.lm": C.LM_KEYS, "model.link": C.LINK_KEYS,
+            "train.link": C.LINK_TRAIN_KEYS, "train.sampler": C.SAMPLER_KEYS,
+            "layer": LAYER_DEFAULTS}
+
+
+def _check_meanings(schema: dict) -> None:
+    known = {k if p == "top" else f"{p}.{k}" for p, keys in schema.items() for k in keys}
+    stale = sorted(set(MEANINGS) - known)
+    if stale:
+        raise PluginError(f"docs/hooks/structconv_docs.py: MEANINGS describes keys the schema "
+                          f"no longer has: {', '.join(stale)}")
+
+
+def _kinds_table() -> str:
+    from structconv import basis as B
+
+    rows = ["| kind | keys (defaults) | what |", "|---|---|---|"]
+    for kind in B.BASES.kinds():
+        build = B.BASES.get(kind)
+        if not getattr(build, "__module__", "").startswith("structconv"):
+            continue  # registered by another package: not ours to describe
+        if kind not in KINDS:
+            raise PluginError(f"docs/hooks/structconv_docs.py: basis kind {kind!r} has no "
+                              "entry in KINDS: describe it there")
+        d = B.BASES.trait(kind, "defaults", {}) or {}
+        keys = ", ".join(f"`{k}` = {_fmt(v)}" for k, v in d.items()) or "—"
+        rows.append(f"| `{kind}` | {keys} | {KINDS[kind]} |")
+    return "\n".join(rows)
+
+
+def _forms_table() -> str:
+    from structconv import params as P
+
+    rows = ["| param | parameters |", "|---|---|"]
+    for form in P.PARAMS.kinds():
+        if form not in FORMS:
+            raise PluginError(f"docs/hooks/structconv_docs.py: parameter form {form!r} has "
+                              "no entry in FORMS: describe it there")
+        rows.append(f"| `{form}` | {FORMS[form]} |")
+    return "\n".join(rows)
+
+
+def config_part(table: str) -> str:
+    """The generated part for ``<!-- structconv:config TABLE -->``."""
+    if table == "kinds":
+        return _kinds_table()
+    if table == "params":
+        return _forms_table()
+    schema = _schema()
+    _check_meanings(schema)
+    if table not in schema:
+        raise PluginError(f"unknown config table {table!r} (known: {', '.join(schema)}, kinds, "
+                          "params)")
+    return _key_table("" if table == "top" else table, schema[table])
+
+
+def _option_row(a: argparse.Action) -> str:
+    name = ", ".join(f"`{s}`" for s in a.option_strings) or f"`{a.metavar or a.dest}`"
+    default = "" if a.default in (None, argparse.SUPPRESS, False) or a.nargs in ("*", "...") \
+        else f" (default `{a.default}`)"
+    text = (a.help or "").replace("|", "\\|")
+    return f"| {name} | {text}{default} |"
+
+
+def commands_part() -> str:
+    """Every command of the command line with its options and arguments."""
+    from structconv.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    out = []
+    for name, p in sub.choices.items():
+        out += [f"### `structconv {name}`", "", p.description or "", "",
+                "| option | meaning |", "|---|---|"]
+        out += [_option_row(a) for a in p._actions
+                if not isinstance(a, argparse._HelpAction) and
+                a.dest not in ("seed", "device", "out")]
+        out.append("")
+    return "\n".join(out)
+
+
+def _example_output(name: str) -> tuple[int, str]:
+    given = os.environ.get("STRUCTCONV_EXAMPLE_OUTPUT")
+    if given and (Path(given) / f"{name}.txt").is_file():
+        return 0, (Path(given) / f"{name}.txt").read_text(encoding="utf-8")
+    script = ROOT / "examples" / f"{name}.py"
+    if not script.is_file():
+        raise PluginError(f"example-output: no example {script}")
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    r = subprocess.run([sys.executable, str(script), "--quick"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+    return r.returncode, r.stdout + r.stderr
+
+
+def example_part(name: str) -> str:
+    """The ``--quick`` output of ``examples/NAME.py`` as a code block."""
+    code, text = _example_output(name)
+    if code:
+        dataset = EXAMPLE_DATA.get(name)
+        if dataset is None:
+            raise PluginError(f"examples/{name}.py --quick failed (exit {code}):\n{text}")
+        return (f"!!! note \"Not run for this build\"\n    The `{dataset}` files were not in the "
+                f"data home when this site was built; the script said:\n\n"
+                f"        {text.strip()}\n")
+    return f"```text\n$ python examples/{name}.py --quick\n{text.rstrip()}\n```"
+
+
+def _nav_files(items) -> set[str]:
+    out = set()
+    for item in items or []:
+        value = next(iter(item.values())) if isinstance(item, dict) else item
+        if isinstance(value, list):
+            out |= _nav_files(value)
+        elif isinstance(value, str):
+            out.add(value)
+    return out
+
+
+def on_config(config):
+    """Results pages (``docs/results-*.md``) that the nav does not list join its Results
+    section, titled by their first heading: a branch that adds one needs no nav edit."""
+    nav = config.get("nav")
+    if not nav:
+        return config
+    listed = _nav_files(nav)
+    section = next((item["Results"] for item in nav
+                    if isinstance(item, dict) and isinstance(item.get("Results"), list)), None)
+    if section is not None:
+        for path in sorted(Path(config["docs_dir"]).glob("results*.md")):
+            if path.name not in listed:
+                section.append(path.name)
+    return config
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    def part(m: re.Match) -> str:
+        what, arg = m.group(1), m.group(2)
+        if what == "config":
+            return config_part(arg)
+        if what == "commands":
+            return commands_part()
+        if what == "example-output":
+            return example_part(arg)
+        raise PluginError(f"{page.file.src_path}: unknown generated part {what!r}")
+
+    return MARK.sub(part, markdown)
