@@ -102,9 +102,9 @@ class AttentionConv(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def _rows(w: Tensor, rows: Tensor | None) -> Tensor:
-    """x·W for one-hot inputs: W's rows (of the inputs ``rows``), (M, out) for W (P, out)."""
-    return w if rows is None else w[rows.to(w.device)]
+def _rows(w: Tensor, rows: Tensor | None, dim: int = 0) -> Tensor:
+    """x·W for one-hot inputs: W's rows along ``dim`` (P), those of the inputs ``rows``."""
+    return w if rows is None else w.index_select(dim, rows.to(w.device))
 
 
 class GraphAttentionConv(nn.Module):
@@ -140,11 +140,9 @@ class GraphAttentionConv(nn.Module):
         # TransformerConv adds no loops (its root weight is the node's own term)
         self.add_self_loops = self.mode != "transformer" if loops is None else bool(loops)
         self.fill_value = a["fill_value"]
-        ei, self.num_nodes = ctx.edge_index.long(), ctx.num_nodes
-        self.register_buffer("edge_index", ei, persistent=False)
-        self.register_buffer("looped", att.add_self_loops(ei, self.num_nodes)[0]
-                             if self.add_self_loops else ei, persistent=False)
-        D = self._edge_source(spec, a, ctx, where)
+        self.num_nodes = ctx.num_nodes
+        self.register_buffer("edge_index", ctx.edge_index.long(), persistent=False)
+        D = self._edge_source(spec, a, ctx, f"{where}.basis")
         bias = layer.get("bias", True)
         self.param = P.build(layer, H, Pin, Q)
         self.bias = nn.Parameter(torch.zeros(Q)) if bias else None
@@ -205,17 +203,35 @@ class GraphAttentionConv(nn.Module):
         return (self.embed(t) if self.relations == "embedding" else t).to(dtype)
 
     def _graph(self, structure, dtype, device):
-        """(edges (2, E') with their self loops, targets N, edge features (E', D) or None)."""
+        """(edges (2, E') with their self loops, targets N, edge features (E', D) or None,
+        their ``GraphStructure`` or None): the data's graph, or a sampled block's."""
         if structure is None:
-            ei, N, e = self.edge_index, self.num_nodes, self._features(None, dtype)
-            if e is None:  # the loops of the data's graph, added once
-                return self.looped, N, None
-        else:  # a sampled block: its N targets are the first of its sources
-            ei, N = structure.edge_index.to(device).long(), structure.num_dst
-            e = self._features(structure.edge_ids, dtype)
+            return self._full_graph(dtype, device)
+        # a sampled block: its N targets are the first of its sources
+        ei, N = structure.edge_index.to(device).long(), structure.num_dst
+        e = self._features(structure.edge_ids, dtype)
         if self.add_self_loops:
             ei, e = att.add_self_loops(ei, N, e, self.fill_value)
-        return ei, N, e
+        return ei, N, e, None
+
+    def _full_graph(self, dtype, device):
+        """The data's graph with its loops, their features and the sparse layout, built once
+        per dtype and device (learned relation embeddings: the features of this call)."""
+        n, key = self.num_nodes, (dtype, device)
+        c = self.__dict__.get("_full")
+        if c is None or c[0] != key:
+            ei = self.edge_index.to(device)
+            e = None if self.embed is not None else self._features(None, dtype)
+            if self.add_self_loops:
+                ei, e = att.add_self_loops(ei, n, e, self.fill_value)
+            e = None if e is None else e.to(device)
+            self._full = c = (key, ei, e, att.GraphStructure(ei, n, n, self.heads))
+        _, ei, e, st = c
+        if self.embed is not None:
+            e = self._features(None, dtype)
+            if self.add_self_loops:
+                e = att.add_self_loops(self.edge_index, n, e, self.fill_value)[1]
+        return ei, n, e, st
 
     def _mechanism(self, ei: Tensor, with_edges: bool) -> att.Softmax:
         """The layer's whole mechanism on the edges ``ei`` (the paper's view)."""
@@ -232,22 +248,22 @@ class GraphAttentionConv(nn.Module):
         """One item: x (M, P), or None for one-hot inputs (``rows`` their ids) -> (N, Q)."""
         theta = self.param()
         ref = theta if x is None else x
-        ei, N, e = self._graph(structure, ref.dtype, ref.device)
-        h = _rows(theta, rows).permute(1, 0, 2) if x is None else \
+        ei, N, e, st = self._graph(structure, ref.dtype, ref.device)
+        h = _rows(theta, rows, 1).permute(1, 0, 2) if x is None else \
             torch.einsum("mp,kpq->mkq", x, theta)  # h_k = xΘ_k, (M, K, Q)
         p = self.dropout if self.training else 0.0
         mech = self._mechanism(ei, e is not None)
         if self.mode == "gat":
-            basis = att.attention_basis(mech, h, h[:N], edge_attr=e, dropout=p)
+            basis = att.attention_basis(mech, h, h[:N], edge_attr=e, dropout=p, structure=st)
             y = basis.propagate_sum(h.unsqueeze(0))[0]
         elif self.mode == "v2":
             t = h if self.target is None else (
-                _rows(self.target(), rows).permute(1, 0, 2) if x is None else
+                _rows(self.target(), rows, 1).permute(1, 0, 2) if x is None else
                 torch.einsum("mp,kpq->mkq", x, self.target()))
-            basis = att.attention_basis(mech, h, t[:N], edge_attr=e, dropout=p)
+            basis = att.attention_basis(mech, h, t[:N], edge_attr=e, dropout=p, structure=st)
             y = basis.propagate_sum(h.unsqueeze(0))[0]
         else:
-            y = self._transformer(x, rows, h, mech, N, e, p)
+            y = self._transformer(x, rows, h, mech, N, e, p, st)
         if self.bias is not None:
             y = y + self.bias
         if self.mode == "transformer" and self.skip is not None:
@@ -260,14 +276,14 @@ class GraphAttentionConv(nn.Module):
         y = _rows(lin.weight.t(), rows)
         return y if lin.bias is None else y + lin.bias
 
-    def _transformer(self, x, rows, h: Tensor, mech, N: int, e, p: float) -> Tensor:
+    def _transformer(self, x, rows, h: Tensor, mech, N: int, e, p: float, st) -> Tensor:
         """Σ_k A_kᵀ (h_k + ê_k) with TransformerConv's weights on keys and queries, (N, Q)."""
         H, Q = self.heads, self.param.Q
         k = self._linear(self.key, x, rows).view(-1, H, Q)
         q = self._linear(self.query, x, rows)[:N].view(-1, H, Q)
         # the edge keys ê = W_e e, projected once: in the scores q·(k + ê) and the messages
         ek = None if e is None else self.lin_edge(e).view(-1, H, Q)
-        basis = att.attention_basis(mech, k, q, edge_attr=ek, dropout=p)
+        basis = att.attention_basis(mech, k, q, edge_attr=ek, dropout=p, structure=st)
         if ek is None:
             return basis.propagate_sum(h.unsqueeze(0))[0]
         return basis.propagate_edges(ek, nodes=h)[0].sum(1)
