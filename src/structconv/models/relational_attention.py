@@ -208,6 +208,10 @@ class RGATConv(nn.Module):
         M = self.in_channels if x is None else x.shape[0]
         N = M if num_targets is None else int(num_targets)
         g = self._graph(edge_index, edge_type, M, N)
+        if g.num_pairs == 0:  # no edges: every node gets the bias alone
+            like = self.att_src if x is None else x
+            out = like.new_zeros(N, H * C if self.concat else C)
+            return out if self.bias is None else out + self.bias
         h = self._pairs(x, g)
         p = self.dropout if self.training else 0.0
         if self.attention == "within":
