@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "structconv"
 #: the floors, lowest first; a module may import its own floor (no circles) and those below
 FLOORS = [
     ("_checks", "_paths", "io", "registry", "costs", "sparse", "_extras", "kernels",
-     "checkpoint", "distributed", "optim"),
+     "checkpoint", "distributed", "optim", "interrupt"),
     ("basis",),
     ("algebra", "params"),
     ("engine",),
@@ -26,6 +26,7 @@ FLOORS = [
     ("config",),  # the schema: names and validates components, builds nothing
     ("models",),
     ("minibatch",),
+    ("runlog",),
     ("train", "verify"),
     ("demo", "bench", "experiments"),
     ("cli", "__main__"),

@@ -340,7 +340,8 @@ def test_permutation_equivariance(seed, n, E, kind):
             return sc.basis.diffusion(ei, n, 2, w, "rw")
         if kind == "sgc":
             return sc.basis.sgc(ei, n, 2, w)
-        return sc.basis.relational(ei, et, n, [(0,), (1, 0)], edge_weight=w, identity=True)
+        return sc.basis.relational(ei, et, n, [(0,), (1, 0)], edge_weight=w, identity=True,
+                                   num_relations=2)
 
     b, bp = build(ei), build(perm[ei])
     x = torch.randn(n, 3, generator=g, dtype=D)

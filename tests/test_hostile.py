@@ -383,7 +383,7 @@ def test_a_lost_ddp_rank_is_named_and_resumable(tmp_path, sig, bound):
     p = subprocess.Popen([sys.executable, "-m", "structconv.cli", "train", "--config",
                           "gcn_karate", "train.epochs=100000", "train.checkpoint_every=1",
                           "--nproc", "2", "--out", str(run)], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
     victim = None
     try:
         t0 = time.monotonic()
@@ -398,14 +398,19 @@ def test_a_lost_ddp_rank_is_named_and_resumable(tmp_path, sig, bound):
         _, err = p.communicate(timeout=bound)
         took = time.monotonic() - t1
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
+        # the whole group: a surviving worker holds the pipes, and communicate() would wait
+        # for it forever
         if victim is not None and sig == "SIGSTOP":
             try:
                 os.kill(victim, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.communicate(timeout=30)
     lines = err.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1, err
     assert "resume from the last checkpoint with: structconv train --resume" in lines[0]

@@ -1,10 +1,11 @@
 """Checkpoints without pickle: tensors in safetensors, everything else in JSON, atomic commits.
 
 A run directory holds ``ckpt-EEEEEE.safetensors`` (model, best model, optimizer tensors, RNG
-states) and ``checkpoint.json``, which names that file with its sha256 and holds the scalars
-(epoch, optimizer hyper-parameters and scalar state, trainer state, Python RNG state). The JSON is
+states; ``ckpt-EEEEEE-SSSSSS.safetensors`` when taken SSSSSS steps into the next epoch) and
+``checkpoint.json``, which names that file with its sha256 and holds the scalars (epoch,
+optimizer hyper-parameters and scalar state, trainer state, Python RNG state). The JSON is
 written last, atomically, so it always points at a complete tensor file: a run killed at any
-moment resumes from the last committed epoch.
+moment resumes from the last committed checkpoint.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from .io import atomic_write_bytes, atomic_write_json
 
 __all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "save_weights",
            "load_weights", "tensors_digest", "optimizer_split", "optimizer_join", "rng_state",
-           "set_rng_state", "check_optimizer_state", "resume_training", "CHECKPOINT_JSON"]
+           "set_rng_state", "check_optimizer_state", "resume_training", "check_fits",
+           "load_model_weights", "CHECKPOINT_JSON"]
 
 CHECKPOINT_JSON = "checkpoint.json"
 FORMAT = 1
@@ -151,8 +153,13 @@ def load_weights(path, verify: bool = True) -> dict:
 
 
 def save_checkpoint(run_dir, epoch: int, model_state: dict, optimizer_state: dict,
-                    trainer: dict, best_state: dict | None = None, keep: int = 2) -> Path:
-    """Write ``ckpt-<epoch>.safetensors`` then commit ``checkpoint.json``; prune old files."""
+                    trainer: dict, best_state: dict | None = None, keep: int = 2,
+                    step: int | None = None, extra: dict | None = None) -> Path:
+    """Write ``ckpt-<epoch>.safetensors`` then commit ``checkpoint.json``; prune old files.
+
+    ``epoch`` is the last completed epoch; a checkpoint taken within the next one (after
+    ``step`` of its steps; the trainer state says where) gets a file of its own,
+    ``ckpt-<epoch>-<step>.safetensors``, so the committed one is never overwritten."""
     run_dir = Path(run_dir)
     opt_t, opt_meta = optimizer_split(optimizer_state)
     rng_t, rng_meta = rng_state()
@@ -160,8 +167,11 @@ def save_checkpoint(run_dir, epoch: int, model_state: dict, optimizer_state: dic
                **_tensors(rng_t, "rng.")}
     if best_state is not None:
         tensors.update(_tensors(best_state, "best."))
+    if extra:
+        tensors.update(_tensors(extra, "extra."))
     data = st_save(tensors)
-    name = f"ckpt-{epoch:06d}.safetensors"
+    name = f"ckpt-{epoch:06d}.safetensors" if step is None else \
+        f"ckpt-{epoch:06d}-{step:06d}.safetensors"
     atomic_write_bytes(run_dir / name, data)
     atomic_write_json(run_dir / CHECKPOINT_JSON, {
         "format": FORMAT, "epoch": epoch, "file": name,
@@ -251,7 +261,8 @@ def _scalar_problem(meta: dict) -> str | None:
 
 
 def load_checkpoint(run_dir) -> dict:
-    """The committed checkpoint of a run: ``{epoch, model, best, optimizer, rng, trainer}``."""
+    """The committed checkpoint of a run: ``{epoch, model, best, optimizer, rng, trainer,
+    extra}``."""
     run_dir = Path(run_dir)
     meta_path = run_dir / CHECKPOINT_JSON
     if not run_dir.is_dir():
@@ -302,7 +313,7 @@ def load_checkpoint(run_dir) -> dict:
         raise CheckpointError(f"{path}: the random-number states are missing")
     return {"epoch": epoch, "model": part("model."), "best": part("best.") or None,
             "optimizer": optimizer, "rng": (part("rng."), meta["rng"]),
-            "trainer": meta["trainer"]}
+            "trainer": meta["trainer"], "extra": part("extra.")}
 
 
 def _value_kind(v) -> str:
@@ -358,6 +369,7 @@ def resume_training(run_dir, model: torch.nn.Module, optimizer) -> dict:
     ck = load_checkpoint(run_dir)
     check_optimizer_state(optimizer.state_dict(), ck["optimizer"],
                           Path(run_dir) / CHECKPOINT_JSON)
+    check_fits(model, ck["model"], Path(run_dir) / CHECKPOINT_JSON)
     try:
         model.load_state_dict(ck["model"])
         optimizer.load_state_dict(ck["optimizer"])
@@ -365,3 +377,53 @@ def resume_training(run_dir, model: torch.nn.Module, optimizer) -> dict:
         raise CheckpointError(f"{run_dir}: checkpoint does not fit the model ({e})") from None
     set_rng_state(*ck["rng"])
     return ck
+
+
+def check_fits(model: torch.nn.Module, state: dict, where) -> None:
+    """Raise CheckpointError naming the keys and shapes when ``state`` does not fit ``model``
+    (missing or unexpected keys, differing shapes; the first few of each)."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [f"{k} is {tuple(state[k].shape)} but the model's is {tuple(own[k].shape)}"
+              for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+
+    def few(keys: list) -> str:
+        return ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+
+    problems = ([f"missing {few(missing)}"] if missing else []) + \
+        ([f"unexpected {few(unexpected)}"] if unexpected else []) + \
+        ([few(shapes)] if shapes else [])
+    if problems:
+        raise CheckpointError(f"{where}: weights do not fit the model ({'; '.join(problems)})")
+
+
+def load_model_weights(path) -> dict:
+    """A model ``state_dict`` from weights written by structconv: ``save_weights``'s file
+    (``best.safetensors``), or a checkpoint's tensor file (``ckpt-*.safetensors``), whose
+    model part is taken, checked against the sha256 its run's ``checkpoint.json`` records
+    when it names the file, and for finite values."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: file not found (expected a safetensors file)")
+    data = path.read_bytes()
+    try:
+        meta = _header_metadata(data)
+        keys = list(st_load(data)) if "sha256" not in meta else []
+    except (SafetensorError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{path}: corrupt safetensors file ({e})") from None
+    if "sha256" in meta or not any(k.startswith("model.") for k in keys):
+        return load_weights(path)
+    committed = path.with_name(CHECKPOINT_JSON)
+    try:
+        ck_meta = json.loads(committed.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        ck_meta = {}
+    if isinstance(ck_meta, dict) and ck_meta.get("file") == path.name and \
+            hashlib.sha256(data).hexdigest() != ck_meta.get("sha256"):
+        raise CheckpointError(f"{path}: corrupt checkpoint (sha256 differs from {committed})")
+    state = {k[len("model."):]: v for k, v in st_load(data).items() if k.startswith("model.")}
+    for k, t in state.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"{path}: tensor {k!r} holds NaN or infinite values")
+    return state

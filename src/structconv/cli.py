@@ -50,7 +50,8 @@ def _train_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--nproc", type=int, default=1,
                    help="data-parallel processes on this machine (DDP; gloo on CPU)")
     s.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bars and per-epoch lines (default: when stderr is a tty)")
+                   help="per-epoch lines and progress (default on: a bar on a terminal, a "
+                        "line every 30 s otherwise)")
     s.add_argument("--stop-after", type=int, default=0, metavar="N",
                    help="end this process after N epochs (continue later with --resume)")
 
@@ -149,10 +150,16 @@ def _cmd_demo(args) -> int:
 
 
 def _train_worker(cfg, out, device, resume, progress, stop_after):
-    # rank 0 writes result.json into the run directory, which the parent then reads
+    # rank 0 writes result.json into the run directory, which the parent then reads; the parent
+    # holds the run's lock
+    from .interrupt import TrainingInterrupted
     from .train import train
 
-    train(cfg, out, device=device, resume=resume, progress=progress, stop_after=stop_after)
+    try:
+        train(cfg, out, device=device, resume=resume, progress=progress, stop_after=stop_after,
+              lock=False)
+    except TrainingInterrupted:
+        pass  # the checkpoint is written: a clean stop, which the parent reports
 
 
 def _ranking_rows(prefix: str, m: dict) -> list[tuple[str, str]]:
@@ -231,29 +238,41 @@ def _check_nproc(args) -> None:
                          "machine: each process needs a core of its own")
 
 
-def _train_processes(args, cfg, out: Path, progress: bool) -> dict:
-    """``--nproc N``: N data-parallel worker processes; their result from the run directory."""
+def _train_processes(args, cfg, out: Path, progress) -> dict:
+    """``--nproc N``: N data-parallel worker processes; their result from the run directory.
+    The parent holds the run's lock; on SIGINT / SIGTERM the workers stop at a batch boundary
+    after a checkpoint and the parent raises ``TrainingInterrupted``."""
     from .distributed import SpawnError, spawn
+    from .interrupt import StopRequest, TrainingInterrupted
+    from .io import RunLock
+    from .train import prepare_run
 
-    if cfg is not None:
-        # the workers must not race to create the run; validate it once here
-        from .train import prepare_run
-
-        prepare_run(out, cfg, False)
-    result_path = out / "result.json"
-    # CUDA cannot be used in forked children once the driver is initialised: spawn there
-    try:
-        spawn(args.nproc, _train_worker, cfg, str(out), args.device, bool(args.resume),
-              progress, args.stop_after,
-              start_method="spawn" if args.device.startswith("cuda") else None)
-    except SpawnError as e:
-        # the last checkpoint is intact (atomic writes): say how to go on from it
-        if (out / "checkpoint.json").is_file():
-            raise SpawnError(f"{e}; resume from the last checkpoint with: {PROG} train "
-                             f"--resume {out} --nproc {args.nproc}") from None
-        raise
-    return json.loads(result_path.read_text()) if result_path.is_file() else \
-        {"interrupted": True, "epoch": "?"}
+    with RunLock(out, f"structconv train --nproc {args.nproc}") as lock, \
+            StopRequest() as stop:
+        if cfg is not None:
+            # the workers must not race to create the run; validate it once here
+            prepare_run(out, cfg, False)
+        lock.acquire()
+        result_path = out / "result.json"
+        # CUDA cannot be used in forked children once the driver is initialised: spawn there
+        try:
+            spawn(args.nproc, _train_worker, cfg, str(out), args.device, bool(args.resume),
+                  progress, args.stop_after, stop=stop,
+                  start_method="spawn" if args.device.startswith("cuda") else None)
+        except SpawnError as e:
+            # the last checkpoint is intact (atomic writes): say how to go on from it
+            if (out / "checkpoint.json").is_file():
+                raise SpawnError(f"{e}; resume from the last checkpoint with: {PROG} train "
+                                 f"--resume {out} --nproc {args.nproc}") from None
+            raise
+        if result_path.is_file():
+            return json.loads(result_path.read_text())
+        if stop.requested:
+            raise TrainingInterrupted(stop.signum, f"interrupted by "
+                                      f"{StopRequest.name(stop.signum)}: checkpoint saved in "
+                                      f"{out}; resume with: {PROG} train --resume {out} "
+                                      f"--nproc {args.nproc}")
+        return {"interrupted": True, "epoch": "?"}
 
 
 def _cmd_train(args) -> int:
@@ -264,7 +283,8 @@ def _cmd_train(args) -> int:
     resolve_device(args.device)
     if args.nproc > 1:  # refused here, before any worker starts
         check_world_size(cfg if cfg is not None else prepare_run(out, None, True), args.nproc)
-    progress = sys.stderr.isatty() if args.progress is None else args.progress
+    # on by default: a bar on a terminal, a line every 30 s in a log or a pipe
+    progress = True if args.progress is None else args.progress
     if args.nproc > 1:
         res = _train_processes(args, cfg, out, progress)
     else:
@@ -581,7 +601,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(rc or 0)
     except SystemExit as e:  # --help / --version, and suites that call sys.exit
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        from .interrupt import TrainingInterrupted
+
+        if isinstance(e, TrainingInterrupted):  # stopped cleanly: what was saved, how to go on
+            print(f"{PROG}: {e}", file=sys.stderr)
+            return e.exit_code
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:

@@ -328,10 +328,13 @@ def _check_sampler(cfg: dict, where: str) -> None:
         _need(k in SAMPLER_KEYS, f"{where}: unknown key {k!r} (known: "
                                  f"{', '.join(SAMPLER_KEYS)})")
     s = {**SAMPLER_KEYS, **s}
-    for k, low in (("batch_size", 1), ("accumulate", 1), ("workers", 0)):
+    # workers are processes: past a few hundred no machine has the cores (the run checks
+    # this machine's count)
+    for k, low, high in (("batch_size", 1, MAX_BATCHES), ("accumulate", 1, MAX_BATCHES),
+                         ("workers", 0, 256)):
         v = s[k]
-        _need(isinstance(v, int) and not isinstance(v, bool) and low <= v <= MAX_BATCHES,
-              f"{where}.{k} must be an int in [{low}, {MAX_BATCHES:,}], got {v!r}")
+        _need(isinstance(v, int) and not isinstance(v, bool) and low <= v <= high,
+              f"{where}.{k} must be an int in [{low}, {high:,}], got {v!r}")
     _need(s["degrees"] in ("full", "sample"),
           f"{where}.degrees must be full or sample, got {s['degrees']!r}")
     _need(s["eval"] in ("auto", "full", "layerwise"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import signal
 import socket
 import sys
 from dataclasses import dataclass
@@ -100,7 +101,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to send this worker SIGTERM when its parent dies (a SIGKILLed launcher would
+    otherwise leave its workers training, holding the run's files and the terminal's pipes)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # no prctl: the worker outlives its parent as before
+        pass
+
+
 def _worker(rank, nproc, port, errors, fn, args):
+    parent = os.getppid()
+    _die_with_parent()
+    if os.getppid() != parent:  # the parent died before the request took effect
+        raise SystemExit(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank))
     # share the cores instead of oversubscribing them nproc times
@@ -115,11 +134,13 @@ def _worker(rank, nproc, port, errors, fn, args):
         cleanup()
 
 
-def spawn(nproc: int, fn, *args, start_method: str | None = None) -> None:
+def spawn(nproc: int, fn, *args, start_method: str | None = None, stop=None) -> None:
     """Run ``fn(*args)`` in ``nproc`` processes forming one gloo/nccl group on localhost.
 
     ``start_method`` defaults to ``fork`` on Linux when CUDA is not initialised (the workers
     inherit the imported modules instead of importing torch again) and ``spawn`` elsewhere.
+    ``stop``: the parent's ``StopRequest``; a signal the parent alone receives (a scheduler's
+    SIGTERM, a ``kill``) is passed on to the workers as SIGTERM, which stop cleanly.
     """
     import torch.multiprocessing as mp
 
@@ -137,8 +158,15 @@ def spawn(nproc: int, fn, *args, start_method: str | None = None) -> None:
                                    nprocs=nproc, start_method=start_method, join=False)
         # after a failure the others get SIGTERM, then SIGKILL after 5 s: a stopped (SIGSTOP)
         # worker cannot act on SIGTERM, and torch's default would wait 30 s for it
-        while not procs.join(grace_period=5):
-            pass
+        forwarded = False
+        while not procs.join(timeout=0.5, grace_period=5):
+            if stop is not None and stop.requested and not forwarded:
+                # SIGTERM, never a second SIGINT: a worker that already has the terminal's
+                # SIGINT would take a second one as "stop now" and lose its step
+                for proc in procs.processes:
+                    if proc.is_alive():
+                        os.kill(proc.pid, signal.SIGTERM)
+                forwarded = True
     except mp.ProcessExitedException as e:
         raise SpawnError(_lost(e, errors)) from None
 

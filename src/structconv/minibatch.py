@@ -11,6 +11,8 @@ batches whatever the number of processes.
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor, nn
 
@@ -95,6 +97,10 @@ def make_loader(cfg: dict, data, restr: list, dtype: torch.dtype, rank: int = 0,
     """The training loader of a ``[train.sampler]`` config: the train-mask nodes as seeds,
     shuffled per epoch from the config's seed, features in ``dtype``."""
     s = sampler_spec(cfg)
+    cores = os.cpu_count() or 1
+    if s["workers"] > cores:  # each worker is a process that samples on a core of its own
+        raise ConfigError(f"train.sampler.workers={s['workers']} exceeds the {cores} CPU cores of "
+                          f"this machine: use at most {cores}")
     fan = [tuple(f) if isinstance(f, list) else f for f in s["fanouts"]]
     x = None if data.x is None else data.x.to(dtype)
     try:

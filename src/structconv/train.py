@@ -17,11 +17,10 @@ and tested by filtered ranking (``evaluate_link``).
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import json
 import math
 import os
+import signal
 import time
 import warnings
 from pathlib import Path
@@ -31,11 +30,12 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from . import distributed as D
-from ._extras import MissingExtra, require
 from .checkpoint import (
     CHECKPOINT_JSON,
     CheckpointError,
+    check_fits,
     load_checkpoint,
+    load_model_weights,
     load_weights,
     resume_training,
     save_checkpoint,
@@ -43,14 +43,17 @@ from .checkpoint import (
 )
 from .config import ConfigError, is_link, link_train_spec, sampler_spec, validate
 from .data.registry import load_dataset
-from .io import atomic_write_bytes, atomic_write_json
+from .interrupt import StopRequest, TrainingInterrupted
+from .io import RunLock, atomic_write_json
 from .minibatch import SampledEval, batch_inputs, dropout_seed, make_loader, restrictions
 from .models.build import build_model, check_memory
 from .optim import epoch_generator
 from .optim import make_optimizer as _named_optimizer
+from .runlog import LINK_PANELS, Progress, plot_curves, progress_mode, tensorboard, write_metrics
 
 __all__ = ["TrainingError", "train", "evaluate", "evaluate_link", "load_data", "resolve_device",
-           "load_run", "make_optimizer", "count_parameters", "prepare_run", "check_world_size"]
+           "load_run", "make_optimizer", "count_parameters", "prepare_run", "check_world_size",
+           "check_train_split"]
 
 
 class TrainingError(ValueError):
@@ -101,6 +104,21 @@ def load_data(cfg: dict):
                           f"{d['name']!r} is a {data.task} task: use a node-classification "
                           "(graph) dataset or remove [train.sampler]")
     return data
+
+
+def check_train_split(data) -> None:
+    """Refuse (ConfigError) a dataset whose training split is empty: nothing can train."""
+    if data.task == "node":
+        n = int(data.masks["train"].sum())
+    elif data.task == "link":
+        n = int(data.train.shape[0])
+    elif data.task == "text":
+        n = int(data.splits["train"].numel())
+    else:
+        n = int(data.splits["train"][0].shape[0])
+    if n == 0:
+        raise ConfigError(f"the train split of {data.name} is empty: there is nothing to train "
+                          "on (check data.options: the split sizes or the limit)")
 
 
 def make_optimizer(cfg: dict, model: nn.Module) -> torch.optim.Optimizer:
@@ -204,64 +222,30 @@ def evaluate(model: nn.Module, data, cfg: dict, split: str, device=None,
     return {"loss": tot / n, "acc": correct / n, "n": n}
 
 
-# -- logging -------------------------------------------------------------------------------------
-def _replace_text(path: Path, text: str) -> None:
-    # metrics are rebuilt from the checkpoint on resume, so they need atomicity, not fsync
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def _write_metrics(run: Path, history: list[dict]) -> None:
-    _replace_text(run / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
-    buf = io.StringIO()
-    if history:
-        w = csv.DictWriter(buf, fieldnames=list(history[0]), lineterminator="\n")
-        w.writeheader()
-        w.writerows(history)
-    _replace_text(run / "metrics.csv", buf.getvalue())
-
-
-#: the two panels of ``curves.png``: (title, y label, [(metrics key, legend label)])
-CLASSIFICATION_PANELS = (("loss", "cross-entropy", (("train_loss", "train"), ("val_loss", "val"))),
-                         ("accuracy", "accuracy", (("train_acc", "train"), ("val_acc", "val"))))
-LINK_PANELS = (("loss", "training loss", (("loss", "train"),)),
-               ("filtered ranking (validation)", "value",
-                (("val_mrr", "MRR"), ("val_hits@1", "Hits@1"), ("val_hits@10", "Hits@10"))))
-
-
-def plot_curves(run: Path, history: list[dict], panels=CLASSIFICATION_PANELS) -> None:
-    """Learning curves (loss and accuracy per epoch, or the ``panels`` given) as
-    ``curves.png`` (with the plots extra); epochs without a value (None) are left out."""
-    try:
-        Figure = require("matplotlib.figure", "plots", "curves.png").Figure
-    except MissingExtra as e:  # the run's results stand without its picture
-        warnings.warn(f"{e}; curves.png skipped", stacklevel=2)
+# -- training ------------------------------------------------------------------------------------
+def _check_partial(part, epoch: int, run: Path) -> None:
+    """A mid-epoch position read from a checkpoint has the fields the trainer writes, in range
+    (a hand-edited field is named, never acted on)."""
+    if part is None:
         return
 
-    fig = Figure(figsize=(9, 3.5))
-    for ax, (title, ylabel, curves) in zip(fig.subplots(1, len(panels)), panels):
-        for key, label in curves:
-            pts = [(h["epoch"], h[key]) for h in history if h.get(key) is not None]
-            ax.plot([e for e, _ in pts], [v for _, v in pts], label=label,
-                    marker="." if len(pts) < len(history) else None)
-        ax.set(xlabel="epoch", ylabel=ylabel, title=title)
-        ax.legend()
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    atomic_write_bytes(run / "curves.png", buf.getvalue())
+    def bad(what: str):
+        raise CheckpointError(f"{run / CHECKPOINT_JSON}: corrupt trainer.partial ({what})")
+
+    if not isinstance(part, dict) or set(part) != {"epoch", "step", "totals", "seconds"}:
+        bad("must have the keys epoch, step, totals, seconds")
+    if part["epoch"] != epoch + 1:
+        bad(f"epoch must be {epoch + 1}, the epoch after the checkpoint's, got "
+            f"{part['epoch']!r}")
+    if isinstance(part["step"], bool) or not isinstance(part["step"], int) or part["step"] < 1:
+        bad(f"step must be an int >= 1, got {part['step']!r}")
+    nums = part["totals"] if isinstance(part["totals"], list) else None
+    if nums is None or len(nums) != 3 or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and v >= 0 for v in nums + [part["seconds"]]):
+        bad("totals must be 3 numbers >= 0 and seconds a number >= 0")
 
 
-def _tensorboard(run: Path):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # optional: TensorBoard logging only when it is installed
-        return None
-    return SummaryWriter(str(run / "tensorboard"))
-
-
-# -- training ------------------------------------------------------------------------------------
 def _improved(cfg, val: dict, best) -> bool:
     if best is None:
         return True
@@ -290,32 +274,57 @@ def prepare_run(run: Path, cfg: dict | None, resume: bool) -> dict:
 
 
 def train(cfg: dict | None, out: str | Path, device: str = "cpu", resume: bool = False,
-          progress: bool = False, stop_after: int = 0) -> dict:
+          progress: bool | str | None = False, stop_after: int = 0, lock: bool = True) -> dict:
     """Train the model of ``cfg`` into run directory ``out``; returns the result summary.
 
     ``resume`` continues the run in ``out`` from its last checkpoint (``cfg`` is then read from
-    ``out/config.json``). ``stop_after`` ends the process after that many epochs of this call
-    (as if interrupted), for tests of resuming.
+    ``out/config.json``), inside an epoch where it stopped inside one. ``progress``: True for
+    a bar on a terminal and a line every 30 s elsewhere, False for none. The run directory is
+    locked while the run writes it (``lock=False``: the caller holds the lock). SIGINT and
+    SIGTERM stop at the next batch boundary after a checkpoint, raising
+    ``TrainingInterrupted`` (a ``KeyboardInterrupt`` whose message gives the resume
+    command). ``stop_after`` stops after that many epochs of this call, with a checkpoint (a
+    resumable run), and returns ``{"interrupted": True, "epoch": ...}``.
     """
     run = Path(out)
-    link = is_link(cfg if not resume else prepare_run(run, None, True))
-    t = (_LinkTrainer if link else _Trainer)(cfg, run, device, resume, progress)
-    epochs_run = 0
-    for epoch in range(t.start + 1, t.cfg["train"]["epochs"] + 1):
-        if t.state["stopped"]:
-            break
-        last = t.epoch(epoch)
-        epochs_run += 1
-        if stop_after and epochs_run >= stop_after and not last:
-            return {"interrupted": True, "epoch": epoch}
-    return t.finish()
+    main = int(os.environ.get("RANK", "0")) == 0
+    # taken by the trainer at its first write (nothing is written for a refused config)
+    run_lock = RunLock(run, "structconv train") if lock and main else None
+    with run_lock or contextlib.nullcontext(), StopRequest() as stop:
+        link = is_link(cfg if not resume else prepare_run(run, None, True))
+        t = (_LinkTrainer if link else _Trainer)(cfg, run, device, resume, progress, stop,
+                                                 run_lock)
+        epochs_run = 0
+        for epoch in range(t.start + 1, t.cfg["train"]["epochs"] + 1):
+            if t.state["stopped"]:
+                break
+            last = t.epoch(epoch)
+            epochs_run += 1
+            if last:
+                break
+            if t.stop_seen:  # asked at the epoch's last step: stop after its record
+                t.checkpoint(epoch)
+                t.interrupted(epoch, None)
+            if stop_after and epochs_run >= stop_after:
+                t.checkpoint(epoch)  # whatever checkpoint_seconds says: the run resumes
+                return {"interrupted": True, "epoch": epoch}
+        return t.finish()
 
 
 class _Trainer:
-    """One training run: the model, optimizer, data and the state a checkpoint holds."""
+    """One training run: the model, optimizer, data and the state a checkpoint holds.
 
-    def __init__(self, cfg: dict | None, run: Path, device: str, resume: bool, progress: bool):
-        self.run, self.progress = run, progress
+    An epoch is a sequence of optimizer steps; after each, ``_boundary`` shows progress,
+    writes a mid-epoch checkpoint when ``train.checkpoint_seconds`` have passed, and on a stop
+    request writes one and raises ``TrainingInterrupted``. A mid-epoch checkpoint records
+    where the epoch stood (``state["partial"]``: epoch, steps done, running sums, seconds);
+    resuming replays the epoch's plan from that step, so the run ends as an uninterrupted one.
+    """
+
+    def __init__(self, cfg: dict | None, run: Path, device: str, resume: bool, progress,
+                 stop: StopRequest, run_lock: RunLock | None = None):
+        self.run, self.stop = run, stop
+        self.progress = progress_mode(progress)
         self.w = w = D.init(device)
         dev = resolve_device(device)
         if dev.type == "cuda" and w.size > 1:
@@ -323,6 +332,7 @@ class _Trainer:
         self.dev = dev
         self.cfg = cfg = prepare_run(run, cfg, resume)
         self.data = load_data(cfg)
+        check_train_split(self.data)
         torch.manual_seed(cfg["seed"])
         # built once; the memory check reads its sizes before anything trains
         model = build_model(cfg, self.data)
@@ -345,61 +355,107 @@ class _Trainer:
                 self.net, device_ids=[dev.index] if dev.type == "cuda" else None)
         self.state = {"best": None, "best_epoch": 0, "bad_epochs": 0, "history": [],
                       "stopped": False}
-        self.best_state, self.start = None, 0
+        self.best_state, self.start, self.extra = None, 0, {}
+        #: whether the last step's (global) stop flag asked to stop
+        self.stop_seen = False
+        if run_lock is not None:
+            run_lock.acquire()
+            if not resume:  # under the lock: another run may have finished here meanwhile
+                prepare_run(run, cfg, False)
         if resume:
             self._resume()
         elif w.main:
             run.mkdir(parents=True, exist_ok=True)
             atomic_write_json(run / "config.json", cfg)
         D.barrier()
-        self.tb = _tensorboard(run) if w.main else None
+        self.tb = tensorboard(run) if w.main else None
         self.n_params = count_parameters(model)
         self.last_ckpt = time.monotonic()
 
     def _resume(self) -> None:
         ck = resume_training(self.run, self.model, self.opt)
         self.state, self.best_state, self.start = ck["trainer"], ck["best"], ck["epoch"]
+        self.extra = ck["extra"]
+        _check_partial(self.state.get("partial"), self.start, self.run)
+
+    # -- an epoch: steps, each ending at a boundary -------------------------------------------
+    def _position(self, epoch: int) -> tuple[int, list, float]:
+        """(steps done, running sums, seconds) where this epoch stands: where a mid-epoch
+        checkpoint left it, or its start."""
+        part = self.state.pop("partial", None)
+        if part is not None and part["epoch"] == epoch:
+            return part["step"], list(part["totals"]), part["seconds"]
+        return 0, [0.0, 0.0, 0.0], 0.0
 
     def epoch(self, epoch: int) -> bool:
         """Train one epoch, validate, record and checkpoint; True when it is the last."""
-        t0 = time.perf_counter()
+        done, totals, before = self._position(epoch)
+        t0 = time.perf_counter() - before
         self.net.train()
-        totals = [0.0, 0.0, 0.0]  # loss, correct, items (global)
         if self.loader is not None:
-            steps = self._sampled_steps(epoch)
-            n_steps = self.loader.steps()
+            steps, n_steps = self._sampled_steps(epoch, done), self.loader.steps()
         else:
             batches = list(_train_batches(self.data, self.cfg, epoch))
             steps = (self._step(inputs, targets, epoch, step)
-                     for step, (inputs, targets) in enumerate(batches))
+                     for step, (inputs, targets) in enumerate(batches) if step >= done)
             n_steps = len(batches)
-        bar = self._bar(epoch, n_steps)
-        for stats in steps:
-            for i in range(3):
-                totals[i] += stats[i].item()
-            if bar is not None:
+        bar = Progress(self.progress if self.w.main else None, epoch, n_steps, done)
+        try:
+            for stats in steps:
+                done += 1
+                totals = [a + b for a, b in zip(totals, stats[:3].tolist())]
                 rate = totals[2] / max(time.perf_counter() - t0, 1e-9)
-                bar.set_postfix(loss=f"{totals[0] / totals[2]:.4f}", items_s=f"{rate:.0f}")
-                bar.update()
-        if bar is not None:
+                bar.update(done, totals[0] / totals[2], rate)
+                self._boundary(epoch, done, n_steps, totals, t0, bool(stats[3] > 0))
+        finally:
             bar.close()
         return self._record(epoch, totals, time.perf_counter() - t0)
 
-    def _bar(self, epoch: int, n_steps: int):
-        """The epoch's progress bar (rank 0, with --progress), or None."""
-        if not (self.progress and self.w.main):
-            return None
-        from tqdm import tqdm
+    def _boundary(self, epoch: int, done: int, n_steps: int, totals: list, t0: float,
+                  stop: bool, extra: dict | None = None) -> None:
+        """After a step: a mid-epoch checkpoint when due by time or asked for by a signal
+        (``stop`` is the global flag: every rank stops at the same step), then the stop; at
+        the epoch's last step the stop waits for the epoch's record (``train``)."""
+        self.stop_seen = stop
+        if done >= n_steps:
+            return
+        every, secs = self.cfg["train"]["checkpoint_every"], self.cfg["train"]["checkpoint_seconds"]
+        if stop or (not every and secs and time.monotonic() - self.last_ckpt >= secs):
+            part = {"epoch": epoch, "step": done, "totals": totals,
+                    "seconds": time.perf_counter() - t0}
+            self.checkpoint(epoch - 1, part, extra)
+        if stop:
+            self.interrupted(epoch, (done, n_steps))
 
-        return tqdm(total=n_steps, desc=f"epoch {epoch}", leave=False, unit="batch")
+    def interrupted(self, epoch: int, step: tuple[int, int] | None):
+        """Raise ``TrainingInterrupted`` for a stop after its checkpoint, at ``step`` (done,
+        of) of ``epoch``, or after the epoch (None)."""
+        sig = self.stop.signum or signal.SIGTERM  # another rank's signal: stop as SIGTERM
+        where = f"epoch {epoch}, step {step[0]}/{step[1]}" if step else f"the end of epoch {epoch}"
+        nproc = f" --nproc {self.w.size}" if self.w.size > 1 else ""
+        raise TrainingInterrupted(sig, f"interrupted by {StopRequest.name(sig)} at {where}: "
+                                       f"checkpoint saved in {self.run}; resume with: "
+                                       f"structconv train --resume {self.run}{nproc}")
 
-    def _sampled_steps(self, epoch: int):
-        """The epoch's optimizer steps over sampled mini-batches; yields each step's global
-        (loss sum, correct, items)."""
+    def checkpoint(self, epoch: int, partial: dict | None = None,
+                   extra: dict | None = None) -> None:
+        """Write a checkpoint (main rank): after ``epoch`` complete epochs, or ``partial``
+        steps into the next one."""
+        if self.w.main:
+            state = self.state if partial is None else {**self.state, "partial": partial}
+            save_checkpoint(self.run, epoch, self.model.state_dict(), self.opt.state_dict(),
+                            state, self.best_state, step=None if partial is None
+                            else partial["step"], extra=extra)
+        self.last_ckpt = time.monotonic()
+
+    def _sampled_steps(self, epoch: int, done: int):
+        """The epoch's optimizer steps over sampled mini-batches from step ``done`` on; yields
+        each step's global (loss sum, correct, items, stop)."""
         L = self.loader
-        L.set_epoch(epoch)
-        plan = L.plan(epoch)  # what iterating L yields, in order: the batches' random seeds
-        group, step = [], 0
+        # what iterating L yields, in order: the batches' random seeds
+        plan = L.plan(epoch)[done * L.accumulate:]
+        L.set_epoch(epoch, done * L.accumulate)
+        group, step = [], done
         for batch, (_, rng) in zip(L, plan, strict=True):
             group.append((batch, rng))
             if len(group) == L.accumulate:
@@ -434,11 +490,13 @@ class _Trainer:
         return self._apply_step(sums, epoch, step)
 
     def _apply_step(self, sums: Tensor, epoch: int, step: int) -> Tensor:
-        """Clip, check the global loss and step the optimizer; the global stats."""
+        """Clip, check the global loss and step the optimizer; the global stats (loss sum,
+        correct, items, ranks asked to stop: one collective carries the stop flag too)."""
         t_cfg = self.cfg["train"]
         if t_cfg["grad_clip"]:
             nn.utils.clip_grad_norm_(self.model.parameters(), t_cfg["grad_clip"])
-        stats = D.all_reduce_sum(sums)
+        flag = torch.tensor([float(self.stop.requested)], dtype=sums.dtype, device=sums.device)
+        stats = D.all_reduce_sum(torch.cat([sums, flag]))
         if not torch.isfinite(stats[0]):
             raise TrainingError(f"loss is {stats[0].item()} at epoch {epoch}, step {step + 1}"
                                 f"; lower train.lr (now {t_cfg['lr']}) or check the data")
@@ -492,7 +550,7 @@ class _Trainer:
 
     def _write(self, epoch: int, row: dict, last: bool) -> None:
         t_cfg = self.cfg["train"]
-        _write_metrics(self.run, self.state["history"])
+        write_metrics(self.run, self.state["history"])
         if self.tb is not None:
             for k, v in row.items():
                 if k != "epoch" and v is not None:  # None: not validated this epoch
@@ -503,9 +561,7 @@ class _Trainer:
         due = epoch % every == 0 if every else \
             time.monotonic() - self.last_ckpt >= t_cfg["checkpoint_seconds"]
         if last or due:
-            save_checkpoint(self.run, epoch, self.model.state_dict(), self.opt.state_dict(),
-                            self.state, self.best_state)
-            self.last_ckpt = time.monotonic()
+            self.checkpoint(epoch)
         if self.progress:
             print(self._line(row), flush=True)
 
@@ -597,27 +653,44 @@ class _LinkTrainer(_Trainer):
 
     def epoch(self, epoch: int) -> bool:
         """One pass over the training queries (``sc.kg.link_epoch``), validation ranking when
-        due, checkpoint."""
+        due, checkpoint; stopped at a batch boundary on a signal (and resumed there)."""
         from .kg import link_epoch
 
         B = self.cfg["data"]["batch_size"]
-        bar = self._bar(epoch, -(-self.queries.shape[0] // B))
+        n_steps = -(-self.queries.shape[0] // B)
+        done, totals, before = self._position(epoch)
+        start = None
+        if done:  # where a mid-epoch checkpoint left the epoch, its generator included
+            start = {"step": done, "loss_sum": totals[0], "count": int(totals[2]),
+                     "generator": self.extra["epoch_generator"]}
+        t0 = time.perf_counter() - before
+        bar = Progress(self.progress, epoch, n_steps, done)
+        secs, every = self.cfg["train"]["checkpoint_seconds"], self.cfg["train"]["checkpoint_every"]
 
-        def step(_, loss):
-            if bar is not None:
-                bar.set_postfix(loss=f"{loss:.4f}")
-                bar.update()
+        def stop() -> bool:  # asked after each step: a signal, or a checkpoint due by time
+            return self.stop.requested or bool(
+                not every and secs and time.monotonic() - self.last_ckpt >= secs)
         try:
-            stats = link_epoch(self.model, self.queries, self.opt, self.objective, batch_size=B,
-                               seed=self.cfg["seed"], epoch=epoch,
-                               grad_clip=self.cfg["train"]["grad_clip"], on_step=step)
+            while True:
+                stats = link_epoch(self.model, self.queries, self.opt, self.objective,
+                                   batch_size=B, seed=self.cfg["seed"], epoch=epoch,
+                                   grad_clip=self.cfg["train"]["grad_clip"], start=start,
+                                   stop=stop, on_step=lambda step, loss: bar.update(
+                                       step + 1, loss,
+                                       (step + 1) * B / max(time.perf_counter() - t0, 1e-9)))
+                if not stats["stopped"]:
+                    break
+                start = pos = stats["position"]
+                sums = [pos["loss_sum"], 0.0, float(pos["count"])]
+                self._boundary(epoch, pos["step"], n_steps, sums, t0, self.stop.requested,
+                               {"epoch_generator": pos["generator"]})
+            self.stop_seen = self.stop.requested  # a signal during the epoch's last step
         except ValueError as e:  # a non-finite loss
             raise TrainingError(f"{e} (train.lr is {self.cfg['train']['lr']})") from None
         finally:
-            if bar is not None:
-                bar.close()
+            bar.close()
         n = stats["queries"]
-        return self._record(epoch, [stats["loss"] * n, 0.0, n], stats["seconds"])
+        return self._record(epoch, [stats["loss"] * n, 0.0, n], time.perf_counter() - t0)
 
     def _record(self, epoch: int, totals: list, dt: float) -> bool:
         """Rank the validation triples when due, keep the best weights by the monitor, stop
@@ -701,10 +774,7 @@ def load_run(run: str | Path, weights: str = "best", device: str = "cpu"):
     elif weights == "last":
         sd = load_checkpoint(run)["model"]
     else:
-        sd = load_weights(weights)
-    try:
-        model.load_state_dict(sd)
-    except RuntimeError as e:
-        raise CheckpointError(f"{run}: weights do not fit the model "
-                              f"({str(e).splitlines()[0]})") from None
+        sd = load_model_weights(weights)
+    check_fits(model, sd, weights if weights not in ("best", "last") else run)
+    model.load_state_dict(sd)
     return cfg, data, model

@@ -105,19 +105,29 @@ def link_loss(model: LinkPredictor, q: Tensor, objective: LinkObjective,
 
 def link_epoch(model: LinkPredictor, queries: Tensor, optimizer, objective: LinkObjective, *,
                batch_size: int, seed: int, epoch: int, grad_clip: float = 0.0,
-               on_step: Callable[[int, float], None] | None = None) -> dict:
+               on_step: Callable[[int, float], None] | None = None,
+               start: dict | None = None, stop: Callable[[], bool] | None = None) -> dict:
     """One pass over (T, 3) ``queries`` in the order drawn from (seed, epoch), a step per
-    batch; returns ``{"loss": mean per query, "queries", "seconds"}``. ``on_step(step, mean
-    loss so far)`` after each step (a progress bar). A non-finite loss stops it (ValueError
-    naming the epoch and step)."""
+    batch; returns ``{"loss": mean per query, "queries", "seconds", "steps", "stopped"}``.
+
+    ``on_step(step, mean loss so far)`` after each step (a progress bar). ``stop()`` is asked
+    after each step: when it says so the epoch returns at once with ``"stopped": True`` and
+    ``"position"``, which ``start=`` takes to go on from that batch exactly (the step, the
+    running sums and the state of the epoch's generator, which also draws the negatives). A
+    non-finite loss stops it (ValueError naming the epoch and step)."""
     t0 = time.perf_counter()
     model.train()
     # batch order and negatives from (seed, epoch): the same after a resume
     gen = epoch_generator(seed, epoch)
     perm = torch.randperm(queries.shape[0], generator=gen)
+    first, total, count = 0, 0.0, 0
+    if start is not None:
+        first, total, count = int(start["step"]), float(start["loss_sum"]), int(start["count"])
+        gen.set_state(start["generator"])
     dev = queries.device
-    total, count = 0.0, 0
-    for step, i in enumerate(range(0, perm.numel(), batch_size)):
+    starts = range(0, perm.numel(), batch_size)
+    for step in range(first, len(starts)):
+        i = starts[step]
         q = queries[perm[i:i + batch_size].to(dev)]
         loss = link_loss(model, q, objective, gen)
         optimizer.zero_grad(set_to_none=True)
@@ -133,8 +143,12 @@ def link_epoch(model: LinkPredictor, queries: Tensor, optimizer, objective: Link
         count += q.shape[0]
         if on_step is not None:
             on_step(step, total / count)
-    return {"loss": total / max(count, 1), "queries": count,
-            "seconds": time.perf_counter() - t0}
+        if stop is not None and step + 1 < len(starts) and stop():
+            return {"stopped": True, "steps": len(starts), "seconds": time.perf_counter() - t0,
+                    "position": {"step": step + 1, "loss_sum": total, "count": count,
+                                 "generator": gen.get_state()}}
+    return {"loss": total / max(count, 1), "queries": count, "stopped": False,
+            "steps": len(starts), "seconds": time.perf_counter() - t0}
 
 
 def train_link(model: LinkPredictor, train: Tensor, *, mode: str = "1vsall", epochs: int = 10,

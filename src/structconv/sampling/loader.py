@@ -289,14 +289,16 @@ class NeighborLoader:
             self.input_nodes = check_seeds(input_nodes, n, "input_nodes")
         self._maker = _BatchMaker(self.sampler, self.restrictions, self.hop_fanouts,
                                   self.weighted, x, y, edge_attr)
-        self._epoch = 0
+        self._epoch, self._start = 0, 0
         self._plan = _Plan()
         self._loader = None
 
     # -- the epoch's plan ------------------------------------------------------------------------
-    def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration epoch ``epoch`` (its shuffle and random seeds)."""
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Make the next iteration epoch ``epoch`` (its shuffle and random seeds), beginning at
+        this rank's batch ``start`` (a run resumed inside an epoch)."""
         self._epoch = _check_int(epoch, "epoch", 0)
+        self._start = _check_int(start, "start", 0)
 
     def num_global_batches(self) -> int:
         """Batches of seeds in one epoch over every process together."""
@@ -325,8 +327,8 @@ class NeighborLoader:
         return [full[(self.rank + W * j) % nb] for j in range(len(self))] if nb else []
 
     def __iter__(self):
-        self._plan.items = self.plan(self._epoch)
-        self._epoch += 1
+        self._plan.items = self.plan(self._epoch)[self._start:]
+        self._epoch, self._start = self._epoch + 1, 0
         if self.num_workers == 0:
             return (self._maker[item] for item in self._plan.items)
         if self._loader is None or not self.persistent_workers:
