@@ -63,6 +63,46 @@ fanouts = [-1, "all"]
 batch_size = 7
 """
 
+# graph attention reading edge features: the data's (GAT, GATv2, TransformerConv with its beta
+# gate), and relation types (one-hot, a learned embedding) on featureless nodes
+EDGES = """
+[data]
+name = "karate"
+[model]
+dtype = "float64"
+[[model.layers]]
+basis = { kind = "graph_attention", heads = 2, edge_dim = 3, fill_value = "add" }
+channels = 8
+activation = "relu"
+[[model.layers]]
+basis = { kind = "graph_attention", heads = 2, edge_dim = "auto", v2 = true }
+channels = 8
+activation = "relu"
+[[model.layers]]
+basis = { kind = "graph_attention", edge_dim = 3, transformer = true, beta = true }
+channels = "classes"
+[train.sampler]
+fanouts = ["all", "all", "all"]
+batch_size = 5
+"""
+
+RELATION_FEATURES = """
+[data]
+name = "karate"
+[model]
+dtype = "float64"
+[[model.layers]]
+basis = { kind = "graph_attention", heads = 2, edge_dim = "auto" }
+channels = 8
+activation = "relu"
+[[model.layers]]
+basis = { kind = "graph_attention", edge_dim = 2, relations = "embedding", v2 = true }
+channels = "classes"
+[train.sampler]
+fanouts = [-1, "all"]
+batch_size = 6
+"""
+
 
 def _one_line(capsys, argv, expect):
     assert main(argv) == 2
@@ -118,6 +158,23 @@ def test_fanout_all_and_layerwise_equal_the_full_forward():
     featureless = lambda d: dataclasses.replace(  # noqa: E731
         d, x=None, edge_type=torch.zeros(d.edge_index.shape[1], dtype=torch.long))
     assert max(_forward_error(RELATIONAL, featureless)) < 1e-12
+
+
+def test_fanout_all_equals_full_forward_with_edge_features():
+    # each block's edges read their features by Block.edge_ids, the self loops' from them
+    def features(d):
+        g = torch.Generator().manual_seed(0)
+        return dataclasses.replace(d, edge_attr=torch.randn(d.edge_index.shape[1], 3,
+                                                            generator=g, dtype=torch.float64))
+
+    assert max(_forward_error(EDGES, features)) < 1e-12
+
+    def relations(d):
+        g = torch.Generator().manual_seed(1)
+        return dataclasses.replace(d, x=None, num_relations=3, edge_type=torch.randint(
+            0, 3, (d.edge_index.shape[1],), generator=g))
+
+    assert max(_forward_error(RELATION_FEATURES, relations)) < 1e-12
 
 
 def test_step_loader_deals_the_same_batches_to_any_world():

@@ -220,6 +220,46 @@ def test_featureless_rgcn_equals_full_batch():
     torch.testing.assert_close(out, y[batch.seeds])
 
 
+def test_graph_attention_blocks_carry_their_edges_features():
+    """GATConv(edge_dim) layers on mini-batches: each block gathers its edges' rows of
+    edge_attr by its edge ids; fanout "all" and layer-wise inference equal the full batch
+    (values; gradients of the parameters, the inputs and the edge features)."""
+    n = 16
+    ei, w, et, x, g = graph(n, 40, 7)
+    ea = torch.randn(ei.shape[1], 2, generator=g, dtype=D).requires_grad_(True)
+    torch.manual_seed(0)
+    layers = [sc.nn.GATConv(4, 3, heads=2, edge_dim=2).double(),
+              sc.nn.GATConv(6, 3, edge_dim=2, fill_value="add", concat=False).double()]
+    for m in layers:
+        for p in m.parameters():
+            p.data.normal_(generator=g)
+    x = x.clone().requires_grad_(True)
+
+    def full():
+        return layers[1](torch.relu(layers[0](x, ei, ea)), ei, ea)
+
+    seeds = torch.tensor([5, 0, 11, 2])
+    y = full()[seeds]
+    wrt = [p for m in layers for p in m.parameters()] + [x, ea]
+    gy = torch.randn(y.shape, generator=g, dtype=D)
+    ref = torch.autograd.grad(y, wrt, gy)
+    loader = S.NeighborLoader(ei, n, ["all", -1], layers=layers, x=x, edge_attr=ea,
+                              input_nodes=seeds, batch_size=4)
+    (batch,) = list(loader)
+    for blk in batch.bases:
+        torch.testing.assert_close(blk.edge_attr, ea[blk.edge_ids])
+    out = S.apply_layers(layers, batch.x, batch.bases, act=torch.relu)
+    torch.testing.assert_close(out, y)
+    for a, b in zip(torch.autograd.grad(out, wrt, gy), ref):
+        torch.testing.assert_close(a, b)
+    with torch.no_grad():
+        got = S.inference(layers, x, ei, n, edge_attr=ea, batch_size=5)
+        torch.testing.assert_close(got, full())
+    with pytest.raises(ValueError, match=r"edge_attr must have one row per edge \(43\), got "
+                                         r"\(42, 2\)"):
+        S.NeighborLoader(ei, n, [2, 2], layers=layers, edge_attr=ea[:-1])
+
+
 @pytest.mark.parametrize("kind", ["gcn", "cheb", "rgcn", "mixed", "gat"])
 def test_layerwise_inference_equals_full_batch(kind):
     n = 19

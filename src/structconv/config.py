@@ -624,6 +624,63 @@ def _check_basis(spec, where: str):
         _need(isinstance(parts, list) and parts, f"{where}: a stack needs parts = [...]")
         for i, p in enumerate(parts):
             _check_basis(p, f"{where}.parts.{i}")
+    if kind == "graph_attention":
+        _check_graph_attention(spec, where)
+
+
+#: keys of a graph_attention table that only one mechanism reads: (key, the mechanism's flag)
+_MECHANISM_KEYS = (("share_weights", "v2"), ("root_weight", "transformer"),
+                   ("beta", "transformer"))
+
+
+def _check_graph_attention(spec: dict, where: str) -> None:
+    """A ``graph_attention`` table: known keys, their types and ranges, and the combinations
+    that mean nothing (v2 with transformer, a key of a mechanism not chosen, edge-feature keys
+    without edge_dim). Whether the data has edge features is checked when the model is built."""
+    from .attention.edges import FILL_REDUCTIONS
+
+    known = B.BASES.trait("graph_attention", "defaults", {})
+    for k in spec:
+        _need(k == "kind" or k in known, f"{where}: unknown key {k!r} in a graph_attention "
+                                         f"table (known: {', '.join(known)})")
+    a = {**known, **spec}
+    _need(_int_in(a["heads"], 1, 1_000_000), f"{where}.heads must be an int >= 1, got "
+                                             f"{a['heads']!r}")
+    _need(_number_in(a["dropout"], 0, 1, open_hi=True),
+          f"{where}.dropout must be in [0, 1), got {a['dropout']!r}")
+    _need(_number_in(a["negative_slope"], -1e30, 1e30),
+          f"{where}.negative_slope must be a number, got {a['negative_slope']!r}")
+    for k in ("v2", "share_weights", "transformer", "root_weight", "beta"):
+        _need(isinstance(a[k], bool), f"{where}.{k} must be true or false, got {a[k]!r}")
+    _need(a["add_self_loops"] is None or isinstance(a["add_self_loops"], bool),
+          f"{where}.add_self_loops must be true or false, got {a['add_self_loops']!r}")
+    _need(not (a["v2"] and a["transformer"]),
+          f"{where}: v2 and transformer are two mechanisms: choose one")
+    for k, flag in _MECHANISM_KEYS:
+        _need(k not in spec or a[flag], f"{where}.{k} applies to {flag} = true only")
+    _need(not a["beta"] or a["root_weight"],
+          f"{where}.beta gates the root term: it needs root_weight = true")
+    _need("negative_slope" not in spec or not a["transformer"],
+          f"{where}.negative_slope is GAT's LeakyReLU: transformer = true has none")
+    dim, rel = a["edge_dim"], a["relations"]
+    _need(dim is None or dim == "auto" or _int_in(dim, 1, 1_000_000),
+          f"{where}.edge_dim must be an int >= 1 or \"auto\" (the data's width), got {dim!r}")
+    _need(rel in ("onehot", "embedding"),
+          f"{where}.relations must be onehot or embedding, got {rel!r}")
+    fill = a["fill_value"]
+    _need(fill in FILL_REDUCTIONS or _number_in(fill, -1e30, 1e30),
+          f"{where}.fill_value must be a number or one of {', '.join(FILL_REDUCTIONS)}, got "
+          f"{fill!r}")
+    for k in ("relations", "fill_value"):
+        _need(k not in spec or dim is not None,
+              f"{where}.{k} describes edge features: it needs edge_dim")
+    _need(not (rel == "embedding" and dim == "auto"),
+          f"{where}: relations = \"embedding\" learns edge_dim reals per relation: give "
+          "edge_dim as an int")
+    loops = a["add_self_loops"] if a["add_self_loops"] is not None else not a["transformer"]
+    _need("fill_value" not in spec or loops,
+          f"{where}.fill_value gives the self loops' edge features, but the layer adds none "
+          "(add_self_loops = false, or transformer without add_self_loops = true)")
 
 
 def is_content(spec) -> bool:

@@ -87,6 +87,7 @@ class Structure:
     ``grid``: the input's grid shape (e.g. ``(28, 28)`` for images, ``(L,)`` for sequences);
     ``edge_index`` (2, E), ``num_nodes``, ``edge_type`` (E,), ``num_relations``: a graph's.
     ``relations``: relation names (index = relation id) where the data names them.
+    ``edge_attr`` (E, D): the graph's edge features, where it has them.
     """
 
     grid: tuple[int, ...] | None = None
@@ -95,6 +96,7 @@ class Structure:
     edge_type: Any = None
     num_relations: int | None = None
     relations: tuple[str, ...] | None = None
+    edge_attr: Any = None
 
     @property
     def entries(self) -> int | None:

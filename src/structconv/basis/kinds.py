@@ -21,7 +21,7 @@ from .grid import Grid
 from .mining import single_and_mined_sorts
 
 __all__ = ["BASES", "register", "build", "Structure", "KindError", "as_spec", "with_defaults",
-           "Sampled", "sampled", "identity"]
+           "Sampled", "sampled", "identity", "GRAPH_ATTENTION"]
 
 BASES = Registry("basis", group="structconv.bases")
 """The basis kinds usable as ``basis = { kind = "..." }`` in a model config: the shipped ones,
@@ -240,6 +240,15 @@ def _content(spec, s: Structure) -> Basis:
 
 register("attention", _content, content=True,
          defaults={"heads": 1, "causal": False, "dim": None, "dropout": 0.0})
-register("graph_attention", _content, content=True,
-         defaults={"heads": 1, "dropout": 0.0, "add_self_loops": True, "negative_slope": 0.2},
+#: ``graph_attention``: GAT's mechanism (default), GATv2's (``v2``) or TransformerConv's
+#: (``transformer``, with ``root_weight`` and its ``beta`` gate), over the graph's edges with
+#: self loops (``add_self_loops``; None: yes, except for transformer); ``edge_dim`` (an int, or
+#: "auto": the data's width) turns on edge features: the data's edge_attr, or its relation types
+#: as ``relations`` = "onehot" (edge_dim = R) or "embedding" (edge_dim learned reals per
+#: relation); the self loops' features come from ``fill_value`` (PyG's add_self_loops)
+GRAPH_ATTENTION = {"heads": 1, "dropout": 0.0, "add_self_loops": None, "negative_slope": 0.2,
+                   "edge_dim": None, "relations": "onehot", "fill_value": "mean", "v2": False,
+                   "share_weights": False, "transformer": False, "root_weight": True,
+                   "beta": False}
+register("graph_attention", _content, content=True, defaults=GRAPH_ATTENTION,
          sampled=Sampled(lambda spec: 1, lambda spec, basis: {"kind": "block"}))

@@ -54,7 +54,8 @@ class GraphData:
     """Node classification on one graph: x (N, F) (None: featureless), y (N,), masks (N,) bool.
 
     ``edge_index`` (2, E) is PyG's [source; target]; ``edge_type`` (E,) is set for relational
-    graphs, with ``num_relations`` types.
+    graphs, with ``num_relations`` types; ``edge_attr`` (E, D) holds edge features where the
+    graph has them (what a graph-attention layer's ``edge_dim`` reads).
     """
 
     name: str
@@ -68,6 +69,7 @@ class GraphData:
     task: str = "node"
     #: names of the edge types (index = relation id, inverses included) where the data has them
     relations: list[str] | None = None
+    edge_attr: Tensor | None = None
 
     @property
     def num_nodes(self) -> int:

@@ -44,7 +44,8 @@ def data_info(data, cfg: dict) -> dict:
         info.update(channels=data.num_features, edge_index=data.edge_index,
                     num_nodes=data.num_nodes, edge_type=data.edge_type,
                     num_relations=data.num_relations, featureless=data.x is None,
-                    relations=tuple(data.relations) if data.relations else None)
+                    relations=tuple(data.relations) if data.relations else None,
+                    edge_attr=data.edge_attr)
     else:
         info.update(channels=0, grid=(cfg["data"]["seq_len"],), vocab=len(data.vocab))
     return info

@@ -1,8 +1,9 @@
 """Declared models: the modules a config's ``[[model.layers]]`` describe, and ``StructNet``.
 
 A layer with a fixed basis is a ``sc.nn.Convolution`` (bias fused into the route's kernel); a
-layer whose basis is computed from content (``attention``, ``graph_attention``, optionally
-stacked with fixed parts such as shift heads) is an ``AttentionConv``; ``linear`` and ``mlp``
+layer whose basis is computed from content is an ``AttentionConv`` (``attention``, optionally
+stacked with fixed parts such as shift heads) or a ``GraphAttentionConv`` (``graph_attention``:
+GAT's, GATv2's or TransformerConv's mechanism, with edge features); ``linear`` and ``mlp``
 layers act on each entry alone. A ``Block`` adds dropout, activation, pooling, residual and
 norm around one of them.
 
@@ -29,8 +30,10 @@ from ..config import ConfigError, is_content
 from ..engine import convolve
 from ..nn.dropout import sparse_dropout
 from ..nn.layers import Convolution
+from ..sampling import Block as SampledBlock
 
-__all__ = ["ACTIVATIONS", "StructNet", "Block", "AttentionConv", "MLP", "Pool", "declared_conv"]
+__all__ = ["ACTIVATIONS", "StructNet", "Block", "AttentionConv", "GraphAttentionConv", "MLP",
+           "Pool", "declared_conv"]
 
 #: the activations a declared layer may name
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "elu": F.elu, "tanh": torch.tanh,
@@ -56,9 +59,9 @@ class AttentionConv(nn.Module):
     """Content bases from ``sc.attention``, optionally stacked with fixed bases (shift heads).
 
     ``attention``: A_k = softmax over inputs of the scaled dot product (``DotProduct``, masked
-    causally when ``causal``), applied by ``DotProductAttention``; ``graph_attention``: GAT's
-    LeakyReLU(μ_k·h_m + ν_k·h_n) on h = x Θ_k over the edges m -> n (``GraphAttention``).
-    y = Σ_k A_kᵀ x Θ_k with one theta over all K = heads + fixed; x (B, M, P) -> (B, N, Q).
+    causally when ``causal``), applied by ``DotProductAttention``. y = Σ_k A_kᵀ x Θ_k with one
+    theta over all K = heads + fixed; x (B, M, P) -> (B, N, Q). (``graph_attention`` layers are
+    ``GraphAttentionConv``s.)
     """
 
     def __init__(self, spec: dict, ctx: B.Structure, Pin: int, Q: int, layer: dict,
@@ -70,56 +73,236 @@ class AttentionConv(nn.Module):
         fixed = [p for p in parts if not is_content(p)]
         _need(len(content) == 1, f"{where}: use one attention part (with heads = H) per layer")
         a = content[0]
-        self.kind = a["kind"]
+        _need(a["kind"] != "graph_attention", f"{where}: graph_attention cannot be stacked")
         self.heads = H = int(a["heads"])
         _need(H >= 1, f"{where}: heads must be >= 1, got {H}")
         self.fixed = B.Stack([B.build(p, ctx, f"{where}.basis") for p in fixed]) if fixed \
             else None
         K = H + (self.fixed.K if self.fixed is not None else 0)
         self.dropout = float(a["dropout"])
-        if self.kind == "graph_attention":
-            _need(ctx.edge_index is not None, f"{where}: graph_attention needs a graph dataset")
-            _need(self.fixed is None, f"{where}: graph_attention cannot be stacked")
-            self.add_self_loops = bool(a["add_self_loops"])
-            ei = ctx.edge_index
-            if self.add_self_loops:  # GAT attends to the node itself as well
-                ei = att.add_self_loops(ei, ctx.num_nodes)[0]
-            self.register_buffer("edge_index", ei, persistent=False)
-            self.num_nodes = ctx.num_nodes
-            self.slope = float(a["negative_slope"])
-            self.scores = att.GATScores(H, Q)
-        else:
-            self.causal = bool(a["causal"])
-            d = int(a["dim"] or max(1, Pin // H))
-            self.scores = att.DotProduct(H, Pin, Pin, d)
+        self.causal = bool(a["causal"])
+        d = int(a["dim"] or max(1, Pin // H))
+        self.scores = att.DotProduct(H, Pin, Pin, d)
         self.param = P.build(layer, K, Pin, Q)
         self.bias = nn.Parameter(torch.zeros(Q)) if layer.get("bias", True) else None
 
-    def content_basis(self, x: Tensor, theta: Tensor, structure=None):
+    def content_basis(self, x: Tensor):
         """The attention part of the basis for bundle x (B, M, P): a batched sc.attention
-        basis; ``structure`` a sampled edge block (graph attention) instead of the graph."""
+        basis (SDPA's)."""
         p = self.dropout if self.training else 0.0
-        if self.kind != "graph_attention":
-            q, k = self.scores.project(x, x)
-            return att.DotProductAttention(q, k, causal=self.causal, dropout_p=p)
-        if structure is None:
-            ei, N = self.edge_index, self.num_nodes
-        else:
-            # a sampled block: its N targets are the first of its sources
-            ei, N = structure.edge_index.to(x.device), structure.num_dst
-            if self.add_self_loops:
-                ei = att.add_self_loops(ei, N)[0]
-        mech = att.Softmax(att.LeakyReLU(att.GraphMasked(self.scores, ei), self.slope))
-        h = torch.einsum("bmp,kpq->bmkq", x, theta)  # per-head features h = x Θ_k
-        return att.attention_basis(mech, h, h[:, :N], dropout=p)
+        q, k = self.scores.project(x, x)
+        return att.DotProductAttention(q, k, causal=self.causal, dropout_p=p)
 
     def forward(self, x: Tensor, structure=None) -> Tensor:
         theta = self.param()
         H = self.heads
-        y = convolve(x, self.content_basis(x, theta[:H], structure), theta[:H])
+        y = convolve(x, self.content_basis(x), theta[:H])
         if self.fixed is not None:
             y = y + convolve(x, self.fixed, theta[H:])
         return y if self.bias is None else y + self.bias
+
+
+def _rows(w: Tensor, rows: Tensor | None, dim: int = 0) -> Tensor:
+    """x·W for one-hot inputs: W's rows along ``dim`` (P), those of the inputs ``rows``."""
+    return w if rows is None else w.index_select(dim, rows.to(w.device))
+
+
+class GraphAttentionConv(nn.Module):
+    """A declared ``graph_attention`` layer: y = Σ_k A_kᵀ x Θ_k (+ bias), the weights A_k of
+    the graph's edges computed by an ``sc.attention`` mechanism through ``attention_basis``:
+
+    * GAT (default): Softmax(LeakyReLU(GATScores(h) (+ EdgeTerm(e)))) on h = xΘ_k, the edge
+      term w_k·e_mn (``sc.nn.GATConv``'s, PyG's att_edge·lin_edge folded into w);
+    * ``v2``: Softmax(GATv2Scores(h, h')) with targets h' = xΘ'_k (Θ' = Θ with
+      ``share_weights``) and edge features inside the nonlinearity (``sc.nn.GATv2Conv``);
+    * ``transformer``: Softmax(HeadDot(k, q) (+ EdgeDot(ê))) with keys k = x W_k, queries
+      q = x W_q, edge keys ê = W_e e, messages h_m + ê_mn (``sc.nn.TransformerConv``), then the
+      root term x_n W_r (``root_weight``), gated by beta (``beta``) as PyG's.
+
+    Heads add up (the paper's sum: one theta (K, P, Q) for all heads, so ``param`` forms
+    apply). Edge features e (E, edge_dim) are the data's ``edge_attr``, or its relation types
+    one-hot (edge_dim = R) or as a learned embedding of edge_dim per relation (``relations``);
+    self loops get theirs from ``fill_value`` (``sc.attention.add_self_loops``). x (B, M, P) ->
+    (B, N, Q); ``featureless`` one-hot inputs read the weights' rows. On a sampled ``Block``
+    the edges' features are gathered by ``Block.edge_ids``.
+    """
+
+    def __init__(self, spec: dict, ctx: B.Structure, Pin: int, Q: int, layer: dict,
+                 where: str):
+        super().__init__()
+        a = B.with_defaults(spec)
+        _need(ctx.edge_index is not None, f"{where}: graph_attention needs a graph dataset")
+        self.heads = H = int(a["heads"])
+        _need(H >= 1, f"{where}: heads must be >= 1, got {H}")
+        self.dropout, self.slope = float(a["dropout"]), float(a["negative_slope"])
+        self.mode = "transformer" if a["transformer"] else "v2" if a["v2"] else "gat"
+        loops = a["add_self_loops"]
+        # TransformerConv adds no loops (its root weight is the node's own term)
+        self.add_self_loops = self.mode != "transformer" if loops is None else bool(loops)
+        self.fill_value = a["fill_value"]
+        self.num_nodes = ctx.num_nodes
+        self.register_buffer("edge_index", ctx.edge_index.long(), persistent=False)
+        D = self._edge_source(spec, a, ctx, f"{where}.basis")
+        bias = layer.get("bias", True)
+        self.param = P.build(layer, H, Pin, Q)
+        self.bias = nn.Parameter(torch.zeros(Q)) if bias else None
+        if self.mode == "gat":
+            self.scores = att.GATScores(H, Q)
+            self.edge_term = att.EdgeTerm(H, D) if D else None
+        elif self.mode == "v2":
+            self.target = None if a["share_weights"] else P.build(layer, H, Pin, Q)
+            self.scores = att.GATv2Scores(H, Q, edge_dim=D, negative_slope=self.slope)
+        else:
+            self.query = nn.Linear(Pin, H * Q, bias=bias)
+            self.key = nn.Linear(Pin, H * Q, bias=bias)
+            self.lin_edge = nn.Linear(D, H * Q, bias=False) if D else None
+            root = bool(a["root_weight"])
+            self.skip = nn.Linear(Pin, Q, bias=bias) if root else None
+            self.beta = nn.Linear(3 * Q, 1, bias=False) if root and a["beta"] else None
+
+    def _edge_source(self, spec: dict, a: dict, ctx: B.Structure, where: str) -> int | None:
+        """Register the per-edge table the features come from (the data's ``edge_attr``, or
+        its edge types); returns edge_dim (None: no edge features)."""
+        self.relations, self.embed = None, None
+        self.register_buffer("edge_table", None, persistent=False)
+        D = a["edge_dim"]
+        if D is None:
+            return None
+        if ctx.edge_attr is not None:
+            _need("relations" not in spec, f"{where}: relations applies to edge types, but the "
+                                           "data has edge features (edge_attr): drop it")
+            e = ctx.edge_attr
+            e = e.unsqueeze(1) if e.dim() == 1 else e
+            _need(D in ("auto", e.shape[1]), f"{where}: edge_dim = {D} but the data's edge "
+                                             f"features are {tuple(e.shape)}: use edge_dim = "
+                                             f"{e.shape[1]} (or \"auto\")")
+            self.edge_table = e
+            return int(e.shape[1])
+        _need(ctx.edge_type is not None, f"{where}: edge_dim = {D!r} reads edge features, but "
+                                         "the data has none (no edge_attr, no edge types)")
+        R = int(ctx.num_relations or int(ctx.edge_type.max()) + 1)
+        self.edge_table, self.relations, self.num_relations = ctx.edge_type.long(), \
+            a["relations"], R
+        if self.relations == "onehot":
+            _need(D in ("auto", R), f"{where}: one-hot relation features have edge_dim = R = "
+                                    f"{R}, got edge_dim = {D}")
+            return R
+        _need(isinstance(D, int), f"{where}: relations = \"embedding\" needs edge_dim = the "
+                                  f"width of each relation's learned vector, got {D!r}")
+        self.embed = nn.Embedding(R, D)
+        return D
+
+    def _features(self, ids: Tensor | None, dtype) -> Tensor | None:
+        """The features (E, edge_dim) of the graph's edges, or of the edges ``ids``."""
+        t = self.edge_table
+        if t is None:
+            return None
+        t = t if ids is None else t[ids.to(t.device)]
+        if self.relations == "onehot":
+            return F.one_hot(t, self.num_relations).to(dtype)
+        return (self.embed(t) if self.relations == "embedding" else t).to(dtype)
+
+    def _graph(self, structure, dtype, device):
+        """(edges (2, E') with their self loops, targets N, edge features (E', D) or None,
+        their ``GraphStructure`` or None): the data's graph, or a sampled block's."""
+        if structure is None:
+            return self._full_graph(dtype, device)
+        # a sampled block: its N targets are the first of its sources
+        ei, N = structure.edge_index.to(device).long(), structure.num_dst
+        e = self._features(structure.edge_ids, dtype)
+        if self.add_self_loops:
+            ei, e = att.add_self_loops(ei, N, e, self.fill_value)
+        return ei, N, e, None
+
+    def _full_graph(self, dtype, device):
+        """The data's graph with its loops, their features and the sparse layout, built once
+        per dtype and device (learned relation embeddings: the features of this call)."""
+        n, key = self.num_nodes, (dtype, device)
+        c = self.__dict__.get("_full")
+        if c is None or c[0] != key:
+            ei = self.edge_index.to(device)
+            e = None if self.embed is not None else self._features(None, dtype)
+            if self.add_self_loops:
+                ei, e = att.add_self_loops(ei, n, e, self.fill_value)
+            e = None if e is None else e.to(device)
+            self._full = c = (key, ei, e, att.GraphStructure(ei, n, n, self.heads))
+        _, ei, e, st = c
+        if self.embed is not None:
+            e = self._features(None, dtype)
+            if self.add_self_loops:
+                e = att.add_self_loops(self.edge_index, n, e, self.fill_value)[1]
+        return ei, n, e, st
+
+    def _mechanism(self, ei: Tensor, with_edges: bool) -> att.Softmax:
+        """The layer's whole mechanism on the edges ``ei`` (the paper's view)."""
+        if self.mode == "gat":
+            terms = self.scores + self.edge_term if with_edges else self.scores
+            return att.Softmax(att.LeakyReLU(att.GraphMasked(terms, ei), self.slope))
+        if self.mode == "v2":
+            return att.Softmax(att.GraphMasked(self.scores, ei))
+        H, Q = self.heads, self.param.Q
+        terms = att.HeadDot(H, Q) + att.EdgeDot(H, Q) if with_edges else att.HeadDot(H, Q)
+        return att.Softmax(att.GraphMasked(terms, ei))
+
+    def _one(self, x: Tensor | None, rows: Tensor | None, structure) -> Tensor:
+        """One item: x (M, P), or None for one-hot inputs (``rows`` their ids) -> (N, Q)."""
+        theta = self.param()
+        ref = theta if x is None else x
+        ei, N, e, st = self._graph(structure, ref.dtype, ref.device)
+        h = _rows(theta, rows, 1).permute(1, 0, 2) if x is None else \
+            torch.einsum("mp,kpq->mkq", x, theta)  # h_k = xΘ_k, (M, K, Q)
+        p = self.dropout if self.training else 0.0
+        mech = self._mechanism(ei, e is not None)
+        if self.mode == "gat":
+            basis = att.attention_basis(mech, h, h[:N], edge_attr=e, dropout=p, structure=st)
+            y = basis.propagate_sum(h.unsqueeze(0))[0]
+        elif self.mode == "v2":
+            t = h if self.target is None else (
+                _rows(self.target(), rows, 1).permute(1, 0, 2) if x is None else
+                torch.einsum("mp,kpq->mkq", x, self.target()))
+            basis = att.attention_basis(mech, h, t[:N], edge_attr=e, dropout=p, structure=st)
+            y = basis.propagate_sum(h.unsqueeze(0))[0]
+        else:
+            y = self._transformer(x, rows, h, mech, N, e, p, st)
+        if self.bias is not None:
+            y = y + self.bias
+        if self.mode == "transformer" and self.skip is not None:
+            y = self._root(y, self._linear(self.skip, x, rows)[:N])
+        return y
+
+    def _linear(self, lin: nn.Linear, x: Tensor | None, rows: Tensor | None) -> Tensor:
+        if x is not None:
+            return lin(x)
+        y = _rows(lin.weight.t(), rows)
+        return y if lin.bias is None else y + lin.bias
+
+    def _transformer(self, x, rows, h: Tensor, mech, N: int, e, p: float, st) -> Tensor:
+        """Σ_k A_kᵀ (h_k + ê_k) with TransformerConv's weights on keys and queries, (N, Q)."""
+        H, Q = self.heads, self.param.Q
+        k = self._linear(self.key, x, rows).view(-1, H, Q)
+        q = self._linear(self.query, x, rows)[:N].view(-1, H, Q)
+        # the edge keys ê = W_e e, projected once: in the scores q·(k + ê) and the messages
+        ek = None if e is None else self.lin_edge(e).view(-1, H, Q)
+        basis = att.attention_basis(mech, k, q, edge_attr=ek, dropout=p, structure=st)
+        if ek is None:
+            return basis.propagate_sum(h.unsqueeze(0))[0]
+        return basis.propagate_edges(ek, nodes=h)[0].sum(1)
+
+    def _root(self, y: Tensor, r: Tensor) -> Tensor:
+        """The root term r = x_n W_r added to y, or gated: β r + (1 − β) y (PyG's beta)."""
+        if self.beta is None:
+            return y + r
+        b = torch.sigmoid(self.beta(torch.cat([y, r, y - r], -1)))
+        return b * r + (1 - b) * y
+
+    def forward(self, x: Tensor, structure=None) -> Tensor:
+        """x (B, M, P) -> (B, N, Q) (each batch item on the same graph)."""
+        return torch.stack([self._one(xb, None, structure) for xb in x])
+
+    def featureless(self, structure=None, rows: Tensor | None = None) -> Tensor:
+        """The layer on one-hot inputs x = I without forming I: (N, Q); ``rows`` (M,) the ids
+        of a sampled block's inputs."""
+        return self._one(None, rows, structure)
 
 
 class MLP(nn.Module):
@@ -185,6 +368,11 @@ class Pool(nn.Module):
         return self.fn(g, *self.args).reshape(Bn, C, -1).transpose(1, 2)
 
 
+def _inputs(structure) -> int:
+    """The number M of input entries of a restricted basis or a sampled edge ``Block``."""
+    return structure.num_src if isinstance(structure, SampledBlock) else structure.M
+
+
 class Block(nn.Module):
     """One declared layer: dropout on the input, the convolution, activation, pool, residual.
 
@@ -215,7 +403,7 @@ class Block(nn.Module):
             h = self.conv(h)
         elif self.featureless:
             # one-hot input: x·Θ_k is Θ_k's rows (of the mini-batch's input nodes)
-            rows = None if node_ids is None else node_ids[:structure.M]
+            rows = None if node_ids is None else node_ids[:_inputs(structure)]
             h = self.conv.featureless(structure, rows).expand(x.shape[0], -1, -1)
         else:
             h = self.conv(h, structure)
@@ -252,7 +440,7 @@ class StructNet(nn.Module):
         ctx = B.Structure(grid=info.get("grid"), edge_index=info.get("edge_index"),
                           num_nodes=info.get("num_nodes"), edge_type=info.get("edge_type"),
                           num_relations=info.get("num_relations"),
-                          relations=info.get("relations"))
+                          relations=info.get("relations"), edge_attr=info.get("edge_attr"))
         channels = info["channels"]
         self.embed = None
         if self.task == "text":
@@ -291,7 +479,11 @@ class StructNet(nn.Module):
                        layer.get("activation", "gelu"), layer.get("bias", True)), \
                 None, channels, ctx
         spec = B.as_spec(layer["basis"])
-        if any(is_content(p) for p in spec.get("parts", [spec])):
+        if spec.get("kind") == "graph_attention":
+            # featureless nodes: the input is the identity, the weights' P runs over the nodes
+            conv = GraphAttentionConv(spec, ctx, info["num_nodes"] if featureless else channels,
+                                      Q, layer, where)
+        elif any(is_content(p) for p in spec.get("parts", [spec])):
             _need(not featureless, f"{where}: attention cannot take featureless input")
             conv = AttentionConv(spec, ctx, channels, Q, layer, where)
         else:

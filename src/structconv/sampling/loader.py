@@ -48,6 +48,17 @@ def _check_int(v, what: str, low: int) -> int:
     return int(v)
 
 
+def _check_edge_attr(edge_attr, edge_index) -> None:
+    """Raise unless ``edge_attr`` is None or a tensor with one row per edge of ``edge_index``."""
+    if edge_attr is None:
+        return
+    E = edge_index.shape[1] if isinstance(edge_index, Tensor) and edge_index.dim() == 2 else None
+    if not isinstance(edge_attr, Tensor) or edge_attr.dim() < 1 or edge_attr.shape[0] != E:
+        got = tuple(edge_attr.shape) if isinstance(edge_attr, Tensor) else \
+            type(edge_attr).__name__
+        raise ValueError(f"edge_attr must have one row per edge ({E}), got {got}")
+
+
 # ------------------------------------------------------------------------------------------------
 # layers on restricted bases
 def restriction_for(layer, edge_index: Tensor, num_nodes: int, *,
@@ -79,13 +90,15 @@ def restriction_for(layer, edge_index: Tensor, num_nodes: int, *,
 
 def apply_layer(layer, x, item):
     """One graph layer on a mini-batch: x (M, P) on the layer's input nodes -> (N, Q) on its
-    targets (the first N input nodes); ``item`` the layer's restricted basis or ``Block``."""
+    targets (the first N input nodes); ``item`` the layer's restricted basis or ``Block`` (its
+    edges' features, if it carries them, go to the layer as ``edge_attr``)."""
     if isinstance(item, Block):
         if not isinstance(x, Tensor) or x.shape[0] != item.num_src:
             got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"{type(layer).__name__} on a block of {item.num_src} source "
                              f"nodes needs x with {item.num_src} rows, got {got}")
-        return layer((x, x[:item.num_dst]), item.edge_index, size=(item.num_src, item.num_dst))
+        return layer((x, x[:item.num_dst]), item.edge_index, item.edge_attr,
+                     size=(item.num_src, item.num_dst))
     if not isinstance(item, Basis):
         raise TypeError(f"a layer's mini-batch item must be a Basis or a Block, got "
                         f"{type(item).__name__}")
@@ -128,7 +141,8 @@ class MiniBatch:
         def item(b):
             # a Basis maps its held tensors by the _apply protocol nn.Module uses for its own
             return b._apply(fn) if isinstance(b, Basis) else Block(
-                fn(b.edge_index), b.num_src, b.num_dst, fn(b.edge_ids))
+                fn(b.edge_index), b.num_src, b.num_dst, fn(b.edge_ids),
+                None if b.edge_attr is None else fn(b.edge_attr))
         s = self.sample
         return MiniBatch(fn(self.seeds), fn(self.node_ids),
                          None if self.x is None else fn(self.x),
@@ -155,9 +169,10 @@ class _BatchMaker(torch.utils.data.Dataset):
     seed) pair); kept apart from the loader so that workers never copy its iteration state."""
 
     def __init__(self, sampler: NeighborSampler, restrictions, hop_fanouts: list[int],
-                 weighted: bool, x: Tensor | None, y: Tensor | None):
+                 weighted: bool, x: Tensor | None, y: Tensor | None,
+                 edge_attr: Tensor | None = None):
         self.sampler, self.restrictions, self.hop_fanouts = sampler, restrictions, hop_fanouts
-        self.weighted, self.x, self.y = weighted, x, y
+        self.weighted, self.x, self.y, self.edge_attr = weighted, x, y, edge_attr
 
     def __getitem__(self, item) -> MiniBatch:
         ids, rng_seed = item
@@ -171,6 +186,8 @@ class _BatchMaker(torch.utils.data.Dataset):
                 items.append(r.restrict(s, hop))
                 hop += r.hops
             items.reverse()
+        # a graph-attention block carries its edges' features, gathered by their ids
+        items = [b.with_features(self.edge_attr) if isinstance(b, Block) else b for b in items]
         x = None if self.x is None else self.x[s.node_ids.to(self.x.device)]
         y = None if self.y is None else self.y[s.seeds.to(self.y.device)]
         return MiniBatch(s.seeds, s.node_ids, x, y, items, s)
@@ -199,7 +216,8 @@ class NeighborLoader:
     built on the graph's device: ``batch.to(device)`` moves a batch. ``layers``: graph layers
     or ``GraphRestriction`` /
     ``BlockRestriction``s, input layer first; None yields the hop blocks (one hop per fanout).
-    ``x`` (num_nodes, ...) features and ``y`` (num_nodes, ...) labels are gathered per batch;
+    ``x`` (num_nodes, ...) features and ``y`` (num_nodes, ...) labels are gathered per batch,
+    ``edge_attr`` (E, ...) edge features per block (a graph-attention layer's ``edge_attr``);
     ``input_nodes`` the seeds (ids or a bool mask; all nodes by default). ``weighted`` draws
     neighbours with probability proportional to ``edge_weight``; ``degrees`` "full" or "sample"
     (see ``restrict``). Every epoch is reproducible from ``seed`` (the epoch number advances on
@@ -213,8 +231,8 @@ class NeighborLoader:
                  y: Tensor | None = None, input_nodes: Tensor | None = None,
                  batch_size: int = 1, shuffle: bool = False, drop_last: bool = False,
                  seed: int = 0, weighted: bool = False, edge_weight: Tensor | None = None,
-                 edge_type: Tensor | None = None, degrees: str = "full",
-                 dtype: torch.dtype | None = None, num_workers: int = 0,
+                 edge_type: Tensor | None = None, edge_attr: Tensor | None = None,
+                 degrees: str = "full", dtype: torch.dtype | None = None, num_workers: int = 0,
                  persistent_workers: bool = False, pin_memory: bool = False, rank: int = 0,
                  world_size: int = 1):
         n = check_num_nodes(num_nodes)
@@ -231,6 +249,7 @@ class NeighborLoader:
             if t is not None and (not isinstance(t, Tensor) or t.dim() < 1 or t.shape[0] != n):
                 got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
                 raise ValueError(f"{name} must have one row per node ({n}), got {got}")
+        _check_edge_attr(edge_attr, edge_index)
         if dtype is None and x is not None and x.is_floating_point():
             dtype = x.dtype
         self.num_nodes, self.x, self.y = n, x, y
@@ -269,7 +288,7 @@ class NeighborLoader:
         else:
             self.input_nodes = check_seeds(input_nodes, n, "input_nodes")
         self._maker = _BatchMaker(self.sampler, self.restrictions, self.hop_fanouts,
-                                  self.weighted, x, y)
+                                  self.weighted, x, y, edge_attr)
         self._epoch, self._start = 0, 0
         self._plan = _Plan()
         self._loader = None
@@ -324,12 +343,13 @@ class NeighborLoader:
 @torch.no_grad()
 def inference(layers: Sequence, x: Tensor, edge_index: Tensor, num_nodes: int, *,
               edge_weight: Tensor | None = None, edge_type: Tensor | None = None,
-              batch_size: int = 1024, act: Callable | None = torch.relu,
-              dtype: torch.dtype | None = None) -> Tensor:
+              edge_attr: Tensor | None = None, batch_size: int = 1024,
+              act: Callable | None = torch.relu, dtype: torch.dtype | None = None) -> Tensor:
     """Every node's output of ``layers`` (``act`` between them), layer by layer over batches of
     ``batch_size`` targets with their whole neighbourhoods: (num_nodes, ...) as the full-batch
     forward, without holding more than one layer's activations for all nodes. ``x``
-    (num_nodes, F) features (or node ids for featureless first layers)."""
+    (num_nodes, F) features (or node ids for featureless first layers); ``edge_attr`` (E, ...)
+    the edges' features, given to the graph-attention layers' blocks."""
     n = check_num_nodes(num_nodes)
     bs = _check_int(batch_size, "batch_size", 1)
     if not isinstance(x, Tensor) or x.shape[0] != n:
@@ -337,6 +357,7 @@ def inference(layers: Sequence, x: Tensor, edge_index: Tensor, num_nodes: int, *
         raise ValueError(f"x must have one row per node ({n}), got {got}")
     if dtype is None and x.is_floating_point():
         dtype = x.dtype
+    _check_edge_attr(edge_attr, edge_index)
     sampler = NeighborSampler(edge_index, n)
     for i, layer in enumerate(layers):
         r = restriction_for(layer, edge_index, n, edge_weight=edge_weight, edge_type=edge_type,
@@ -345,6 +366,8 @@ def inference(layers: Sequence, x: Tensor, edge_index: Tensor, num_nodes: int, *
         for ids in torch.arange(n).split(bs):
             s = sampler.sample(ids, [-1] * r.hops)
             item = r.restrict(s, 0)
+            if isinstance(item, Block):
+                item = item.with_features(edge_attr)
             item = item.to(x.device) if isinstance(item, (Basis, Block)) else item
             h = apply_layer(layer, x[s.node_ids.to(x.device)], item)
             if out is None:

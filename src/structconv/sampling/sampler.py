@@ -85,16 +85,28 @@ def _ranges(start: Tensor, count: Tensor) -> tuple[Tensor, Tensor]:
 class Block:
     """One bipartite block: sampled edges (2, E) [source; target] in local ids, sources < num_src,
     targets < num_dst, the targets being the first num_dst sources; ``edge_ids`` (E,) the edges'
-    positions in the full graph's edge_index."""
+    positions in the full graph's edge_index; ``edge_attr`` (E, ...) their features, gathered by
+    ``edge_ids`` (``with_features``), or None."""
 
     edge_index: Tensor
     num_src: int
     num_dst: int
     edge_ids: Tensor
+    edge_attr: Tensor | None = None
 
     def to(self, device=None, non_blocking: bool = False) -> Block:
         return Block(self.edge_index.to(device, non_blocking=non_blocking), self.num_src,
-                     self.num_dst, self.edge_ids.to(device, non_blocking=non_blocking))
+                     self.num_dst, self.edge_ids.to(device, non_blocking=non_blocking),
+                     None if self.edge_attr is None else
+                     self.edge_attr.to(device, non_blocking=non_blocking))
+
+    def with_features(self, edge_attr: Tensor | None) -> Block:
+        """This block carrying its edges' rows of the full graph's ``edge_attr`` (E_full, ...)
+        (None: as it is)."""
+        if edge_attr is None:
+            return self
+        return Block(self.edge_index, self.num_src, self.num_dst, self.edge_ids,
+                     edge_attr[self.edge_ids.to(edge_attr.device)])
 
 
 class Sample:
