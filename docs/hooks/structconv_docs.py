@@ -167,7 +167,11 @@ KINDS = {
     "stack": "the concatenation of `parts = [...]` along k (e.g. attention and shift heads)",
     "attention": "scaled dot-product attention computed from the layer's input (`heads`, "
                  "`causal`, `dim`)",
-    "graph_attention": "GAT's attention on the graph's edges (`heads`, `negative_slope`)",
+    "graph_attention": "attention on the graph's edges (`heads`, `negative_slope`): GAT's "
+                       "mechanism, GATv2's (`v2`, `share_weights`) or TransformerConv's "
+                       "(`transformer`, `root_weight`, `beta`); edge features by `edge_dim` "
+                       "(the data's `edge_attr`, or relation types: `relations = \"onehot\"` "
+                       "or `\"embedding\"`), self-loop features by `fill_value`",
 }
 
 #: what each parameter form is
