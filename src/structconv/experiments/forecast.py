@@ -46,7 +46,7 @@ from ._common import hardware, mean_std, param_count, pyplot, save_figure, write
 
 __all__ = ["add_arguments", "run", "SETTINGS", "mase", "smape", "seasonal_naive",
            "mase_scale", "Split", "split_of", "train_one", "select_sarimax",
-           "sarimax_forecasts", "harmonics", "fit_sarimax"]
+           "sarimax_forecasts", "harmonics", "fit_sarimax", "sarimax_candidates"]
 
 #: per series: (context L, horizon H) in steps
 SETTINGS = {"co2": (104, 52), "elnino": (48, 12), "sunspots": (44, 11), "elec_equip": (36, 12)}
@@ -67,6 +67,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--val", type=float, default=0.1, help="validation fraction")
     parser.add_argument("--test", type=float, default=0.2, help="test fraction (the last)")
     parser.add_argument("--no-sarimax", action="store_true", help="skip the SARIMAX baseline")
+    parser.add_argument("--sarimax-orders", default="2,1",
+                        help="SARIMAX's search grid: the largest p = q, then P = Q (p,P)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: default)")
 
 
@@ -245,14 +247,16 @@ def _differences(train: np.ndarray, period: int) -> tuple[int, int]:
     return d, D
 
 
-def _candidates(period: int, d: int, D: int) -> list[dict]:
+def sarimax_candidates(period: int, d: int, D: int, orders: tuple[int, int] = (2, 1)) -> list[dict]:
+    """The grid: p, q <= orders[0] and P, Q <= orders[1] (or 1-3 harmonics)."""
     trend = "c" if d + D == 0 else ("t" if d + D == 1 else "n")
     out = []
-    for p in range(3):
-        for q in range(3):
+    top, stop = orders[0] + 1, orders[1] + 1
+    for p in range(top):
+        for q in range(top):
             if period <= MAX_SEASONAL:
-                for P in range(2):
-                    for Q in range(2):
+                for P in range(stop):
+                    for Q in range(stop):
                         out.append({"order": (p, d, q), "seasonal_order": (P, D, Q, period),
                                     "trend": trend, "harmonics": 0})
             else:
@@ -272,12 +276,14 @@ def fit_sarimax(train: np.ndarray, spec: dict, period: int):
         return model.fit(disp=False, maxiter=200)
 
 
-def select_sarimax(train: np.ndarray, period: int) -> tuple[dict, object, list[dict]]:
-    """Orders chosen on ``train`` alone: (d, D) by tests, then the candidate of least AIC;
-    (the chosen spec, its fitted results, every candidate with its AIC)."""
+def select_sarimax(train: np.ndarray, period: int,
+                   orders: tuple[int, int] = (2, 1)) -> tuple[dict, object, list[dict]]:
+    """Orders chosen on ``train`` alone: (d, D) by tests, then the candidate of least AIC
+    among p, q <= orders[0], P, Q <= orders[1]; (the chosen spec, its fitted results, every
+    candidate with its AIC)."""
     d, D = _differences(train, period)
     tried, best, best_res = [], None, None
-    for spec in _candidates(period, d, D):
+    for spec in sarimax_candidates(period, d, D, orders):
         try:
             res = fit_sarimax(train, spec, period)
             aic = float(res.aic)
@@ -305,15 +311,32 @@ def sarimax_forecasts(res, values: np.ndarray, spec: dict, period: int, origins,
     return out
 
 
+def _orders(a) -> tuple[int, int]:
+    try:
+        top, seasonal = (int(v) for v in a.sarimax_orders.split(","))
+    except ValueError:
+        raise ValueError(f"--sarimax-orders takes two integers p,P, got "
+                         f"{a.sarimax_orders!r}") from None
+    if not (0 <= top <= 5 and 0 <= seasonal <= 2):
+        raise ValueError(f"--sarimax-orders {a.sarimax_orders}: p in 0..5 and P in 0..2")
+    return top, seasonal
+
+
+def _sarimax_file(data, a, folder: Path) -> Path:
+    top, seasonal = _orders(a)
+    grid = "" if (top, seasonal) == (2, 1) else f"-o{top}{seasonal}"
+    return folder / f"{data.name}-sarimax{grid}.json"
+
+
 def _run_sarimax(data, a, folder: Path) -> dict:
-    done = folder / f"{data.name}-sarimax.json"
+    done = _sarimax_file(data, a, folder)
     if done.is_file():
         return json.loads(done.read_text())
     sp = split_of(data, a)
     y = data.values.numpy()
     t0 = time.perf_counter()
     # fitted on everything before the test part (it needs no validation data)
-    spec, res, tried = select_sarimax(y[:sp.test_start], data.period)
+    spec, res, tried = select_sarimax(y[:sp.test_start], data.period, _orders(a))
     fc = torch.from_numpy(sarimax_forecasts(res, y, spec, data.period, sp.test, sp.horizon))
     _, actual = windows(data.values, sp.test, sp.context, sp.horizon)
     scale = mase_scale(data.values[:sp.val_start], data.period)
@@ -331,7 +354,7 @@ def _run_sarimax(data, a, folder: Path) -> dict:
 # -- the study -----------------------------------------------------------------------------------
 def _quick(a) -> None:
     a.steps, a.seeds, a.eval_every, a.batch, a.width, a.heads = 8, 1, 4, 8, 8, 2
-    a.series, a.no_sarimax = "sunspots", False
+    a.series, a.no_sarimax, a.sarimax_orders = "sunspots", False, "1,0"
 
 
 def _names(text: str, known, what: str) -> list[str]:
@@ -424,7 +447,7 @@ def _plot_forecasts(data, s: dict, a, folder: Path) -> None:
                 label="series")
         ax.plot(range(t, t + H), seasonal_naive(y, [t], H, data.period)[0].numpy(), ":",
                 label="seasonal naive")
-        sar = folder / f"{data.name}-sarimax.json"
+        sar = _sarimax_file(data, a, folder)
         if sar.is_file():
             fc = json.loads(sar.read_text())["forecasts"][t - t0]
             ax.plot(range(t, t + H), fc, "--", label="SARIMAX")
