@@ -19,6 +19,7 @@ from .basis import (
 )
 from .biaffine import biaffine
 from .build import attention_basis
+from .clip import TanhClip, tanh_clip
 from .edges import EdgeDot, EdgeTerm, GATv2Scores, add_self_loops, self_loop_attr
 from .index import ALiBi, IndexTerm, PeriodicBias, RelativeBias, index_bias
 from .masks import (
@@ -55,4 +56,5 @@ __all__ = [
     "GraphAttention", "GraphStructure", "shift_basis", "log_mask", "causal_mask",
     "padding_mask", "graph_mask", "from_torch_mask", "masked_softmax", "softmax_inputs",
     "softmax_outputs", "edge_softmax", "dead_columns", "CausalShift", "positions",
+    "TanhClip", "tanh_clip",
 ]

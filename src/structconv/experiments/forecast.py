@@ -1,0 +1,497 @@
+"""Position- and period-aware attention for forecasting (issue 28): four statsmodels series.
+
+``structconv reproduce forecast --out runs`` trains ``structconv.models.forecast.Forecaster``
+with each attention form (``content``: dot-product attention alone; ``position``: plus a
+learned bias per relative offset; ``period``: plus learned biases per phase and per multiple
+of the series' period) on co2 (weekly, period 52), elnino (monthly, 12), sunspots (yearly,
+~11) and elec_equip (monthly, 12), for ``--seeds`` seeds, against two baselines: seasonal
+naive and SARIMAX with orders chosen on the training part only (d by KPSS tests, D by the
+strength of the STL seasonal component, then p, q, P, Q (co2: Fourier harmonics of the
+52-week year in place of seasonal terms) by AIC).
+
+Protocol: each series is cut in time into train / validation / test (``--val``, ``--test``
+fractions, test last). A forecast at origin t reads the ``context`` steps before t and
+predicts the next ``horizon`` steps. The networks train on random training windows (targets
+inside the training part), keep the weights of the best validation MASE, and are evaluated
+at every test origin (rolling origin, step 1, fixed weights). SARIMAX's parameters are fitted
+once on the training part and applied, unchanged, to the whole series: its forecast at origin
+t is the dynamic prediction from the state filtered on the steps before t. Metrics per
+horizon h: MASE (mean absolute error over the test origins divided by the in-sample MAE of
+the one-season naive forecast on the training part) and sMAPE (200·|y − ŷ| / (|y| + |ŷ|)).
+
+Every network run writes JSON and safetensors under ``<out>/forecast_runs/`` and every
+SARIMAX fit a JSON there: a rerun skips what is done (resumes). Writes
+``<out>/forecast.json``, ``forecast_<series>.png`` (forecasts at test origins) and
+``forecast_terms.png`` (the learned position and period terms).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .._extras import require
+from ..checkpoint import load_weights, save_weights
+from ..data.series import load_series, rolling_origins, windows
+from ..io import atomic_write_json
+from ..models.forecast import FORMS, Forecaster, forecast_at
+from ._common import hardware, mean_std, param_count, pyplot, save_figure, write_result
+
+__all__ = ["add_arguments", "run", "SETTINGS", "mase", "smape", "seasonal_naive",
+           "mase_scale", "Split", "split_of", "train_one", "select_sarimax",
+           "sarimax_forecasts", "harmonics", "fit_sarimax", "sarimax_candidates"]
+
+#: per series: (context L, horizon H) in steps
+SETTINGS = {"co2": (104, 52), "elnino": (48, 12), "sunspots": (44, 11), "elec_equip": (36, 12)}
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--series", default=",".join(SETTINGS),
+                        help=f"comma list of series (of {', '.join(SETTINGS)})")
+    parser.add_argument("--forms", default=",".join(FORMS),
+                        help=f"comma list of attention forms (of {', '.join(FORMS)})")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=600, help="training steps per run")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--width", type=int, default=32)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--val", type=float, default=0.1, help="validation fraction")
+    parser.add_argument("--test", type=float, default=0.2, help="test fraction (the last)")
+    parser.add_argument("--no-sarimax", action="store_true", help="skip the SARIMAX baseline")
+    parser.add_argument("--sarimax-orders", default="2,1",
+                        help="SARIMAX's search grid: the largest p = q, then P = Q (p,P)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: default)")
+
+
+# -- metrics -------------------------------------------------------------------------------------
+def seasonal_naive(values: torch.Tensor, origins, horizon: int, period: int) -> torch.Tensor:
+    """(n, horizon): ŷ[t + h] = y[t + h − period·ceil((h + 1) / period)] (h = 0..H-1), the
+    last observed value of the same season before each origin t."""
+    t = torch.as_tensor(origins, dtype=torch.long).unsqueeze(1)
+    h = torch.arange(horizon)
+    back = period * torch.div(h + period, period, rounding_mode="floor")  # period·ceil((h+1)/p)
+    idx = t + h - back
+    if int(idx.min()) < 0:
+        raise ValueError(f"seasonal_naive: an origin lies within the first period ({period})")
+    return values[idx]
+
+
+def mase_scale(train: torch.Tensor, period: int) -> float:
+    """The in-sample mean absolute error of the one-season naive forecast y[i − period] on
+    ``train`` (Hyndman & Koehler 2006): MASE's denominator."""
+    if train.numel() <= period:
+        raise ValueError(f"mase_scale: {train.numel()} training steps cannot scale period "
+                         f"{period}")
+    s = float((train[period:] - train[:-period]).abs().mean())
+    if not s > 0:
+        raise ValueError("mase_scale: the training part repeats itself exactly (scale 0)")
+    return s
+
+
+def mase(forecast: torch.Tensor, actual: torch.Tensor, scale: float) -> torch.Tensor:
+    """MASE per horizon (H,): mean over origins of |actual − forecast| / scale, from
+    (n, H) forecasts and actual values."""
+    _same(forecast, actual, "mase")
+    return (actual - forecast).abs().mean(0) / scale
+
+
+def smape(forecast: torch.Tensor, actual: torch.Tensor) -> torch.Tensor:
+    """sMAPE per horizon (H,) in percent: mean of 200·|y − ŷ| / (|y| + |ŷ|) (a term where
+    both are zero counts 0)."""
+    _same(forecast, actual, "smape")
+    den = actual.abs() + forecast.abs()
+    term = torch.where(den > 0, 200 * (actual - forecast).abs() / den.clamp_min(1e-300),
+                       torch.zeros_like(den))
+    return term.mean(0)
+
+
+def _same(forecast, actual, who):
+    if forecast.shape != actual.shape or forecast.dim() != 2:
+        raise ValueError(f"{who}: forecasts and actual values must both be (n, H), got "
+                         f"{tuple(forecast.shape)} and {tuple(actual.shape)}")
+
+
+# -- the split -----------------------------------------------------------------------------------
+class Split:
+    """A series cut in time: train [0, val_start), validation [val_start, test_start), test
+    [test_start, T); origins whose targets stay inside each part."""
+
+    def __init__(self, length: int, context: int, horizon: int, val: float, test: float):
+        self.length, self.context, self.horizon = length, context, horizon
+        self.test_start = length - int(round(test * length))
+        self.val_start = self.test_start - int(round(val * length))
+        if self.val_start - horizon < context + 1:
+            raise ValueError(f"a series of {length} steps leaves no training window for "
+                             f"context {context} and horizon {horizon}")
+        self.train = rolling_origins(self.val_start, 0, horizon, 1, context)
+        self.val = rolling_origins(self.test_start, self.val_start, horizon, 1, context)
+        self.test = rolling_origins(length, self.test_start, horizon, 1, context)
+
+
+def split_of(data, a) -> Split:
+    L, H = SETTINGS[data.name]
+    return Split(data.length, L, H, a.val, a.test)
+
+
+# -- the networks --------------------------------------------------------------------------------
+def _evaluate(model, data, origins, scale) -> dict:
+    fc = forecast_at(model, data.values, origins)
+    _, actual = windows(data.values, origins, model.context, model.horizon)
+    return {"mase": mase(fc, actual, scale).tolist(), "smape": smape(fc, actual).tolist()}
+
+
+def train_one(data, form: str, seed: int, a) -> tuple[dict, Forecaster]:
+    """Train one forecaster on random training windows for ``a.steps`` steps; keep the best
+    validation MASE (mean over horizons); (result, model with those weights)."""
+    sp = split_of(data, a)
+    scale = mase_scale(data.values[:sp.val_start], data.period)
+    torch.manual_seed(seed)
+    model = Forecaster(sp.context, sp.horizon, form, width=a.width, heads=a.heads,
+                       periods=[data.period])
+    opt = torch.optim.Adam(model.parameters(), lr=a.lr)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, a.steps, eta_min=a.lr / 10)
+    gen = torch.Generator().manual_seed(10_000 + seed)
+    train = torch.tensor(sp.train)
+    best, best_state, curve, t0 = math.inf, None, [], time.perf_counter()
+    for step in range(a.steps):
+        pick = train[torch.randint(len(train), (a.batch,), generator=gen)]
+        past, target = windows(data.values, pick, sp.context, sp.horizon)
+        out, loc, scale_w = model.scaled(past)
+        loss = F.l1_loss(out, ((target - loc) / scale_w).to(out.dtype))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
+            v = float(np.mean(_evaluate(model, data, sp.val, scale)["mase"]))
+            curve.append({"step": step + 1, "train_loss": float(loss.detach()), "val_mase": v})
+            if v < best:
+                best = v
+                best_state = {k: t.detach().clone() for k, t in model.state_dict().items()}
+    model.load_state_dict(best_state)
+    res = {"series": data.name, "form": form, "seed": seed, "val_mase": best, "curve": curve,
+           "test": _evaluate(model, data, sp.test, scale), "params": param_count(model),
+           "seconds": time.perf_counter() - t0, "terms": _terms(model)}
+    return res, model
+
+
+def _terms(model: Forecaster) -> dict:
+    """The learned index terms as lists: ``offsets`` d = 1..L+H-1, ``at_offsets`` {term:
+    (n, K) values at those offsets} and ``phase_tables`` {period: (period, K), row r the bias
+    of d mod period = r}."""
+    d = torch.arange(1, model.context + model.horizon)
+    at = {k: v.tolist() for k, v in model.attention.offset_terms(d).items()}
+    tables = {str(t.period): t.weight.detach().tolist() for t in model.attention.terms
+              if getattr(t, "mode", None) == "phase"}
+    return {"offsets": d.tolist(), "at_offsets": at, "phase_tables": tables}
+
+
+def _run_net(data, form, seed, a, folder: Path) -> dict:
+    name = f"{data.name}-{form}-s{seed}-{a.steps}"
+    done = folder / f"{name}.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    res, model = train_one(data, form, seed, a)
+    save_weights(folder / f"{name}.safetensors", model.state_dict())
+    atomic_write_json(done, res)
+    print(f"  {data.name:<10} {form:<8} seed {seed}: test MASE {np.mean(res['test']['mase']):.3f}"
+          f"  sMAPE {np.mean(res['test']['smape']):.2f}  val {res['val_mase']:.3f}  "
+          f"{res['seconds']:.0f}s", flush=True)
+    return res
+
+
+# -- SARIMAX -------------------------------------------------------------------------------------
+#: the longest period modelled with seasonal ARIMA terms; longer ones (co2's 52 weeks) get
+#: Fourier harmonics as regressors (a seasonal state of 52 lags is slow and poorly fitted)
+MAX_SEASONAL = 24
+
+
+def harmonics(length: int, period: int, k: int) -> np.ndarray | None:
+    """(length, 2k) sin/cos of the first k harmonics of ``period`` at steps 0..length-1."""
+    if k == 0:
+        return None
+    t = np.arange(length)[:, None] * (2 * np.pi / period) * np.arange(1, k + 1)[None, :]
+    return np.concatenate([np.sin(t), np.cos(t)], 1)
+
+
+def _differences(train: np.ndarray, period: int) -> tuple[int, int]:
+    """(d, D): D = 1 where the STL seasonal component is strong (Wang, Smith & Hyndman's
+    F_s > 0.64, as forecast::nsdiffs), then d from KPSS tests at 5% (at most 2)."""
+    tsa = require("statsmodels.tsa.api", "series", "the SARIMAX baseline")
+    stattools = require("statsmodels.tsa.stattools", "series", "the SARIMAX baseline")
+    D = 0
+    y = train
+    if period <= MAX_SEASONAL and len(train) >= 3 * period:
+        stl = tsa.STL(train, period=period, robust=True).fit()
+        s, r = np.asarray(stl.seasonal), np.asarray(stl.resid)
+        if 1 - np.var(r) / np.var(s + r) > 0.64:
+            D, y = 1, train[period:] - train[:-period]
+    d = 0
+    while d < 2:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # KPSS warns when p lies outside its table
+            p = stattools.kpss(y, regression="c", nlags="auto")[1]
+        if p >= 0.05:
+            break
+        d, y = d + 1, np.diff(y)
+    return d, D
+
+
+def sarimax_candidates(period: int, d: int, D: int, orders: tuple[int, int] = (2, 1)) -> list[dict]:
+    """The grid: p, q <= orders[0] and P, Q <= orders[1] (or 1-3 harmonics)."""
+    trend = "c" if d + D == 0 else ("t" if d + D == 1 else "n")
+    out = []
+    top, stop = orders[0] + 1, orders[1] + 1
+    for p in range(top):
+        for q in range(top):
+            if period <= MAX_SEASONAL:
+                for P in range(stop):
+                    for Q in range(stop):
+                        out.append({"order": (p, d, q), "seasonal_order": (P, D, Q, period),
+                                    "trend": trend, "harmonics": 0})
+            else:
+                for k in (1, 2, 3):
+                    out.append({"order": (p, d, q), "seasonal_order": (0, 0, 0, 0),
+                                "trend": trend, "harmonics": k})
+    return out
+
+
+def fit_sarimax(train: np.ndarray, spec: dict, period: int):
+    sm = require("statsmodels.tsa.statespace.sarimax", "series", "the SARIMAX baseline")
+    X = harmonics(len(train), period, spec["harmonics"])
+    model = sm.SARIMAX(train, exog=X, order=spec["order"],
+                       seasonal_order=spec["seasonal_order"], trend=spec["trend"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # convergence and start-parameter warnings
+        return model.fit(disp=False, maxiter=200)
+
+
+def select_sarimax(train: np.ndarray, period: int,
+                   orders: tuple[int, int] = (2, 1)) -> tuple[dict, object, list[dict]]:
+    """Orders chosen on ``train`` alone: (d, D) by tests, then the candidate of least AIC
+    among p, q <= orders[0], P, Q <= orders[1]; (the chosen spec, its fitted results, every
+    candidate with its AIC)."""
+    d, D = _differences(train, period)
+    tried, best, best_res = [], None, None
+    for spec in sarimax_candidates(period, d, D, orders):
+        try:
+            res = fit_sarimax(train, spec, period)
+            aic = float(res.aic)
+        except (ValueError, np.linalg.LinAlgError) as e:  # a candidate that cannot be fitted
+            tried.append({**spec, "aic": None, "error": str(e)[:120]})
+            continue
+        tried.append({**spec, "aic": aic})
+        if math.isfinite(aic) and (best is None or aic < best["aic"]):
+            best, best_res = {**spec, "aic": aic}, res
+    if best is None:
+        raise RuntimeError("SARIMAX: no candidate order could be fitted")
+    return best, best_res, tried
+
+
+def sarimax_forecasts(res, values: np.ndarray, spec: dict, period: int, origins,
+                      horizon: int) -> np.ndarray:
+    """(n, horizon) forecasts at each origin t from the fitted parameters (unchanged) and the
+    steps before t: the dynamic prediction over [t, t + horizon) of the model applied to the
+    whole series (its state at t is filtered on y[:t] alone)."""
+    X = harmonics(len(values), period, spec["harmonics"])
+    full = res.apply(values, exog=X)
+    out = np.empty((len(origins), horizon))
+    for i, t in enumerate(origins):
+        out[i] = full.get_prediction(start=t, end=t + horizon - 1, dynamic=True).predicted_mean
+    return out
+
+
+def _orders(a) -> tuple[int, int]:
+    try:
+        top, seasonal = (int(v) for v in a.sarimax_orders.split(","))
+    except ValueError:
+        raise ValueError(f"--sarimax-orders takes two integers p,P, got "
+                         f"{a.sarimax_orders!r}") from None
+    if not (0 <= top <= 5 and 0 <= seasonal <= 2):
+        raise ValueError(f"--sarimax-orders {a.sarimax_orders}: p in 0..5 and P in 0..2")
+    return top, seasonal
+
+
+def _sarimax_file(data, a, folder: Path) -> Path:
+    top, seasonal = _orders(a)
+    grid = "" if (top, seasonal) == (2, 1) else f"-o{top}{seasonal}"
+    return folder / f"{data.name}-sarimax{grid}.json"
+
+
+def _run_sarimax(data, a, folder: Path) -> dict:
+    done = _sarimax_file(data, a, folder)
+    if done.is_file():
+        return json.loads(done.read_text())
+    sp = split_of(data, a)
+    y = data.values.numpy()
+    t0 = time.perf_counter()
+    # fitted on everything before the test part (it needs no validation data)
+    spec, res, tried = select_sarimax(y[:sp.test_start], data.period, _orders(a))
+    fc = torch.from_numpy(sarimax_forecasts(res, y, spec, data.period, sp.test, sp.horizon))
+    _, actual = windows(data.values, sp.test, sp.context, sp.horizon)
+    scale = mase_scale(data.values[:sp.val_start], data.period)
+    out = {"series": data.name, "spec": spec, "candidates": tried,
+           "test": {"mase": mase(fc, actual, scale).tolist(),
+                    "smape": smape(fc, actual).tolist()},
+           "forecasts": fc.tolist(), "seconds": time.perf_counter() - t0}
+    atomic_write_json(done, out)
+    print(f"  {data.name:<10} SARIMAX {spec['order']}x{spec['seasonal_order']} trend "
+          f"{spec['trend']} harmonics {spec['harmonics']}: test MASE "
+          f"{np.mean(out['test']['mase']):.3f}  ({out['seconds']:.0f}s)", flush=True)
+    return out
+
+
+# -- the study -----------------------------------------------------------------------------------
+def _quick(a) -> None:
+    a.steps, a.seeds, a.eval_every, a.batch, a.width, a.heads = 8, 1, 4, 8, 8, 2
+    a.series, a.no_sarimax, a.sarimax_orders = "sunspots", False, "1,0"
+
+
+def _names(text: str, known, what: str) -> list[str]:
+    out = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in out if s not in known]
+    if bad or not out:
+        raise ValueError(f"unknown {what} {', '.join(bad) or '(none given)'}: choose from "
+                         f"{', '.join(known)}")
+    return out
+
+
+def run(args) -> int:
+    """Every series x form x seed, the baselines, the tables, JSON and plots."""
+    if args.quick:
+        _quick(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    names = _names(args.series, list(SETTINGS), "series")
+    forms = _names(args.forms, FORMS, "attention form")
+    folder = Path(args.out) / "forecast_runs"
+    folder.mkdir(parents=True, exist_ok=True)
+    t_all, per = time.perf_counter(), {}
+    for name in names:
+        data = load_series(name)
+        sp = split_of(data, args)
+        runs = [_run_net(data, f, args.seed + i, args, folder) for f in forms
+                for i in range(args.seeds)]
+        sar = None if args.no_sarimax else _run_sarimax(data, args, folder)
+        per[name] = _summarise(data, sp, runs, sar, forms)
+    result = {"experiment": "forecast", "settings": {k: v for k, v in vars(args).items()
+                                                      if isinstance(v, (int, float, str))},
+              "series": per, "wall_seconds": time.perf_counter() - t_all,
+              "hardware": hardware()}
+    _print_tables(per)
+    write_result(args, "forecast", result)
+    for name in names:
+        _plot_forecasts(load_series(name), per[name], args, folder)
+    _plot_terms(per, args)
+    return 0
+
+
+def _summarise(data, sp: Split, runs: list[dict], sar: dict | None, forms) -> dict:
+    naive = seasonal_naive(data.values, sp.test, sp.horizon, data.period)
+    _, actual = windows(data.values, sp.test, sp.context, sp.horizon)
+    scale = mase_scale(data.values[:sp.val_start], data.period)
+    models = {"seasonal naive": {"mase": (mase(naive, actual, scale).tolist(), None),
+                                 "smape": (smape(naive, actual).tolist(), None)}}
+    if sar is not None:
+        models["SARIMAX"] = {k: (sar["test"][k], None) for k in ("mase", "smape")}
+    for f in forms:
+        rs = [r for r in runs if r["form"] == f]
+        models[f] = {k: (np.mean([r["test"][k] for r in rs], 0).tolist(),
+                         np.std([r["test"][k] for r in rs], 0, ddof=1).tolist()
+                         if len(rs) > 1 else None) for k in ("mase", "smape")}
+        models[f]["mean_over_h"] = {k: mean_std([np.mean(r["test"][k]) for r in rs])
+                                    for k in ("mase", "smape")}
+        models[f]["params"] = rs[0]["params"]
+        models[f]["seconds"] = mean_std([r["seconds"] for r in rs])[0]
+    return {"context": sp.context, "horizon": sp.horizon, "period": data.period,
+            "split": {"train": [0, sp.val_start], "val": [sp.val_start, sp.test_start],
+                      "test": [sp.test_start, data.length], "test_origins": len(sp.test)},
+            "mase_scale": scale, "models": models,
+            "sarimax": None if sar is None else {k: sar[k] for k in ("spec", "seconds")},
+            "runs": runs}
+
+
+def _print_tables(per: dict) -> None:
+    for name, s in per.items():
+        H = s["horizon"]
+        hs = sorted({1, max(1, H // 4), max(1, H // 2), H})
+        print(f"\n{name}: context {s['context']}, horizon {H}, period {s['period']}, "
+              f"{s['split']['test_origins']} test origins (MASE / sMAPE %, mean over seeds)")
+        print(f"{'model':<15} " + " ".join(f"{f'h={h}':>15}" for h in hs) + f" {'mean':>15}")
+        for m, r in s["models"].items():
+            cells = [f"{r['mase'][0][h - 1]:.3f} / {r['smape'][0][h - 1]:5.2f}" for h in hs]
+            mean = f"{np.mean(r['mase'][0]):.3f} / {np.mean(r['smape'][0]):5.2f}"
+            print(f"{m:<15} " + " ".join(f"{c:>15}" for c in cells) + f" {mean:>15}")
+
+
+def _plot_forecasts(data, s: dict, a, folder: Path) -> None:
+    plt = pyplot()
+    H, L = s["horizon"], s["context"]
+    t0, t1 = s["split"]["test"]
+    origins = [t0, t0 + (t1 - t0 - H) // 2]  # the first and a middle test origin
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.6))
+    y = data.values
+    for ax, t in zip(axes, origins):
+        lo = max(0, t - 2 * H)
+        ax.plot(range(lo, min(len(y), t + H)), y[lo:t + H].numpy(), color="black", lw=1.2,
+                label="series")
+        ax.plot(range(t, t + H), seasonal_naive(y, [t], H, data.period)[0].numpy(), ":",
+                label="seasonal naive")
+        sar = _sarimax_file(data, a, folder)
+        if sar.is_file():
+            fc = json.loads(sar.read_text())["forecasts"][t - t0]
+            ax.plot(range(t, t + H), fc, "--", label="SARIMAX")
+        for r in s["runs"]:
+            if r["seed"] != min(q["seed"] for q in s["runs"]):
+                continue
+            m = Forecaster(L, H, r["form"], width=a.width, heads=a.heads, periods=[data.period])
+            m.load_state_dict(load_weights(folder / f"{data.name}-{r['form']}-s{r['seed']}-"
+                                           f"{a.steps}.safetensors"))
+            ax.plot(range(t, t + H), forecast_at(m, y, [t])[0].numpy(), label=r["form"])
+        ax.axvline(t - 0.5, color="grey", lw=0.8)
+        ax.set_title(f"{data.name}: forecast at step {t}")
+    axes[0].legend(fontsize=7)
+    save_figure(fig, _named(a, None), f"forecast_{data.name}")
+
+
+def _named(a, plot):
+    """``a`` without a --plot path (each figure here has its own name under --out)."""
+    import argparse
+
+    return argparse.Namespace(**{**vars(a), "plot": plot})
+
+
+def _plot_terms(per: dict, a) -> None:
+    """The learned index terms of seed 0's models: the position model's bias per offset and
+    the period model's summed phase + multiple biases per offset, every head, with the
+    multiples of the period marked."""
+    plt = pyplot()
+    names = list(per)
+    fig, axes = plt.subplots(2, len(names), figsize=(4 * len(names), 6), squeeze=False)
+    for j, name in enumerate(names):
+        s = per[name]
+        first = min(r["seed"] for r in s["runs"])
+        for i, form in enumerate(("position", "period")):
+            ax = axes[i][j]
+            r = next((r for r in s["runs"] if r["form"] == form and r["seed"] == first), None)
+            if r is None:
+                ax.set_visible(False)
+                continue
+            d = np.array(r["terms"]["offsets"])
+            vals = sum(np.array(v) for v in r["terms"]["at_offsets"].values())
+            ax.plot(d, vals, lw=0.9)
+            for m in range(s["period"], int(d.max()) + 1, s["period"]):
+                ax.axvline(m, color="grey", lw=0.6, ls=":")
+            ax.set_title(f"{name}: {form} terms (period {s['period']})", fontsize=9)
+            ax.set_xlabel("offset d = n − m")
+    save_figure(fig, _named(a, None), "forecast_terms")
