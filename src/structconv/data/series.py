@@ -55,7 +55,6 @@ class SeriesData:
                 f"{self.period}{fill}")
 
 
-#: name -> (statsmodels module, period, frequency, description)
 SERIES = {
     "co2": ("statsmodels.datasets.co2", 52, "weekly",
             "weekly CO2 at Mauna Loa 1958-2001 (statsmodels), period 52"),
@@ -67,6 +66,7 @@ SERIES = {
                    "monthly euro-area electrical equipment turnover 1995-2016 (statsmodels), "
                    "period 12"),
 }
+"""The registered series: name -> (statsmodels module, period, frequency, description)."""
 
 
 def _frame(name: str):

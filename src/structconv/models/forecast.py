@@ -40,8 +40,8 @@ from ..params import LowRank
 
 __all__ = ["FORMS", "OffsetBias", "SeriesAttention", "Forecaster", "forecast_at"]
 
-#: the attention forms of the study
 FORMS = ("content", "position", "period")
+"""The forecaster's attention forms: content alone, plus offset biases, plus period biases."""
 
 
 class OffsetBias(IndexTerm):

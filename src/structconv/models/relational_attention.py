@@ -39,8 +39,8 @@ from ..params import ControlledSeparable, Full, glorot_
 
 __all__ = ["RelationGATScores", "RelationalGraph", "RGATConv", "RGAT", "ATTENTIONS"]
 
-#: how an RGAT layer normalises its weights: within each relation (WIRGAT) or across them
 ATTENTIONS = ("within", "across")
+"""How an RGAT layer normalises its weights: within each relation (WIRGAT) or across them."""
 
 
 class RelationGATScores(att.PerHead):
