@@ -4,7 +4,16 @@ Each loader module registers its datasets with ``register_dataset`` when importe
 imports them all, so the registry (the floor below them) never imports a loader.
 """
 
-from . import graphs_nx, images, kg, planetoid, rgcn, synthetic, text  # noqa: F401  (registrations)
+from . import (  # noqa: F401  (registrations)
+    g2p,
+    graphs_nx,
+    images,
+    kg,
+    planetoid,
+    rgcn,
+    synthetic,
+    text,
+)
 from .registry import DATASETS, dataset_names, load_dataset, register_dataset
 
 __all__ = ["DATASETS", "dataset_names", "load_dataset", "register_dataset"]
