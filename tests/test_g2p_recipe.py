@@ -31,7 +31,16 @@ def small():
     return g2p.load_cmudict(limit=400)
 
 
-def test_quick_recipe_runs_writes_every_arm_and_resumes(tmp_path):
+@pytest.fixture
+def one_thread():
+    """The recipe's runs use one torch thread (``--threads 1``); restore the count after."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_quick_recipe_runs_writes_every_arm_and_resumes(tmp_path, capsys, one_thread):
     cmd = [sys.executable, "-m", "structconv.cli", "reproduce", "g2p", "--quick", "--out",
            str(tmp_path)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -46,16 +55,18 @@ def test_quick_recipe_runs_writes_every_arm_and_resumes(tmp_path):
     assert runs["pervasive"]["maps"] and runs["transformer"]["curve"][-1]["step"] == 24
     assert (tmp_path / "g2p_curves.png").is_file() and (tmp_path / "g2p_attention.png").is_file()
     assert len(list((tmp_path / "g2p_runs").glob("*.safetensors"))) == 3
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and "step 8" not in again.stdout  # every run read back
-    bad = subprocess.run(cmd[:-2] + ["--arms", "transformer,lstm", "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=600)
-    assert bad.returncode == 2 and "unknown arm(s) 'lstm'" in bad.stderr
+    # the second run and the bad one in this process: no second torch import to pay for
+    from structconv.cli import main
+    capsys.readouterr()
+    assert main(cmd[3:]) == 0
+    assert "step 8" not in capsys.readouterr().out  # every run read back, none trained
+    assert main(cmd[3:-2] + ["--arms", "transformer,lstm", "--out", str(tmp_path)]) == 2
+    assert "unknown arm(s) 'lstm'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("arm", ["transformer-shift", "pervasive"])
-def test_a_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(arm, small, tmp_path):
-    torch.set_num_threads(1)
+def test_a_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(arm, small, tmp_path,
+                                                                     one_thread):
     a = _args(steps=12, pervasive_steps=12, batch=16, width=16, layers=1, heads=2, embed=8,
               grid_layers=2, growth=4, bottleneck=8, eval_every=4, eval_words=10,
               checkpoint_every=3, beam=2)
