@@ -118,3 +118,17 @@ def test_the_shift_arm_has_the_transformers_parameter_count(small):
     assert shift.position == "shift" and shift.src_shifts == [-2, -1, 0, 1, 2]
     with pytest.raises(ValueError, match="unknown arm 'lstm'"):
         g2p.build("lstm", small, a)
+
+
+def test_eval_limit_scores_a_seeded_sample_of_each_split(small):
+    test = small.splits["test"]
+    assert g2p.scored_entries(small, "test", _args()) == test  # 0: every word
+    assert g2p.scored_entries(small, "test", _args(eval_limit=10 ** 6)) == test
+    a = _args(eval_limit=7)
+    got = g2p.scored_entries(small, "test", a)
+    assert len(got) == 7 and set(got) <= set(test) and got == sorted(got)
+    assert got == g2p.scored_entries(small, "test", _args(eval_limit=7))  # seeded
+    assert {w for w, _ in g2p.scored_entries(small, "valid", a)} <= \
+        {w for w, _ in small.splits["valid"]}
+    with pytest.raises(ValueError, match="--eval-limit must be 0"):
+        g2p.run(_args(eval_limit=-1))  # refused before any data is read

@@ -50,7 +50,7 @@ from ..optim import epoch_generator
 from ._common import hardware, mean_std, param_count, pyplot, save_figure, write_result
 from .shift_heads import lr_at, save_state
 
-__all__ = ["add_arguments", "run", "ARMS", "build", "train_run", "decode_words",
+__all__ = ["add_arguments", "run", "ARMS", "build", "train_run", "decode_words", "scored_entries",
            "nearest_predictions", "epoch_batches", "equalised_ffn"]
 
 #: the arms this recipe knows; ``DEFAULT_ARMS`` run unless ``--arms`` says otherwise
@@ -88,6 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-words", type=int, default=500,
                         help="validation words decoded for the learning curves")
     parser.add_argument("--beam", type=int, default=4, help="beam width of the test decoding")
+    parser.add_argument("--eval-limit", type=int, default=0,
+                        help="score valid and test on a seeded sample of this many words each "
+                             "(0: every word; for reduced runs)")
     parser.add_argument("--checkpoint-every", type=int, default=500)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: default)")
     parser.add_argument("--plot", default=None, help="learning-curve PNG path")
@@ -219,19 +222,18 @@ def nearest_predictions(train: list, words: list[str], shortlist: int = 20) -> l
     return out
 
 
-def _nearest(data: G2PData, folder: Path, examples: list[str]) -> dict:
+def _nearest(data: G2PData, folder: Path, examples: list[str], a) -> dict:
     done = folder / "nearest.json"
     if done.is_file():
         return json.loads(done.read_text())
     t0, c0 = time.perf_counter(), time.process_time()
     res = {"arm": "nearest", "seed": None, "params": 0}
     for split in ("valid", "test"):
-        entries = data.splits[split]
+        entries = scored_entries(data, split, a)
         preds = nearest_predictions(data.splits["train"], [w for w, _ in entries])
         res[split] = score(preds, entries)
-        if split == "test":
-            got = dict(zip((w for w, _ in entries), preds))
-            res["examples"] = {w: " ".join(got[w]) for w in examples}
+    got = nearest_predictions(data.splits["train"], examples)
+    res["examples"] = {w: " ".join(p) for w, p in zip(examples, got)}
     res["cpu_seconds"], res["seconds"] = time.process_time() - c0, time.perf_counter() - t0
     atomic_write_json(done, res)
     print(f"  nearest: test PER {res['test']['per']:.2f} WER {res['test']['wer']:.2f}",
@@ -254,6 +256,17 @@ def _optimizer(model, a) -> torch.optim.Optimizer:
     rest = [p for p in model.parameters() if p.dim() < 2]
     return torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
                               {"params": rest, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.98))
+
+
+def scored_entries(data: G2PData, split: str, a) -> list:
+    """The words of ``split`` that the final scores use: all of them, or with
+    ``--eval-limit n`` a seeded sample of n (the same for every arm)."""
+    entries, n = data.splits[split], getattr(a, "eval_limit", 0)
+    if not n or n >= len(entries):
+        return entries
+    g = torch.Generator().manual_seed(2718 + ("valid", "test").index(split))
+    pick = torch.randperm(len(entries), generator=g)[:n]
+    return [entries[i] for i in sorted(pick.tolist())]
 
 
 def monitor_entries(data: G2PData, a) -> list:
@@ -363,13 +376,11 @@ def _final_eval(arm, seed, model, data: G2PData, a, state: dict, examples) -> di
            "cpu_seconds": state["cpu"], "seconds": state["wall"],
            "monitor_cpu_seconds": state["eval_cpu"]}
     for split in ("valid", "test"):
-        entries = data.splits[split]
-        preds = decode_words(model, data, [w for w, _ in entries])
-        res[split] = score(preds, entries)
-        if split == "test":
-            got = dict(zip((w for w, _ in entries), preds))
-            res["examples"] = {w: " ".join(got[w]) for w in examples}
-    test = data.splits["test"]
+        entries = scored_entries(data, split, a)
+        res[split] = score(decode_words(model, data, [w for w, _ in entries]), entries)
+    res["examples"] = {w: " ".join(p) for w, p in zip(examples,
+                                                       decode_words(model, data, examples))}
+    test = scored_entries(data, "test", a)
     res["test_beam"] = score(decode_words(model, data, [w for w, _ in test], beam=a.beam), test)
     res["maps"] = attention_maps(model, data, examples[:3])
     res["eval_cpu_seconds"] = time.process_time() - c0
@@ -418,6 +429,8 @@ def _check_args(a) -> None:
         v = getattr(a, name)
         if v < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+    if a.eval_limit < 0:
+        raise ValueError(f"--eval-limit must be 0 (every word) or >= 1, got {a.eval_limit}")
     if a.limit < 0 or (0 < a.limit < 3):
         raise ValueError(f"--limit must be 0 (every word) or >= 3, got {a.limit}")
 
@@ -439,7 +452,7 @@ def run(args) -> int:
     runs = []
     for arm in arms:
         if arm == "nearest":
-            runs.append(_nearest(data, folder, examples))
+            runs.append(_nearest(data, folder, examples, args))
             continue
         for i in range(args.seeds):
             runs.append(train_run(arm, args.seed + i, data, args, folder, examples))
