@@ -4,8 +4,17 @@ Each loader module registers its datasets with ``register_dataset`` when importe
 imports them all, so the registry (the floor below them) never imports a loader.
 """
 
-# the loader modules, imported for their registrations
-from . import graphs_nx, images, kg, planetoid, rgcn, series, synthetic, text  # noqa: F401
+from . import (  # noqa: F401  (the loader modules, imported for their registrations)
+    g2p,
+    graphs_nx,
+    images,
+    kg,
+    planetoid,
+    rgcn,
+    series,
+    synthetic,
+    text,
+)
 from .registry import DATASETS, dataset_names, load_dataset, register_dataset
 
 __all__ = ["DATASETS", "dataset_names", "load_dataset", "register_dataset"]

@@ -14,10 +14,14 @@ from .graph_attention import GATConv, GATv2Conv, TransformerConv
 from .grid import GridAvgPool, GridConv
 from .layers import Convolution
 from .lm import CausalSelfAttention, TransformerLM
+from .pervasive import AttentionPooling, PervasiveAttention, SourcePooling
+from .seq2seq import CrossAttention, SelfAttention, Seq2Seq
 
 __all__ = ["Convolution", "from_torch", "from_pyg", "to_torch", "register_torch", "register_pyg",
            "GCNConv", "ChebConv", "TAGConv", "SGConv", "RGCNConv",
            "MultiheadAttention", "GATConv", "GATv2Conv", "TransformerConv",
            "TransformerEncoderLayer", "TransformerDecoderLayer",
            "MixedAttention", "GridConv", "GridAvgPool", "CausalSelfAttention", "TransformerLM",
-           "SparseDropout", "sparse_dropout", "Canon"]
+           "SparseDropout", "sparse_dropout", "Canon",
+           "Seq2Seq", "SelfAttention", "CrossAttention",
+           "PervasiveAttention", "AttentionPooling", "SourcePooling"]
