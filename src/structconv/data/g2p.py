@@ -31,9 +31,14 @@ from .registry import DatasetError, check_fraction, check_int, register_dataset
 __all__ = ["G2PData", "load_cmudict", "split_words", "edit_distance", "error_rates",
            "PAD", "BOS", "EOS", "SPECIALS"]
 
-PAD, BOS, EOS = 0, 1, 2
-#: the target vocabulary's first symbols (the source has only the padding)
+PAD = 0
+"""The padding token's id (source and target)."""
+BOS = 1
+"""The target's start-of-sequence token id."""
+EOS = 2
+"""The target's end-of-sequence token id."""
 SPECIALS = ("<pad>", "<s>", "</s>")
+"""The target vocabulary's first symbols (the source has only the padding)."""
 
 Entry = tuple[str, tuple[tuple[str, ...], ...]]
 
