@@ -15,7 +15,8 @@ import torch
 
 from structconv.data.depo import DepoTask, generate, solve
 from structconv.experiments import canon
-from structconv.nn.lm import TransformerLM
+from structconv.experiments.shift_heads import parse_kinds
+from structconv.nn.lm import TransformerLM, split_kind
 
 TASK = DepoTask(nodes=20, n=9, max_hops=5, queries=4)
 
@@ -146,13 +147,14 @@ def test_curriculum_grows_the_hops_from_one_to_the_maximum():
     assert canon.reach_at(0, argparse.Namespace(curriculum=0.0, steps=1000), 8) == 8
 
 
-def test_study_kinds_hold_back_only_the_pending_relative_bias():
-    run, held = canon.available_kinds(",".join(canon.STUDY_KINDS))
-    assert set(held) == {"relative"} and "relative" not in run and len(run) == 11
+def test_study_kinds_are_the_issues_arms_and_all_build():
+    kinds = parse_kinds(",".join(canon.STUDY_KINDS))
+    assert len(kinds) == 12 and "relative" in kinds and "alibi" in kinds
+    assert {split_kind(k)[1] for k in kinds} == {"", "ABCD", "A", "B", "C", "D"}
     with pytest.raises(ValueError, match="unknown position kind"):
-        canon.available_kinds("none,nonsense")
+        parse_kinds("none,nonsense")
     with pytest.raises(ValueError, match="unknown Canon place"):
-        canon.available_kinds("none+Canon-Z")
+        parse_kinds("none+Canon-Z")
 
 
 def test_a_model_learns_one_hop_and_the_harness_sees_it():
@@ -173,10 +175,9 @@ def test_quick_recipe_runs_resumes_and_writes_every_kind(tmp_path):
            "--out", str(tmp_path)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    assert "skipping relative" in r.stdout
     res = json.loads((tmp_path / "canon.json").read_text())
-    run_kinds = [k for k in canon.STUDY_KINDS if k != "relative"]
-    assert list(res["kinds"]) == run_kinds and set(res["held_back"]) == {"relative"}
+    run_kinds = list(canon.STUDY_KINDS)
+    assert list(res["kinds"]) == run_kinds
     unit = 2 * 16 + 1 + 4  # one unit of feed-forward width of the quick model (1 layer)
     assert all(abs(v["params"] - res["budget"]) <= unit // 2 + 1 for v in res["kinds"].values())
     for v in res["kinds"].values():

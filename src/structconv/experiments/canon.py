@@ -2,7 +2,7 @@
 
 ``structconv reproduce canon --out runs`` trains ``sc.nn.TransformerLM`` of every model kind of
 ``--kinds`` (default ``STUDY_KINDS``: none, rotary and shift with and without Canon-ABCD,
-ALiBi, the T5-style relative bias once it exists, and each Canon place alone on none) on the
+ALiBi, the learned T5-style relative bias, and each Canon place alone on none) on the
 Depo-style k-hop task of ``structconv.data.depo`` (a shuffled list of the directed pairs of a
 random cycle, then questions "start, k -> k-th successor", k = 1..8), parameters equalised to
 the ``none`` model through the feed-forward width, for ``--seeds`` seeds. Training draws fresh
@@ -38,23 +38,18 @@ import torch.nn.functional as F
 
 from ..data.depo import DepoTask, generate
 from ..io import atomic_write_json
-from ..nn.lm import CANON_TAG, POSITIONS, TransformerLM, split_kind
+from ..nn.lm import TransformerLM, split_kind
 from ._common import hardware, mean_std, param_count, pyplot, save_figure, write_result
-from .shift_heads import equalised, lr_at, run_all, run_name, save_state
+from .shift_heads import equalised, lr_at, parse_kinds, run_all, run_name, save_state
 
-__all__ = ["add_arguments", "run", "STUDY_KINDS", "available_kinds", "task_of", "build",
-           "answer_loss", "eval_sets", "accuracy_per_k", "train_one", "depth"]
+__all__ = ["add_arguments", "run", "STUDY_KINDS", "task_of", "build", "answer_loss",
+           "eval_sets", "accuracy_per_k", "train_one", "depth"]
 
-#: the issue's arms. HOOK (issue 26 item 2): "relative" (a learned T5-style relative bias from
-#: the attention package's index term) is not a position kind yet; ``available_kinds`` holds
-#: it back with a note until ``TransformerLM``'s ``POSITIONS`` has it, then it runs unchanged.
+#: the issue's arms: none, rotary and shift with and without Canon-ABCD, ALiBi, the learned
+#: T5-style relative bias, and each Canon place alone on none
 STUDY_KINDS = ("none", "none+Canon-ABCD", "rotary", "rotary+Canon-ABCD", "shift",
                "shift+Canon-ABCD", "alibi", "relative", "none+Canon-A", "none+Canon-B",
                "none+Canon-C", "none+Canon-D")
-
-#: position kinds the study names that ``TransformerLM`` may not have yet (see the hook above)
-PENDING = {"relative": "the T5-style relative bias (issue 26 item 2) is not a TransformerLM "
-                       "position kind yet"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,22 +84,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # -- the task and the models ---------------------------------------------------------------------
-def available_kinds(text: str) -> tuple[list[str], dict[str, str]]:
-    """(the model kinds of a comma list that can run now, {kind held back: why}): a kind whose
-    position is ``PENDING`` and not yet in ``POSITIONS`` is held back; any other unknown kind
-    raises ``ValueError``."""
-    run, held = [], {}
-    for k in (k.strip() for k in text.split(",")):
-        position = k[:k.lower().rfind(CANON_TAG.lower())] if CANON_TAG.lower() in k.lower() \
-            else k
-        if position in PENDING and position not in POSITIONS:
-            held[k] = PENDING[position]
-        elif k:
-            split_kind(k)
-            run.append(k)
-    return run, held
-
-
 def task_of(a) -> DepoTask:
     """The run's task (``ValueError`` for sizes that do not make one)."""
     return DepoTask(nodes=a.nodes, n=a.n, max_hops=a.max_hops, queries=a.queries)
@@ -230,14 +209,12 @@ def run(args) -> int:
     """Every available kind x seed; prints the tables, writes JSON and the plot."""
     if args.quick:
         _quick(args)
-    kinds, held = available_kinds(args.kinds)
+    kinds = parse_kinds(args.kinds)
     task = task_of(args)
     if args.canon_kernel < 1:
         raise ValueError(f"--canon-kernel must be >= 1, got {args.canon_kernel}")
-    for k, why in held.items():
-        print(f"skipping {k}: {why}")
     if not kinds:
-        raise ValueError("no model kind of --kinds can run yet")
+        raise ValueError("--kinds names no model kind")
     t_all = time.perf_counter()
     shaped = argparse.Namespace(**{**vars(args), "context": task.length})
     budget, ffns = equalised(kinds, task.vocab_size, shaped)
@@ -251,7 +228,7 @@ def run(args) -> int:
     result = dict(experiment="canon", task=dataclasses.asdict(task), vocab=task.vocab_size,
                   length=task.length, settings={k: v for k, v in vars(args).items()
                                                 if isinstance(v, (int, float, str))},
-                  budget=budget, ffn=ffns, held_back=held, kinds=rows, runs=runs,
+                  budget=budget, ffn=ffns, kinds=rows, runs=runs,
                   wall_seconds=time.perf_counter() - t_all, hardware=hardware())
     _print_table(rows, task)
     write_result(args, "canon", result)
