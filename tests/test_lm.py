@@ -14,7 +14,13 @@ from hypothesis import strategies as st
 import structconv as sc
 from structconv.attention.basis import CausalShift, shift_basis
 from structconv.attention.index import RelativeBias
-from structconv.attention.positions import alibi_mask, alibi_slopes, causal_shift, rotary
+from structconv.attention.positions import (
+    alibi_mask,
+    alibi_slopes,
+    causal_shift,
+    gather_shifts,
+    rotary,
+)
 from structconv.nn.lm import (
     POSITIONS,
     RELATIVE_BUCKETS,
@@ -172,19 +178,34 @@ def test_rotary_scores_depend_only_on_the_offset():
     torch.testing.assert_close(rotary(q, 5)[..., :4, :], rotary(q)[..., 5:, :])
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(L=st.integers(1, 9), shifts=st.lists(st.integers(0, 5), min_size=1, max_size=4),
-       past=st.booleans(), C=st.integers(1, 3))
-def test_shift_heads_equal_their_dense_shift_matrices(L, shifts, past, C):
-    R = max(shifts) if past and max(shifts) else 0
+       past=st.booleans(), extra=st.integers(0, 2), C=st.integers(1, 3))
+def test_shift_heads_equal_their_dense_shift_matrices(L, shifts, past, extra, C):
+    R = max(shifts) + extra if past and max(shifts) + extra else 0
     basis = CausalShift(L, shifts, past=R)
-    z = torch.randn(2, R + L, len(shifts), C, dtype=torch.float64)
+    z = torch.randn(2, R + L, len(shifts), C, dtype=torch.float64, requires_grad=True)
     A = basis.to_dense().double()  # (S, M, N): A_s[m, n] = 1 iff m = n + R - s
     want = torch.einsum("kmn,bmkc->bnkc", A, z)
-    torch.testing.assert_close(basis.propagate_heads(z), want)
-    if not R:  # the same matrices as shift_basis (the Sparse definition)
+    got = basis.propagate_heads(z)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # the gather's backward is the adjoint: gradient = A g
+    g = torch.randn_like(got)
+    (gz,) = torch.autograd.grad(got, z, g)
+    torch.testing.assert_close(gz, torch.einsum("kmn,bnkc->bmkc", A, g), rtol=0, atol=0)
+    if R:  # the cache form: the last R entries before the outputs
+        torch.testing.assert_close(causal_shift(z[:, R:], shifts, past=z[:, :R]), want)
+    else:  # the same matrices as shift_basis (the Sparse definition)
         torch.testing.assert_close(A, shift_basis(L, shifts, dtype=torch.float64).to_dense())
         torch.testing.assert_close(causal_shift(z, shifts), want)
+
+
+def test_gather_shifts_refuses_shifts_it_cannot_give():
+    ext = torch.randn(2, 7, 3, 4)
+    assert gather_shifts(ext, [0, 2, 2], 5).shape == (2, 5, 3, 4)
+    for shifts, length in (([0, 3, 1], 5), ([0, 1], 5), ([0, -1, 1], 5)):
+        with pytest.raises(ValueError, match=r"gather_shifts: ext \(2, 7, 3, 4\)"):
+            gather_shifts(ext, shifts, length)
 
 
 def test_attention_with_shift_heads_is_one_structured_convolution():
