@@ -123,29 +123,42 @@ class CausalTaps(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, identity, past):
-        taps = weight.to(x.dtype, copy=True)
-        taps[identity] += 1
-        N = x.shape[1] - past
-        y = torch.mul(x[:, past:], taps[-1])
-        for s, lo, src in _shifted(taps.shape[0], N, past):
-            y[:, lo:].addcmul_(x[:, src], taps[-1 - s])
-        ctx.save_for_backward(x, taps)
-        ctx.past, ctx.wdtype = past, weight.dtype
+        w = weight.to(x.dtype)
+        K, N = w.shape[0], x.shape[1] - past
+        taps = w.unbind(0)
+        cur = x[:, past:] if past else x
+        # the residual rides on the first pass: y = x + x ⊙ w (no copy of the taps for +1)
+        y = torch.addcmul(cur, cur, taps[-1]) if identity == K - 1 else torch.mul(cur, taps[-1])
+        for s, lo, src in _shifted(K, N, past):
+            out = y[:, lo:] if lo else y
+            out.addcmul_(x[:, src], taps[-1 - s])
+            if identity == K - 1 - s:
+                out.add_(x[:, src])
+        ctx.save_for_backward(x, w)
+        ctx.past, ctx.identity, ctx.wdtype = past, identity, weight.dtype
         return y
 
     @staticmethod
     def backward(ctx, g):
-        x, taps = ctx.saved_tensors
-        P, K, N = ctx.past, taps.shape[0], g.shape[1]
+        x, w = ctx.saved_tensors
+        P, K, N, identity = ctx.past, w.shape[0], g.shape[1], ctx.identity
+        taps = w.unbind(0)
         gx = gw = None
         if ctx.needs_input_grad[0]:
-            gx = g.new_empty(x.shape)
-            torch.mul(g, taps[-1], out=gx[:, P:])
-            gx[:, :P].zero_()
+            # the adjoint: the same taps, each shift read the other way
+            cur = torch.addcmul(g, g, taps[-1]) if identity == K - 1 else torch.mul(g, taps[-1])
+            if P:
+                gx = g.new_zeros(x.shape)
+                gx[:, P:] = cur
+            else:
+                gx = cur
             for s, lo, src in _shifted(K, N, P):
-                gx[:, src].addcmul_(g[:, lo:], taps[-1 - s])
+                gs = g[:, lo:] if lo else g
+                gx[:, src].addcmul_(gs, taps[-1 - s])
+                if identity == K - 1 - s:
+                    gx[:, src].add_(gs)
         if ctx.needs_input_grad[1]:
-            rows = [(g * x[:, P:]).sum((0, 1))]
+            rows = [(g * (x[:, P:] if P else x)).sum((0, 1))]
             rows += [(g[:, lo:] * x[:, src]).sum((0, 1)) for _, lo, src in _shifted(K, N, P)]
             rows += [torch.zeros_like(rows[0])] * (K - len(rows))  # taps past the start
             gw = torch.stack(rows[::-1]).to(ctx.wdtype)
