@@ -15,7 +15,8 @@ import torch
 
 from structconv.data.depo import DepoTask, generate, solve
 from structconv.experiments import canon
-from structconv.nn.lm import TransformerLM
+from structconv.experiments.shift_heads import parse_kinds
+from structconv.nn.lm import TransformerLM, split_kind
 
 TASK = DepoTask(nodes=20, n=9, max_hops=5, queries=4)
 
@@ -146,13 +147,14 @@ def test_curriculum_grows_the_hops_from_one_to_the_maximum():
     assert canon.reach_at(0, argparse.Namespace(curriculum=0.0, steps=1000), 8) == 8
 
 
-def test_study_kinds_hold_back_only_the_pending_relative_bias():
-    run, held = canon.available_kinds(",".join(canon.STUDY_KINDS))
-    assert set(held) == {"relative"} and "relative" not in run and len(run) == 11
+def test_study_kinds_are_the_issues_arms_and_all_build():
+    kinds = parse_kinds(",".join(canon.STUDY_KINDS))
+    assert len(kinds) == 12 and "relative" in kinds and "alibi" in kinds
+    assert {split_kind(k)[1] for k in kinds} == {"", "ABCD", "A", "B", "C", "D"}
     with pytest.raises(ValueError, match="unknown position kind"):
-        canon.available_kinds("none,nonsense")
+        parse_kinds("none,nonsense")
     with pytest.raises(ValueError, match="unknown Canon place"):
-        canon.available_kinds("none+Canon-Z")
+        parse_kinds("none+Canon-Z")
 
 
 def test_a_model_learns_one_hop_and_the_harness_sees_it():
@@ -173,10 +175,9 @@ def test_quick_recipe_runs_resumes_and_writes_every_kind(tmp_path):
            "--out", str(tmp_path)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    assert "skipping relative" in r.stdout
     res = json.loads((tmp_path / "canon.json").read_text())
-    run_kinds = [k for k in canon.STUDY_KINDS if k != "relative"]
-    assert list(res["kinds"]) == run_kinds and set(res["held_back"]) == {"relative"}
+    run_kinds = list(canon.STUDY_KINDS)
+    assert list(res["kinds"]) == run_kinds
     unit = 2 * 16 + 1 + 4  # one unit of feed-forward width of the quick model (1 layer)
     assert all(abs(v["params"] - res["budget"]) <= unit // 2 + 1 for v in res["kinds"].values())
     for v in res["kinds"].values():
@@ -188,3 +189,53 @@ def test_quick_recipe_runs_resumes_and_writes_every_kind(tmp_path):
     bad = subprocess.run([*cmd[:-2], "--kinds", "none+Canon-Q", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and "unknown Canon place" in bad.stderr
+
+
+def test_a_killed_run_resumes_from_its_checkpoint_and_ends_as_the_uninterrupted_one(
+        tmp_path, monkeypatch):
+    task = DepoTask(nodes=8, n=5, max_hops=2, queries=2)
+    a = argparse.Namespace(width=16, layers=1, heads=2, shifts=2, canon_kernel=4, lr=3e-3,
+                           steps=8, batch=4, eval_per_k=8, eval_every=2, depth_at=0.9,
+                           curriculum=0.5, checkpoint_every=3)
+    want, wmodel = canon.train_one("shift+Canon-AD", 0, task, a, 40)
+
+    calls = {"n": 0}
+    real = canon.generate
+
+    def dies_at_the_seventh_batch(task_, batch, gen, hops=None):
+        if isinstance(hops, torch.Tensor):  # a training batch (evaluation asks one k)
+            calls["n"] += 1
+            if calls["n"] == 7:
+                raise KeyboardInterrupt("killed")
+        return real(task_, batch, gen, hops)
+
+    monkeypatch.setattr(canon, "generate", dies_at_the_seventh_batch)
+    run_dir = tmp_path / "run.ckpt"
+    run_dir.mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        canon.train_one("shift+Canon-AD", 0, task, a, 40, run_dir)
+    assert (run_dir / "checkpoint.json").is_file()  # committed after step 6
+    monkeypatch.setattr(canon, "generate", real)
+    got, model = canon.train_one("shift+Canon-AD", 0, task, a, 40, run_dir)
+    assert [c["step"] for c in got["curve"]] == [2, 4, 6, 8]
+    # the same batches and arithmetic: the same curve and weights, bit for bit
+    assert json.dumps(got["curve"]) == json.dumps(json.loads(json.dumps(want["curve"])))
+    for (k, v), w in zip(model.state_dict().items(), wmodel.state_dict().values()):
+        assert torch.equal(v, w), k
+
+
+def test_a_run_made_with_other_settings_is_refused(tmp_path):
+    from structconv.experiments.shift_heads import checkpoint_dir, resumed
+
+    settings = {"width": 64, "steps": 100}
+    path = tmp_path / "r.json"
+    assert resumed(path, settings) is None
+    path.write_text(json.dumps({"settings": {"width": 32, "steps": 100}, "val_loss": 1.0}))
+    with pytest.raises(ValueError, match="width: 32 there, 64 now"):
+        resumed(path, settings)
+    path.write_text(json.dumps({"val_loss": 1.0}))  # written before runs kept settings
+    assert resumed(path, settings) == {"val_loss": 1.0}
+    d = checkpoint_dir(tmp_path, "run", settings)
+    assert checkpoint_dir(tmp_path, "run", settings) == d
+    with pytest.raises(ValueError, match="steps: 100 there, 200 now"):
+        checkpoint_dir(tmp_path, "run", {"width": 64, "steps": 200})

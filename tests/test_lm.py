@@ -13,16 +13,41 @@ from hypothesis import strategies as st
 
 import structconv as sc
 from structconv.attention.basis import CausalShift, shift_basis
-from structconv.attention.positions import alibi_mask, alibi_slopes, causal_shift, rotary
-from structconv.nn.lm import POSITIONS, CausalSelfAttention, TransformerLM, equalised_ffn
+from structconv.attention.index import RelativeBias
+from structconv.attention.positions import (
+    alibi_mask,
+    alibi_slopes,
+    causal_shift,
+    gather_shifts,
+    rotary,
+)
+from structconv.nn.lm import (
+    POSITIONS,
+    RELATIVE_BUCKETS,
+    CausalSelfAttention,
+    TransformerLM,
+    equalised_ffn,
+)
 
 V = 13
+
+
+def randomise_relative(model: torch.nn.Module, scale: float = 0.5, seed: int = 5) -> None:
+    """Give every relative-bias table random entries (they start at zero, where a "relative"
+    model is the "none" model and a test of the bias could not fail)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, RelativeBias):
+                m.weight.copy_(torch.randn(m.weight.shape, generator=gen) * scale)
 
 
 def _model(kind, dtype=torch.float64, **kw):
     torch.manual_seed(0)
     kw.setdefault("context", 16)
-    return TransformerLM(V, 16, 2, 2, kind, shifts=3, **kw).to(dtype).eval()
+    m = TransformerLM(V, 16, 2, 2, kind, shifts=3, **kw).to(dtype).eval()
+    randomise_relative(m)
+    return m
 
 
 @pytest.mark.parametrize("kind", POSITIONS)
@@ -90,6 +115,60 @@ def test_alibi_layer_equals_the_dense_formula():
     torch.testing.assert_close(layer(x), want, rtol=1e-12, atol=1e-12)
 
 
+def _relative_dense(layer, x, start=0):
+    """CausalSelfAttention(relative=True) by its definition: scores q·k/√D plus the learned
+    bias of the bucket of i − j (T5's, checked in test_attention_algebra), causal softmax."""
+    B, L, E = x.shape
+    H = layer.H
+    D = E // H
+    q, k, v = layer.in_proj(x).split(E, -1)
+    q, k, v = (t.reshape(B, L, H, D).transpose(1, 2) for t in (q, k, v))
+    i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
+    bias = layer.rel_bias.weight[layer.rel_bias.bucket(i - j)].permute(2, 0, 1)  # (H, L, L)
+    s = (q @ k.transpose(-1, -2) / math.sqrt(D) + bias).masked_fill(j > i, -math.inf)
+    return layer.out_proj((s.softmax(-1) @ v).transpose(1, 2).reshape(B, L, E))
+
+
+@pytest.mark.parametrize("L", [7, 40, 300])  # exact buckets only; log buckets; beyond 128
+def test_relative_layer_equals_the_dense_formula_values_and_gradients(L):
+    torch.manual_seed(2)
+    E, H = 12, 3
+    layer = CausalSelfAttention(E, H, relative=True, bias=False).double()
+    randomise_relative(layer)
+    x = torch.randn(2, L, E, dtype=torch.float64)
+    y, want = layer(x), _relative_dense(layer, x)
+    torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(y)
+    w = layer.rel_bias.weight
+    (gw,) = torch.autograd.grad(y, w, g)
+    (rw,) = torch.autograd.grad(_relative_dense(layer, x), w, g)
+    torch.testing.assert_close(gw, rw, rtol=1e-12, atol=1e-12)
+    # only the buckets of offsets 0..L-1 get a gradient (later keys are masked)
+    used = layer.rel_bias.bucket(torch.arange(L)).unique()
+    assert gw[used].abs().amin(1).gt(0).all()
+    assert torch.equal(gw[[b for b in range(RELATIVE_BUCKETS) if b not in used.tolist()]],
+                       torch.zeros(RELATIVE_BUCKETS - used.numel(), H, dtype=torch.float64))
+
+
+def test_relative_at_zero_is_the_none_model_and_its_bias_counts():
+    torch.manual_seed(0)
+    none = TransformerLM(V, 16, 2, 2, "none").double().eval()
+    torch.manual_seed(0)
+    rel = TransformerLM(V, 16, 2, 2, "relative").double().eval()
+    ids = torch.randint(0, V, (2, 30))
+    # the bias starts at zero: the same weights, the same function (a mask of zeros and -inf
+    # against SDPA's causal flag)
+    torch.testing.assert_close(rel(ids), none(ids), rtol=1e-12, atol=1e-12)
+    randomise_relative(rel)
+    assert not torch.allclose(rel(ids), none(ids))
+    assert rel.blocks[0].attn.rel_bias.weight.shape == (RELATIVE_BUCKETS, 2)
+
+
+def test_relative_and_alibi_are_exclusive():
+    with pytest.raises(ValueError, match="alibi or relative, not both"):
+        CausalSelfAttention(8, 2, alibi=True, relative=True)
+
+
 def test_rotary_scores_depend_only_on_the_offset():
     q = torch.randn(1, 1, 1, 6, dtype=torch.float64).expand(1, 1, 9, 6)
     k = torch.randn(1, 1, 1, 6, dtype=torch.float64).expand(1, 1, 9, 6)
@@ -99,19 +178,34 @@ def test_rotary_scores_depend_only_on_the_offset():
     torch.testing.assert_close(rotary(q, 5)[..., :4, :], rotary(q)[..., 5:, :])
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(L=st.integers(1, 9), shifts=st.lists(st.integers(0, 5), min_size=1, max_size=4),
-       past=st.booleans(), C=st.integers(1, 3))
-def test_shift_heads_equal_their_dense_shift_matrices(L, shifts, past, C):
-    R = max(shifts) if past and max(shifts) else 0
+       past=st.booleans(), extra=st.integers(0, 2), C=st.integers(1, 3))
+def test_shift_heads_equal_their_dense_shift_matrices(L, shifts, past, extra, C):
+    R = max(shifts) + extra if past and max(shifts) + extra else 0
     basis = CausalShift(L, shifts, past=R)
-    z = torch.randn(2, R + L, len(shifts), C, dtype=torch.float64)
+    z = torch.randn(2, R + L, len(shifts), C, dtype=torch.float64, requires_grad=True)
     A = basis.to_dense().double()  # (S, M, N): A_s[m, n] = 1 iff m = n + R - s
     want = torch.einsum("kmn,bmkc->bnkc", A, z)
-    torch.testing.assert_close(basis.propagate_heads(z), want)
-    if not R:  # the same matrices as shift_basis (the Sparse definition)
+    got = basis.propagate_heads(z)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # the gather's backward is the adjoint: gradient = A g
+    g = torch.randn_like(got)
+    (gz,) = torch.autograd.grad(got, z, g)
+    torch.testing.assert_close(gz, torch.einsum("kmn,bnkc->bmkc", A, g), rtol=0, atol=0)
+    if R:  # the cache form: the last R entries before the outputs
+        torch.testing.assert_close(causal_shift(z[:, R:], shifts, past=z[:, :R]), want)
+    else:  # the same matrices as shift_basis (the Sparse definition)
         torch.testing.assert_close(A, shift_basis(L, shifts, dtype=torch.float64).to_dense())
         torch.testing.assert_close(causal_shift(z, shifts), want)
+
+
+def test_gather_shifts_refuses_shifts_it_cannot_give():
+    ext = torch.randn(2, 7, 3, 4)
+    assert gather_shifts(ext, [0, 2, 2], 5).shape == (2, 5, 3, 4)
+    for shifts, length in (([0, 3, 1], 5), ([0, 1], 5), ([0, -1, 1], 5)):
+        with pytest.raises(ValueError, match=r"gather_shifts: ext \(2, 7, 3, 4\)"):
+            gather_shifts(ext, shifts, length)
 
 
 def test_attention_with_shift_heads_is_one_structured_convolution():
@@ -131,9 +225,9 @@ def test_attention_with_shift_heads_is_one_structured_convolution():
     torch.testing.assert_close(layer(x), ref, rtol=1e-12, atol=1e-12)
 
 
-def _expected_params(V, E, n, H, ffn, S, learned_ctx=0):
+def _expected_params(V, E, n, H, ffn, S, learned_ctx=0, buckets=0):
     D = E // H
-    attn = E * (3 * H + S) * D + (3 * H + S) * D + (H + S) * D * E + E
+    attn = E * (3 * H + S) * D + (3 * H + S) * D + (H + S) * D * E + E + buckets * H
     mlp = E * ffn + ffn + ffn * E + E
     return V * E + learned_ctx * E + n * (attn + mlp + 4 * E) + 2 * E
 
@@ -143,7 +237,9 @@ def test_parameter_counts(kind):
     m = TransformerLM(65, 128, 4, 4, kind, shifts=4, context=64)
     S = 4 if kind.startswith("shift") else 0
     n = sum(p.numel() for p in m.parameters())
-    assert n == _expected_params(65, 128, 4, 4, 512, S, 64 if kind == "learned" else 0)
+    buckets = RELATIVE_BUCKETS if kind == "relative" else 0  # a bias per head and bucket
+    assert n == _expected_params(65, 128, 4, 4, 512, S, 64 if kind == "learned" else 0,
+                                 buckets)
     budget = _expected_params(65, 128, 4, 4, 512, 0)
     ffn = equalised_ffn(65, 128, 4, 4, kind, 4, budget, 64)
     n = sum(p.numel() for p in TransformerLM(65, 128, 4, 4, kind, 4, ffn, context=64)
@@ -151,6 +247,10 @@ def test_parameter_counts(kind):
     assert abs(n - budget) <= 4 * (2 * 128 + 1) // 2 + 1
     if kind == "shift":
         assert ffn == 384  # S·D = 128 units of feed-forward width pay for the shift heads
+    if kind == "relative":
+        # 4 layers x 32 buckets x 4 heads = 512 parameters, under half a unit of width
+        # (4 x 257): the closest count keeps 512
+        assert ffn == 512
 
 
 @pytest.mark.parametrize("kind", POSITIONS)
@@ -173,8 +273,8 @@ def test_generation_with_a_cache_equals_without(kind):
 
 
 def test_bad_arguments_name_the_value():
-    with pytest.raises(ValueError, match="unknown position 'relative'"):
-        TransformerLM(V, 16, 1, 2, "relative")
+    with pytest.raises(ValueError, match="unknown position 't5'"):
+        TransformerLM(V, 16, 1, 2, "t5")
     with pytest.raises(ValueError, match="heads must be an int >= 1"):
         TransformerLM(V, 16, 1, 0)
     with pytest.raises(ValueError, match="needs at least one shift"):
@@ -258,7 +358,9 @@ def test_config_builds_a_transformer_lm(tmp_path):
     cfg = load_config("transformer_python", ["model.lm.position=alibi", "model.lm.layers=1"])
     m = build_model(cfg, data)
     assert isinstance(m, TransformerLM) and m.position == "alibi" and len(m.blocks) == 1
-    for bad, msg in (("model.lm.position=relative", "model.lm.position must be one of"),
+    m = build_model(load_config("transformer_python", ["model.lm.position=relative"]), data)
+    assert m.position == "relative" and m.blocks[0].attn.rel_bias is not None
+    for bad, msg in (("model.lm.position=t5", "model.lm.position must be one of"),
                      ("model.lm.width=10", "divisible by heads"),
                      ("model.lm.depth=3", "unknown key 'depth'"),
                      ("model.lm.dropout=1.5", "dropout must be in")):

@@ -25,7 +25,7 @@ from .._checks import check_index_tensor
 from ..basis.base import Basis, Sparse
 from ..sparse import SparseMatrix
 from .masks import dead_columns, edge_softmax
-from .positions import causal_shift
+from .positions import causal_shift, gather_shifts
 
 __all__ = ["AttentionBasis", "DotProductAttention", "GraphAttention", "GraphStructure",
            "shift_basis", "CausalShift"]
@@ -598,7 +598,7 @@ class CausalShift(Basis):
     Output n (of L) reads input n + past − shift_s: with ``past = 0`` input and output are the
     same sequence (head s brings the entry s steps before, zero before the start); with
     ``past = R`` the first R inputs are cached entries before the L outputs (generation).
-    ``propagate_heads`` is one copy (``sc.attention.positions.causal_shift``), never a matrix
+    ``propagate_heads`` is one gather (``sc.attention.positions.causal_shift``), never a matrix
     product: K·N multiply-adds of cost, the same as ``shift_basis`` but without its SpMM.
     """
 
@@ -625,7 +625,8 @@ class CausalShift(Basis):
             raise ValueError(f"CausalShift.propagate_heads expects z (B, M={self.M}, "
                              f"K={self.K}, C), got shape {tuple(z.shape)}")
         if self.past:
-            return causal_shift(z[:, self.past:], self.shifts, past=z[:, :self.past])
+            # the cached entries and the new ones are one tensor already: no copy
+            return gather_shifts(z, self.shifts, self.N)
         return causal_shift(z, self.shifts)
 
     def to_dense(self):

@@ -2,7 +2,7 @@
 
 ``structconv reproduce canon --out runs`` trains ``sc.nn.TransformerLM`` of every model kind of
 ``--kinds`` (default ``STUDY_KINDS``: none, rotary and shift with and without Canon-ABCD,
-ALiBi, the T5-style relative bias once it exists, and each Canon place alone on none) on the
+ALiBi, the learned T5-style relative bias, and each Canon place alone on none) on the
 Depo-style k-hop task of ``structconv.data.depo`` (a shuffled list of the directed pairs of a
 random cycle, then questions "start, k -> k-th successor", k = 1..8), parameters equalised to
 the ``none`` model through the feed-forward width, for ``--seeds`` seeds. Training draws fresh
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
 from pathlib import Path
 
@@ -37,24 +36,29 @@ import torch
 import torch.nn.functional as F
 
 from ..data.depo import DepoTask, generate
-from ..io import atomic_write_json
-from ..nn.lm import CANON_TAG, POSITIONS, TransformerLM, split_kind
+from ..nn.lm import TransformerLM, split_kind
 from ._common import hardware, mean_std, param_count, pyplot, save_figure, write_result
-from .shift_heads import equalised, lr_at, run_all, run_name, save_state
+from .shift_heads import (
+    adamw,
+    checkpoint_dir,
+    equalised,
+    finish_run,
+    parse_kinds,
+    resumed,
+    run_all,
+    run_name,
+    run_settings,
+    train_steps,
+)
 
-__all__ = ["add_arguments", "run", "STUDY_KINDS", "available_kinds", "task_of", "build",
-           "answer_loss", "eval_sets", "accuracy_per_k", "train_one", "depth"]
+__all__ = ["add_arguments", "run", "STUDY_KINDS", "task_of", "build", "answer_loss",
+           "eval_sets", "accuracy_per_k", "train_one", "depth"]
 
-#: the issue's arms. HOOK (issue 26 item 2): "relative" (a learned T5-style relative bias from
-#: the attention package's index term) is not a position kind yet; ``available_kinds`` holds
-#: it back with a note until ``TransformerLM``'s ``POSITIONS`` has it, then it runs unchanged.
+#: the issue's arms: none, rotary and shift with and without Canon-ABCD, ALiBi, the learned
+#: T5-style relative bias, and each Canon place alone on none
 STUDY_KINDS = ("none", "none+Canon-ABCD", "rotary", "rotary+Canon-ABCD", "shift",
                "shift+Canon-ABCD", "alibi", "relative", "none+Canon-A", "none+Canon-B",
                "none+Canon-C", "none+Canon-D")
-
-#: position kinds the study names that ``TransformerLM`` may not have yet (see the hook above)
-PENDING = {"relative": "the T5-style relative bias (issue 26 item 2) is not a TransformerLM "
-                       "position kind yet"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,6 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-every", type=int, default=250)
     parser.add_argument("--depth-at", type=float, default=0.9,
                         help="accuracy a number of hops must reach to count in the depth")
+    parser.add_argument("--checkpoint-every", type=int, default=500,
+                        help="steps between a run's checkpoints (0: none)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once (one thread each)")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads with --jobs 1 (0: torch's default)")
@@ -89,22 +95,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # -- the task and the models ---------------------------------------------------------------------
-def available_kinds(text: str) -> tuple[list[str], dict[str, str]]:
-    """(the model kinds of a comma list that can run now, {kind held back: why}): a kind whose
-    position is ``PENDING`` and not yet in ``POSITIONS`` is held back; any other unknown kind
-    raises ``ValueError``."""
-    run, held = [], {}
-    for k in (k.strip() for k in text.split(",")):
-        position = k[:k.lower().rfind(CANON_TAG.lower())] if CANON_TAG.lower() in k.lower() \
-            else k
-        if position in PENDING and position not in POSITIONS:
-            held[k] = PENDING[position]
-        elif k:
-            split_kind(k)
-            run.append(k)
-    return run, held
-
-
 def task_of(a) -> DepoTask:
     """The run's task (``ValueError`` for sizes that do not make one)."""
     return DepoTask(nodes=a.nodes, n=a.n, max_hops=a.max_hops, queries=a.queries)
@@ -169,36 +159,37 @@ def depth(acc: dict, at: float) -> int:
 
 
 # -- training ------------------------------------------------------------------------------------
-def train_one(kind: str, seed: int, task: DepoTask, a, ffn: int) -> tuple[dict, TransformerLM]:
-    """Train one model for ``a.steps`` steps on fresh sequences; (result with the curve, model)."""
+def train_one(kind: str, seed: int, task: DepoTask, a, ffn: int,
+              run_dir: Path | None = None) -> tuple[dict, TransformerLM]:
+    """Train one model for ``a.steps`` steps on fresh sequences (resuming from ``run_dir``'s
+    checkpoint, see ``shift_heads.train_steps``); (result with the curve, model)."""
     torch.manual_seed(seed)
     model = build(kind, task, a, ffn)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": rest, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.99))
+    opt = adamw(model, a.lr)
     gen = torch.Generator().manual_seed(20_000 + seed)  # the same sequences for every kind
     sets = eval_sets(task, a.eval_per_k)
-    curve, t0, loss = [], time.perf_counter(), None
-    for step in range(a.steps):
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, a)
+
+    def batch_loss(step):
         hops = torch.randint(1, reach_at(step, a, task.max_hops) + 1,
                              (a.batch, task.queries), generator=gen)
         b = generate(task, a.batch, gen, hops=hops)
-        loss = answer_loss(model, b.ids, b.answers, task)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
-            acc = accuracy_per_k(model, sets, task)
-            curve.append(dict(step=step + 1, train_loss=float(loss.detach()), accuracy=acc))
-    final = curve[-1]["accuracy"]
+        return answer_loss(model, b.ids, b.answers, task)
+
+    def evaluate(step, train_loss):
+        return dict(step=step, train_loss=train_loss, accuracy=accuracy_per_k(model, sets, task))
+
+    curve, seconds, cpu = train_steps(model, opt, a, batch_loss, evaluate, gen, run_dir)
+    final = {int(k): v for k, v in curve[-1]["accuracy"].items()}
     return dict(kind=kind, seed=seed, steps=a.steps, accuracy=final,
                 depth=depth(final, a.depth_at), train_loss=curve[-1]["train_loss"],
-                curve=curve, seconds=time.perf_counter() - t0, params=param_count(model),
+                curve=curve, seconds=seconds, cpu_seconds=cpu, params=param_count(model),
                 ffn=ffn), model
+
+
+#: the options a run's result depends on (besides kind and seed)
+RUN_KEYS = ("steps", "batch", "width", "layers", "heads", "shifts", "canon_kernel", "lr",
+            "nodes", "n", "max_hops", "queries", "curriculum", "eval_per_k", "eval_every",
+            "depth_at", "quick")
 
 
 def _job(spec):
@@ -208,15 +199,17 @@ def _job(spec):
         torch.set_num_threads(threads)
     folder = Path(folder)
     name = run_name(kind, seed, a.steps, a)
-    done = folder / f"{name}.json"
-    if done.is_file():
-        return json.loads(done.read_text())
-    res, model = train_one(kind, seed, task_of(a), a, ffn)
-    save_state(model, folder / f"{name}.safetensors")
-    atomic_write_json(done, res)
+    settings = run_settings(a, RUN_KEYS)
+    done = resumed(folder / f"{name}.json", settings)
+    if done is not None:
+        return done
+    res, model = train_one(kind, seed, task_of(a), a, ffn,
+                           checkpoint_dir(folder, name, settings))
+    finish_run(folder, name, model, res, settings)
     accs = " ".join(f"{res['accuracy'][k]:.2f}" for k in sorted(res["accuracy"]))
     print(f"  {kind:<18} seed {seed} ({a.steps} steps): accuracy by k {accs}  depth "
-          f"{res['depth']}  params {res['params']}  {res['seconds']:.0f}s", flush=True)
+          f"{res['depth']}  params {res['params']}  {res['seconds']:.0f}s "
+          f"({res['cpu_seconds']:.0f}s CPU)", flush=True)
     return res
 
 
@@ -230,14 +223,12 @@ def run(args) -> int:
     """Every available kind x seed; prints the tables, writes JSON and the plot."""
     if args.quick:
         _quick(args)
-    kinds, held = available_kinds(args.kinds)
+    kinds = parse_kinds(args.kinds)
     task = task_of(args)
     if args.canon_kernel < 1:
         raise ValueError(f"--canon-kernel must be >= 1, got {args.canon_kernel}")
-    for k, why in held.items():
-        print(f"skipping {k}: {why}")
     if not kinds:
-        raise ValueError("no model kind of --kinds can run yet")
+        raise ValueError("--kinds names no model kind")
     t_all = time.perf_counter()
     shaped = argparse.Namespace(**{**vars(args), "context": task.length})
     budget, ffns = equalised(kinds, task.vocab_size, shaped)
@@ -251,7 +242,7 @@ def run(args) -> int:
     result = dict(experiment="canon", task=dataclasses.asdict(task), vocab=task.vocab_size,
                   length=task.length, settings={k: v for k, v in vars(args).items()
                                                 if isinstance(v, (int, float, str))},
-                  budget=budget, ffn=ffns, held_back=held, kinds=rows, runs=runs,
+                  budget=budget, ffn=ffns, kinds=rows, runs=runs,
                   wall_seconds=time.perf_counter() - t_all, hardware=hardware())
     _print_table(rows, task)
     write_result(args, "canon", result)
@@ -263,12 +254,15 @@ def _summarise(runs: list[dict], kinds: list[str], at: float) -> dict:
     rows = {}
     for kind in kinds:
         rs = [r for r in runs if r["kind"] == kind]
-        ks = sorted(rs[0]["accuracy"], key=int)
-        acc = {int(k): mean_std([r["accuracy"][k] for r in rs]) for k in ks}
+        # runs read back from JSON have string keys, fresh ones int keys
+        per = [{int(k): v for k, v in r["accuracy"].items()} for r in rs]
+        acc = {k: mean_std([p[k] for p in per]) for k in sorted(per[0])}
         rows[kind] = dict(accuracy=acc, depth=depth({k: m for k, (m, _) in acc.items()}, at),
                           depths=[r["depth"] for r in rs], params=rs[0]["params"],
                           ffn=rs[0]["ffn"], train_loss=mean_std([r["train_loss"] for r in rs]),
-                          seconds=mean_std([r["seconds"] for r in rs])[0], seeds=len(rs))
+                          seconds=mean_std([r["seconds"] for r in rs])[0],
+                          cpu_seconds=sum(r.get("cpu_seconds", 0.0) for r in rs),
+                          seeds=len(rs))
     return rows
 
 

@@ -29,12 +29,15 @@ import argparse
 import json
 import math
 import multiprocessing as mp
+import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from ..checkpoint import CHECKPOINT_JSON, resume_training, save_checkpoint
 from ..data.registry import DatasetError, data_root
 from ..data.text import encode_text, load_text_file
 from ..io import atomic_write_bytes, atomic_write_json
@@ -42,7 +45,8 @@ from ..nn.lm import POSITIONS, TransformerLM, equalised_ffn, split_kind
 from ._common import hardware, mean_std, param_count, pyplot, save_figure, write_result
 
 __all__ = ["add_arguments", "run", "build", "train_one", "extrapolation", "shift_likeness",
-           "lr_at", "save_state", "run_all", "parse_kinds", "run_name", "equalised"]
+           "lr_at", "save_state", "run_all", "parse_kinds", "run_name", "equalised", "adamw",
+           "train_steps", "run_settings", "resumed", "finish_run", "checkpoint_dir", "RUN_KEYS"]
 
 FACTORS = (1, 2, 4, 8, 16)
 
@@ -75,6 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--long-kinds", default="",
                         help="comma list of kinds for one longer run each")
     parser.add_argument("--long-steps", type=int, default=5000)
+    parser.add_argument("--checkpoint-every", type=int, default=500,
+                        help="steps between a run's checkpoints (0: none; a killed run then "
+                             "starts again)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once (one thread each)")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads with --jobs 1 (0: torch's default)")
@@ -155,33 +162,74 @@ def lr_at(step: int, a) -> float:
     return lo + 0.5 * (1 + math.cos(math.pi * t)) * (a.lr - lo)
 
 
-def train_one(kind: str, seed: int, data, a, ffn: int) -> tuple[dict, TransformerLM]:
-    """Train one model for ``a.steps`` steps; (result with the learning curve, model)."""
-    torch.manual_seed(seed)
-    model = build(kind, len(data.vocab), a, ffn)
+def adamw(model, lr: float) -> torch.optim.AdamW:
+    """nanoGPT's optimizer: AdamW, betas (0.9, 0.99), weight decay 0.1 on matrices (and
+    tables) only; ``train_steps`` sets the learning rate every step (``lr_at``)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": rest, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.99))
-    gen = torch.Generator().manual_seed(10_000 + seed)  # the same batches for every kind
-    vgen = torch.Generator().manual_seed(12345)
-    val = [_batch(data.splits["val"], a.batch, a.context, vgen) for _ in range(a.val_batches)]
-    train = data.splits["train"]
-    curve, t0 = [], time.perf_counter()
-    for step in range(a.steps):
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                              {"params": rest, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.99))
+
+
+def train_steps(model, opt, a, batch_loss, evaluate, gen: torch.Generator,
+                run_dir: Path | None = None) -> tuple[list[dict], float, float]:
+    """The recipes' training loop: ``a.steps`` steps at ``lr_at``, gradients clipped to norm 1;
+    ``batch_loss(step)`` draws a batch from ``gen`` and returns its loss, ``evaluate(step,
+    train_loss)`` a curve entry every ``a.eval_every`` steps and at the last. Returns (curve,
+    wall seconds of training, CPU seconds of this process while training).
+
+    With ``run_dir`` and ``a.checkpoint_every`` > 0 a checkpoint (model, optimizer, RNG states,
+    the batch generator, the curve so far; ``sc.checkpoint``) is committed every that many
+    steps and resumed from when present: a run killed midway continues where it stopped and
+    ends as the uninterrupted run would (the same batches and the same arithmetic).
+    """
+    start, curve, before, cpu_before = 0, [], 0.0, 0.0
+    every = getattr(a, "checkpoint_every", 0) if run_dir is not None else 0
+    if every and (Path(run_dir) / CHECKPOINT_JSON).is_file():
+        tr = resume_training(run_dir, model, opt)["trainer"]
+        start, curve, before, cpu_before = tr["step"], tr["curve"], tr["seconds"], tr["cpu"]
+        # the batch generator goes on from where it stood (the RNG states are the checkpoint's)
+        gen.set_state(torch.tensor(tr["generator"], dtype=torch.uint8))
+    t0, c0 = time.perf_counter(), time.process_time()
+    for step in range(start, a.steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, a)
-        x, y = _batch(train, a.batch, a.context, gen)
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss = batch_loss(step)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
-            curve.append(dict(step=step + 1, train_loss=float(loss.detach()),
-                              val_loss=_val_loss(model, val)))
+            curve.append(evaluate(step + 1, float(loss.detach())))
+        if every and (step + 1) % every == 0 and step + 1 < a.steps:
+            save_checkpoint(run_dir, step + 1, model.state_dict(), opt.state_dict(), dict(
+                step=step + 1, curve=curve, seconds=before + time.perf_counter() - t0,
+                cpu=cpu_before + time.process_time() - c0, generator=gen.get_state().tolist()))
+    return curve, before + time.perf_counter() - t0, cpu_before + time.process_time() - c0
+
+
+def train_one(kind: str, seed: int, data, a, ffn: int,
+              run_dir: Path | None = None) -> tuple[dict, TransformerLM]:
+    """Train one model for ``a.steps`` steps (resuming from ``run_dir``'s checkpoint, see
+    ``train_steps``); (result with the learning curve, model)."""
+    torch.manual_seed(seed)
+    model = build(kind, len(data.vocab), a, ffn)
+    opt = adamw(model, a.lr)
+    gen = torch.Generator().manual_seed(10_000 + seed)  # the same batches for every kind
+    vgen = torch.Generator().manual_seed(12345)
+    val = [_batch(data.splits["val"], a.batch, a.context, vgen) for _ in range(a.val_batches)]
+    train = data.splits["train"]
+
+    def batch_loss(step):
+        x, y = _batch(train, a.batch, a.context, gen)
+        return F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+
+    def evaluate(step, train_loss):
+        return dict(step=step, train_loss=train_loss, val_loss=_val_loss(model, val))
+
+    curve, seconds, cpu = train_steps(model, opt, a, batch_loss, evaluate, gen, run_dir)
     return dict(kind=kind, seed=seed, steps=a.steps, val_loss=curve[-1]["val_loss"],
-                curve=curve, seconds=time.perf_counter() - t0, params=param_count(model),
+                curve=curve, seconds=seconds, cpu_seconds=cpu, params=param_count(model),
                 ffn=ffn), model
 
 
@@ -255,6 +303,56 @@ def save_state(model, path: Path) -> None:
     atomic_write_bytes(path, save(state))
 
 
+#: the options a run's result depends on (besides kind and seed): a run found on disk with
+#: other values is refused rather than reused
+RUN_KEYS = ("steps", "batch", "context", "width", "layers", "heads", "shifts", "canon_kernel",
+            "lr", "eval_every", "val_batches", "eval_chars", "sliding_chars", "stride", "quick")
+
+
+def run_settings(a, keys: Sequence[str]) -> dict:
+    """The values of ``keys`` in the run's options (absent ones as None)."""
+    return {k: getattr(a, k, None) for k in keys}
+
+
+def resumed(path: Path, settings: dict) -> dict | None:
+    """The finished run at ``path`` (JSON), None when there is none; ``ValueError`` naming the
+    options that differ when it was made with other ``settings`` (runs written before runs
+    recorded their settings are taken as they are)."""
+    if not path.is_file():
+        return None
+    res = json.loads(path.read_text())
+    saved = res.get("settings")
+    if saved is not None:
+        diff = {k: (saved.get(k), v) for k, v in settings.items() if saved.get(k) != v}
+        if diff:
+            raise ValueError(f"{path} was made with other settings (" + ", ".join(
+                f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
+                + "): use another --out, or remove it")
+    return res
+
+
+def finish_run(folder: Path, name: str, model, res: dict, settings: dict) -> None:
+    """Write a finished run (weights, then the JSON that marks it done) and drop its
+    checkpoints."""
+    res["settings"] = settings
+    save_state(model, folder / f"{name}.safetensors")
+    atomic_write_json(folder / f"{name}.json", res)
+    shutil.rmtree(folder / f"{name}.ckpt", ignore_errors=True)
+
+
+def checkpoint_dir(folder: Path, name: str, settings: dict) -> Path:
+    """The run's checkpoint folder, made (with its settings) if new; ``ValueError`` when a
+    checkpoint there was made with other settings."""
+    d = folder / f"{name}.ckpt"
+    d.mkdir(parents=True, exist_ok=True)
+    marker = d / "settings.json"
+    if marker.is_file():
+        resumed(marker, settings)
+    else:
+        atomic_write_json(marker, {"settings": settings})
+    return d
+
+
 def _job(spec):
     """One run (in a worker with one thread, or inline): train, evaluate, write, return."""
     kind, seed, ffn, a, threads, folder = spec
@@ -262,16 +360,16 @@ def _job(spec):
         torch.set_num_threads(threads)
     folder = Path(folder)
     name = run_name(kind, seed, a.steps, a)
-    done = folder / f"{name}.json"
-    if done.is_file():
-        return json.loads(done.read_text())
+    settings = run_settings(a, RUN_KEYS)
+    done = resumed(folder / f"{name}.json", settings)
+    if done is not None:
+        return done
     data = _load(a)
-    res, model = train_one(kind, seed, data, a, ffn)
+    res, model = train_one(kind, seed, data, a, ffn, checkpoint_dir(folder, name, settings))
     val = data.splits["val"]
     res["extrapolation"] = extrapolation(model, val, a)
     res["shift_likeness"] = shift_likeness(model, val, a)
-    save_state(model, folder / f"{name}.safetensors")
-    atomic_write_json(done, res)
+    finish_run(folder, name, model, res, settings)
     print(f"  {kind:<18} seed {seed} ({a.steps} steps): val {res['val_loss']:.4f}  "
           f"params {res['params']}  ffn {ffn}  {res['seconds']:.0f}s", flush=True)
     return res
@@ -340,6 +438,7 @@ def _summarise(runs: list[dict], kinds: list[str]) -> dict:
         sl = rs[0]["shift_likeness"]
         rows[k] = dict(val_loss=(m, s), params=rs[0]["params"], ffn=rs[0]["ffn"],
                        seconds=mean_std([r["seconds"] for r in rs])[0], extrapolation=ext,
+                       cpu_seconds=sum(r.get("cpu_seconds", 0.0) for r in rs),
                        shift_likeness=sl, seeds=len(rs))
     return rows
 

@@ -16,10 +16,10 @@ from torch import Tensor, nn
 
 from ..basis.grid import Grid
 from ..costs import Route
-from ..engine import convolve
 from ..params import Parameterization
 
-__all__ = ["ResidualDepthwise", "Canon", "CANON_PLACES", "CANON_INIT_STD"]
+__all__ = ["ResidualDepthwise", "Canon", "CausalTaps", "causal_taps", "causal_past",
+           "causal_grid", "CANON_PLACES", "CANON_INIT_STD"]
 
 #: the Canon places of a decoder block: A before attention, B on q/k/v, C before the
 #: feed-forward, D inside it
@@ -76,8 +76,107 @@ class ResidualDepthwise(Parameterization):
         def taps(x, th, bias):
             return basis.channelwise_sum(x, th.taps().to(x.dtype), bias)
 
-        return [Route("depthwise_taps", basis.channelwise_flops(C, B), B * basis.N * C, taps,
-                      fuses_bias=True, device_type=basis.device.type)]
+        routes = [Route("depthwise_taps", basis.channelwise_flops(C, B), B * basis.N * C, taps,
+                        fuses_bias=True, device_type=basis.device.type)]
+        past = causal_past(basis)
+        if past is not None:
+            # the causal 1-d grid's own kernel (``CausalTaps``): the same passes as the taps
+            # route without its padded copy and per-call layout work, hence charged less
+            def causal(x, th, bias):
+                y = CausalTaps.apply(x, th.weight, th.identity, past)
+                return y if bias is None else y + bias
+
+            routes.append(Route("causal_taps", 0.5 * basis.channelwise_flops(C, B),
+                                B * basis.N * C, causal, device_type=basis.device.type))
+        return routes
+
+
+def causal_past(basis) -> int | None:
+    """P when ``basis`` is a causal 1-d ``Grid`` whose output n reads inputs P + n − K + 1 ..
+    P + n (unit stride and dilation): P = 0 with padding (K − 1, 0) (``causal_grid(L, K)``),
+    P = K − 1 unpadded over K − 1 earlier inputs and N new ones (``causal_grid(L, K, K − 1)``);
+    None for any other basis."""
+    if not isinstance(basis, Grid) or len(basis.kernel_size) != 1 or basis.stride != (1,) \
+            or basis.dilation != (1,):
+        return None
+    K = basis.kernel_size[0]
+    if basis.padding == ((K - 1, 0),) and basis.M == basis.N:
+        return 0
+    if basis.padding == ((0, 0),) and basis.M == basis.N + K - 1:
+        return K - 1
+    return None
+
+
+class CausalTaps(torch.autograd.Function):
+    """h + conv(h) along the sequence in the fewest passes over memory.
+
+    ``apply(x, weight, identity, past)``: x (B, P + N, C) holds P earlier inputs and N new
+    ones, weight (K, C) the taps, ``identity`` the tap that carries the residual (+1); returns
+    (B, N, C) with y[:, n] = Σ_s taps[K−1−s] ⊙ x[:, P + n − s], zero before x's start.
+
+    A Canon layer is memory-bound (one multiply-add per tap and element), so the cost is the
+    passes over its activations and the calls that make them. Forward: one multiply (the
+    current position) and K − 1 ``addcmul_`` into y from shifted views of x: no padded copy,
+    no (B, N, K, C) temporary. Backward: the input gradient the same way from g (the shifts
+    reversed); the tap gradient as K dot products per channel, Σ_{b,n} g[b, n] ⊙ x[b, n − s].
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, identity, past):
+        w = weight.to(x.dtype)
+        K, N = w.shape[0], x.shape[1] - past
+        taps = w.unbind(0)
+        cur = x[:, past:] if past else x
+        # the residual rides on the first pass: y = x + x ⊙ w (no copy of the taps for +1)
+        y = torch.addcmul(cur, cur, taps[-1]) if identity == K - 1 else torch.mul(cur, taps[-1])
+        for s, lo, src in _shifted(K, N, past):
+            out = y[:, lo:] if lo else y
+            out.addcmul_(x[:, src], taps[-1 - s])
+            if identity == K - 1 - s:
+                out.add_(x[:, src])
+        ctx.save_for_backward(x, w)
+        ctx.past, ctx.identity, ctx.wdtype = past, identity, weight.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        P, K, N, identity = ctx.past, w.shape[0], g.shape[1], ctx.identity
+        taps = w.unbind(0)
+        gx = gw = None
+        if ctx.needs_input_grad[0]:
+            # the adjoint: the same taps, each shift read the other way
+            cur = torch.addcmul(g, g, taps[-1]) if identity == K - 1 else torch.mul(g, taps[-1])
+            if P:
+                gx = g.new_zeros(x.shape)
+                gx[:, P:] = cur
+            else:
+                gx = cur
+            for s, lo, src in _shifted(K, N, P):
+                gs = g[:, lo:] if lo else g
+                gx[:, src].addcmul_(gs, taps[-1 - s])
+                if identity == K - 1 - s:
+                    gx[:, src].add_(gs)
+        if ctx.needs_input_grad[1]:
+            rows = [(g * (x[:, P:] if P else x)).sum((0, 1))]
+            rows += [(g[:, lo:] * x[:, src]).sum((0, 1)) for _, lo, src in _shifted(K, N, P)]
+            rows += [torch.zeros_like(rows[0])] * (K - len(rows))  # taps past the start
+            gw = torch.stack(rows[::-1]).to(ctx.wdtype)
+        return gx, gw, None, None
+
+
+def _shifted(K: int, N: int, past: int):
+    """(s, first output row lo, input rows) of every shift s = 1..K−1 that reads an input:
+    outputs lo..N−1 read inputs past + lo − s .. past + N − 1 − s."""
+    for s in range(1, K):
+        lo = max(0, s - past)
+        if lo < N:
+            yield s, lo, slice(past + lo - s, past + N - s)
+
+
+def causal_taps(x: Tensor, param: ResidualDepthwise, past: int = 0) -> Tensor:
+    """``CausalTaps`` of x (B, past + N, C) with ``param``'s taps: (B, N, C)."""
+    return CausalTaps.apply(x, param.weight, param.identity, past)
 
 
 def causal_grid(length: int, kernel: int, past: int = 0, *, native: bool = True) -> Grid:
@@ -94,10 +193,12 @@ class Canon(nn.Module):
     """A Canon layer: h (B, L, C) -> h + conv(h), a causal depthwise convolution of ``kernel``
     taps without bias along the sequence (``kernel * C`` parameters, ``param.weight``).
 
-    Computed as ``sc.convolve(h, causal_grid(L, kernel), ResidualDepthwise(kernel, C))``; the
-    planner picks the route. Output i reads inputs i - kernel + 1 .. i only (causal, any
-    length). ``forward(h, cache)`` continues a sequence from a generation cache (a dict) that
-    keeps the last ``kernel - 1`` inputs under ``key``.
+    Defined as ``sc.convolve(h, causal_grid(L, kernel), ResidualDepthwise(kernel, C))``, whose
+    planner takes the causal grid's own route (``causal_taps``, the ``CausalTaps`` kernel); the
+    layer calls that kernel directly, since the planner's per-call work (~0.1 ms) costs as much
+    as the arithmetic at language-model sizes. Output i reads inputs i - kernel + 1 .. i only
+    (causal, any length). ``forward(h, cache)`` continues a sequence from a generation cache
+    (a dict) that keeps the last ``kernel - 1`` inputs under ``key``.
 
     Initialisation: the taps start at N(0, 0.02) (GPT-2's scale for every weight of
     ``TransformerLM``), so a Canon layer starts within a few percent of the identity and a
@@ -143,10 +244,10 @@ class Canon(nn.Module):
         B, L, C = h.shape
         R = self.kernel - 1
         if cache is None or not R:
-            return convolve(h, self.grid(L, 0, h.device), self.param)
+            return causal_taps(h, self.param)
         past = cache.get(key)
         if past is None:
             past = h.new_zeros(B, R, C)  # before the start: the causal padding's zeros
         ext = torch.cat([past, h], 1)
         cache[key] = ext[:, L:]
-        return convolve(ext, self.grid(L, R, h.device), self.param)
+        return causal_taps(ext, self.param, R)

@@ -9,9 +9,10 @@ propagated by their bases, and one GEMM applies every O_k.
 
 ``TransformerLM`` is a decoder-only language model of such layers; ``position`` picks how it
 knows where a token is: nothing, sinusoidal or learned encodings, rotary q/k, ALiBi's mask,
-the paper's shift heads, or shift heads plus ALiBi. ``canon`` adds Canon layers (Allen-Zhu
-2025, ``structconv.nn.canon``): residual causal depthwise convolutions over the sequence at
-the places A (before attention), B (on q/k/v), C (before the feed-forward), D (inside it).
+a learned T5-style relative bias, the paper's shift heads, or shift heads plus ALiBi.
+``canon`` adds Canon layers (Allen-Zhu 2025, ``structconv.nn.canon``): residual causal
+depthwise convolutions over the sequence at the places A (before attention), B (on q/k/v),
+C (before the feed-forward), D (inside it).
 """
 
 from __future__ import annotations
@@ -25,22 +26,27 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention.basis import CausalShift, DotProductAttention
+from ..attention.index import RelativeBias, index_bias
 from ..attention.positions import alibi_mask, alibi_slopes, rotary, rotary_angles, sinusoidal
 from ..basis.base import Stack
 from ..params import LowRank
 from .canon import CANON_PLACES, Canon
 
 __all__ = ["CausalSelfAttention", "TransformerLM", "POSITIONS", "CANON_TAG", "equalised_ffn",
-           "check_canon", "canon_places", "split_kind", "kind_name"]
+           "check_canon", "canon_places", "split_kind", "kind_name", "RELATIVE_BUCKETS",
+           "RELATIVE_MAX_DISTANCE"]
 
 #: the amplitude of the sinusoidal encoding: the token embeddings' initial standard deviation
 SINUSOIDAL_SCALE = 0.02
 
-#: the position kinds of ``TransformerLM``.
-#: HOOK (issue 26 item 2): a learned T5-style relative bias ("relative") joins this tuple when
-#: the attention package's index term lands; ``experiments.canon.STUDY_KINDS`` already lists it
-#: and runs it as soon as it is here.
-POSITIONS = ("none", "sinusoidal", "learned", "rotary", "alibi", "shift", "shift+alibi")
+#: the position kinds of ``TransformerLM``
+POSITIONS = ("none", "sinusoidal", "learned", "rotary", "alibi", "relative", "shift",
+             "shift+alibi")
+
+#: the ``"relative"`` kind's T5 buckets (T5's defaults, unidirectional: 16 exact offsets
+#: 0..15, 16 logarithmic buckets up to 128, then one bucket for every longer offset)
+RELATIVE_BUCKETS = 32
+RELATIVE_MAX_DISTANCE = 128
 
 #: how a model kind names its Canon places: "<position>+Canon-<places>", e.g. "none+Canon-ABCD"
 CANON_TAG = "+Canon-"
@@ -108,18 +114,24 @@ class CausalSelfAttention(nn.Module):
     x (B, L, E) -> (B, L, E). ``shifts``: an int S (offsets 0..S-1) or a list of offsets >= 0;
     each shift head brings the input ``offset`` steps before (the paper's index-based heads).
     ``rotary`` rotates queries and keys by position; ``alibi`` adds ALiBi's −m_h·(i − j) to
-    the attention heads' scores (a fixed log-domain mask, the framework's H term). ``canon``
-    > 0 puts a Canon-B layer of that many taps (``structconv.nn.canon.Canon``) on the packed
-    q/k/v projections of the attention heads (3 x embed_dim channels), before rotary.
+    the attention heads' scores (a fixed log-domain mask, the framework's H term);
+    ``relative`` adds a learned T5-style bias per head and bucket of i − j
+    (``sc.attention.RelativeBias``, ``RELATIVE_BUCKETS`` x heads parameters, ``rel_bias``),
+    through the same additive mask of SDPA's fused path. ``canon`` > 0 puts a Canon-B layer
+    of that many taps (``structconv.nn.canon.Canon``) on the packed q/k/v projections of the
+    attention heads (3 x embed_dim channels), before rotary.
     """
 
     def __init__(self, embed_dim: int, heads: int, shifts: int | Sequence[int] = 0, *,
-                 rotary: bool = False, alibi: bool = False, dropout: float = 0.0,
-                 bias: bool = True, canon: int = 0, device=None, dtype=None):
+                 rotary: bool = False, alibi: bool = False, relative: bool = False,
+                 dropout: float = 0.0, bias: bool = True, canon: int = 0, device=None,
+                 dtype=None):
         super().__init__()
         if embed_dim < 1 or heads < 1 or embed_dim % heads:
             raise ValueError(f"embed_dim={embed_dim} must be a positive multiple of heads="
                              f"{heads}")
+        if alibi and relative:
+            raise ValueError("CausalSelfAttention: give alibi or relative, not both")
         self.shifts = _shift_list(shifts)
         self.E, self.H, self.S = embed_dim, heads, len(self.shifts)
         self.D = D = embed_dim // heads
@@ -132,13 +144,18 @@ class CausalSelfAttention(nn.Module):
         self.out_proj = nn.Linear((heads + self.S) * D, embed_dim, bias=bias, **fk)
         # ALiBi's slopes stay float64 (not a buffer: casting the model must not round them)
         self.slopes = alibi_slopes(heads) if self.alibi else None
+        # unidirectional buckets: the causal mask hides every later key
+        self.rel_bias = RelativeBias(heads, RELATIVE_BUCKETS, RELATIVE_MAX_DISTANCE,
+                                     bidirectional=False).to(device=device, dtype=dtype) \
+            if relative else None
         self.canon = Canon(3 * embed_dim, canon).to(device=device, dtype=dtype) if canon \
             else None
         self._masks: dict = {}
 
     def extra_repr(self):
         return (f"embed_dim={self.E}, heads={self.H}, shifts={self.shifts}, "
-                f"rotary={self.rotary}, alibi={self.alibi}")
+                f"rotary={self.rotary}, alibi={self.alibi}, "
+                f"relative={self.rel_bias is not None}")
 
     def _project(self, x: Tensor, cache: dict | None) -> tuple[Tensor, ...]:
         """q, k, v (B, L, H*D each) and the shift heads' values (B, L, S*D): one GEMM, and
@@ -177,7 +194,11 @@ class CausalSelfAttention(nn.Module):
 
     def _mask(self, L: int, T: int, dtype, device):
         """The attention mask for L queries after T cached keys: None with SDPA's causal flag,
-        else in SDPA orientation (H|1, L, T + L); ALiBi masks are kept per size."""
+        else in SDPA orientation (H|1, L, T + L); ALiBi masks are kept per size, the relative
+        bias (learned: differentiable) is built on every call from its O(T + L) table."""
+        if self.rel_bias is not None:
+            return index_bias([self.rel_bias], T + L, L, dtype=dtype, device=device,
+                              causal=True, output_start=T)
         if not self.alibi:
             if T == 0:
                 return None
@@ -215,8 +236,12 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             cache["k"], cache["v"] = k, v
         mask = self._mask(L, T, q.dtype, q.device)
+        # every mask here is causal over the cache and the new keys, so each query keeps at
+        # least its own key: no dead rows to look for (the look is a data-dependent branch
+        # that would break a compiled graph)
         att = DotProductAttention(q, k, sdpa_mask=mask, causal=T == 0 and mask is None,
-                                  dropout_p=self.dropout if self.training else 0.0)
+                                  dropout_p=self.dropout if self.training else 0.0,
+                                  check_dead=False)
         out = [(att, v.transpose(1, 2))]
         if S:
             zs = zs.view(B, L, S, D)
@@ -249,10 +274,12 @@ class _Block(nn.Module):
     attention; (B, L, E) -> (B, L, E)."""
 
     def __init__(self, E: int, heads: int, shifts, ffn: int, dropout: float, bias: bool,
-                 rotary: bool, alibi: bool, canon: str = "", canon_kernel: int = 4):
+                 position: str, canon: str = "", canon_kernel: int = 4):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(E, bias=bias), nn.LayerNorm(E, bias=bias)
-        self.attn = CausalSelfAttention(E, heads, shifts, rotary=rotary, alibi=alibi,
+        self.attn = CausalSelfAttention(E, heads, shifts, rotary=position == "rotary",
+                                        alibi=position in ("alibi", "shift+alibi"),
+                                        relative=position == "relative",
                                         dropout=dropout, bias=bias,
                                         canon=canon_kernel if "B" in canon else 0)
         self.fc = nn.Linear(E, ffn, bias=bias)
@@ -280,7 +307,9 @@ class TransformerLM(nn.Module):
     ids (B, L) long -> logits (B, L, vocab_size); the logits at position i depend only on
     tokens 0..i. ``position``: one of ``POSITIONS``; ``"shift"`` and ``"shift+alibi"`` add
     ``shifts`` causal shift heads (int S: offsets 0..S-1, or a list of offsets) to the
-    ``heads`` attention heads of every layer. Every kind but ``"learned"`` takes any length;
+    ``heads`` attention heads of every layer; ``"relative"`` gives every layer a learned
+    T5-style bias per head and bucket of the offset (``RELATIVE_BUCKETS`` x heads
+    parameters per layer, starting at zero). Every kind but ``"learned"`` takes any length;
     ``"learned"`` needs ``context`` and raises ``ValueError`` for longer inputs.
     ``ffn`` is the feed-forward width (default 4·width); the output map is tied to the token
     embedding (``tie_weights``), as in GPT-2 and nanoGPT. ``canon``: the places of Canon layers
@@ -321,10 +350,9 @@ class TransformerLM(nn.Module):
         self.tok = nn.Embedding(vocab_size, width)
         self.pos = nn.Parameter(torch.zeros(context, width)) if position == "learned" else None
         self.drop = nn.Dropout(dropout)
-        alibi = position in ("alibi", "shift+alibi")
         self.blocks = nn.ModuleList(
-            _Block(width, heads, use_shifts, self.ffn, dropout, bias, position == "rotary", alibi,
-                   self.canon, canon_kernel)
+            _Block(width, heads, use_shifts, self.ffn, dropout, bias, position, self.canon,
+                   canon_kernel)
             for _ in range(layers))
         self.ln = nn.LayerNorm(width, bias=bias)
         self.head = nn.Linear(width, vocab_size, bias=False)
@@ -478,7 +506,8 @@ def equalised_ffn(vocab_size: int, width: int, layers: int, heads: int, position
                   canon_kernel: int = 4) -> int:
     """The feed-forward width whose ``TransformerLM`` has the parameter count closest to
     ``budget`` (one unit of width costs 2·width + 1 parameters per layer, plus canon_kernel
-    with a Canon-D layer); Canon parameters are counted like any other."""
+    with a Canon-D layer); Canon layers, shift heads and relative-bias tables are counted
+    like any other parameter (the model is built and counted)."""
     base = 4 * width
     m = TransformerLM(vocab_size, width, layers, heads, position, shifts, base, context=context,
                       canon=canon, canon_kernel=canon_kernel)
