@@ -76,7 +76,7 @@ def base_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("trust") / "run"
     torch.manual_seed(0)
     res = train(parse_config(TINY), out, stop_after=1)
-    assert res == {"interrupted": True, "epoch": 1}
+    assert res == {"interrupted": True, "epoch": 1, "run": str(out)}
     return out
 
 
