@@ -16,7 +16,7 @@ from torch import nn
 import structconv as sc
 from structconv.attention import shift_basis
 from structconv.nn.decoding import beam_search, greedy, strip
-from structconv.nn.lm import POSITIONS
+from structconv.nn.seq2seq import SEQ2SEQ_POSITIONS as POSITIONS
 from structconv.nn.seq2seq import (
     CentredCanon,
     CrossAttention,

@@ -40,7 +40,11 @@ from .decoding import beam_search, check_decoding, greedy
 from .lm import POSITIONS, SINUSOIDAL_SCALE, CausalSelfAttention, check_canon
 
 __all__ = ["SignedShift", "CentredCanon", "SelfAttention", "CrossAttention", "EncoderBlock",
-           "DecoderBlock", "Seq2Seq", "encoder_shifts"]
+           "DecoderBlock", "Seq2Seq", "encoder_shifts", "SEQ2SEQ_POSITIONS"]
+
+SEQ2SEQ_POSITIONS = tuple(p for p in POSITIONS if p != "relative")
+"""The position kinds of ``Seq2Seq``: TransformerLM's, except the learned relative bias (its
+buckets are causal: the encoder would need signed ones, not built yet)."""
 
 
 def encoder_shifts(shifts) -> list[int]:
@@ -398,9 +402,10 @@ class Seq2Seq(nn.Module):
     logits at t depend only on tgt[:, :t+1]. Sources are right-padded with ``pad_id``: padding
     is masked everywhere (a batch item gives what it would alone). ``layers`` encoder and
     ``dec_layers`` (default ``layers``) decoder blocks of ``width``, ``heads`` attention heads
-    and feed-forward width ``ffn`` (default 4·width). ``position``: one of ``POSITIONS`` on both
-    sides: ``"shift"`` adds ``shifts`` index heads, causal offsets 0..S-1 in the decoder and
-    signed offsets (``src_shifts``, default ``encoder_shifts(shifts)``) in the encoder;
+    and feed-forward width ``ffn`` (default 4·width). ``position``: one of
+    ``SEQ2SEQ_POSITIONS`` on both sides: ``"shift"`` adds ``shifts`` index heads, causal
+    offsets 0..S-1 in the decoder and signed offsets (``src_shifts``, default
+    ``encoder_shifts(shifts)``) in the encoder;
     ``"alibi"`` is causal in the decoder and symmetric in the encoder; ``"learned"`` needs
     ``context`` (the longest source or target). Cross-attention carries no position term.
     ``canon``: Canon places (a subset of "ABCD") in every block, causal in the decoder,
@@ -446,9 +451,11 @@ class Seq2Seq(nn.Module):
     @staticmethod
     def _check_sizes(src_vocab, tgt_vocab, width, layers, dec_layers, heads, position, dropout,
                      context, special) -> None:
-        if position not in POSITIONS:
-            raise ValueError(f"unknown position {position!r}: choose one of "
-                             f"{', '.join(POSITIONS)}")
+        if position not in SEQ2SEQ_POSITIONS:
+            why = (" (TransformerLM's relative bias has no encoder form here yet)"
+                   if position == "relative" else "")
+            raise ValueError(f"unknown position {position!r}{why}: choose one of "
+                             f"{', '.join(SEQ2SEQ_POSITIONS)}")
         for name, v in (("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab), ("width", width),
                         ("layers", layers), ("dec_layers", dec_layers), ("heads", heads)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
