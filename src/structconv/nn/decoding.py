@@ -20,7 +20,7 @@ import numbers
 import torch
 from torch import Tensor
 
-__all__ = ["greedy", "beam_search", "strip", "check_decoding"]
+__all__ = ["greedy", "beam_search", "strip", "check_decoding", "generate"]
 
 
 def check_decoding(max_len, beam: int = 1) -> None:
@@ -105,6 +105,29 @@ def beam_search(state, batch: int, bos: int, eos: int, pad: int, max_len: int, b
     best = rank.argmax(-1)
     pick = torch.arange(B, device=device)
     return seqs[pick, best], score[pick, best]
+
+
+@torch.no_grad()
+def generate(model, src, max_len: int | None = None, *, beam: int = 1, use_cache: bool = True,
+             length_penalty: float = 0.0) -> Tensor:
+    """Decode src (B, S) -> tokens (B, L) with a sequence-to-sequence ``model`` (``Seq2Seq``,
+    ``PervasiveAttention``: ``check_ids``, ``src_vocab``, ``decoding_state`` and the
+    ``bos_id`` / ``eos_id`` / ``pad_id`` ids), in eval mode: greedy for ``beam = 1``, else
+    beam search; ``max_len`` defaults to 2·S + 8."""
+    was = model.training
+    model.eval()
+    try:
+        src = model.check_ids(src, model.src_vocab, "src")
+        max_len = 2 * src.shape[1] + 8 if max_len is None else max_len
+        check_decoding(max_len, beam)
+        state = model.decoding_state(src, use_cache)
+        args = (src.shape[0], model.bos_id, model.eos_id, model.pad_id, max_len)
+        if beam == 1:
+            return greedy(state, *args, device=src.device)[0]
+        return beam_search(state, *args, beam=beam, length_penalty=length_penalty,
+                           device=src.device)[0]
+    finally:
+        model.train(was)
 
 
 def strip(tokens: Tensor, eos: int, pad: int) -> list[list[int]]:

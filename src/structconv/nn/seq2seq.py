@@ -36,7 +36,7 @@ from ..basis.grid import Grid
 from ..engine import convolve
 from ..params import LowRank
 from .canon import Canon, ResidualDepthwise
-from .decoding import beam_search, check_decoding, greedy
+from .decoding import generate
 from .lm import POSITIONS, SINUSOIDAL_SCALE, CausalSelfAttention, check_canon
 
 __all__ = ["SignedShift", "CentredCanon", "SelfAttention", "CrossAttention", "EncoderBlock",
@@ -618,20 +618,8 @@ class Seq2Seq(nn.Module):
         """Decode src (B, S) -> tokens (B, L) (no start token; ``eos_id`` ends a row, padding
         follows): greedy for ``beam = 1``, else beam search. ``max_len`` defaults to
         2·S + 8 tokens. ``use_cache=False`` recomputes the whole prefix at every step."""
-        was = self.training
-        self.eval()
-        try:
-            src = self.check_ids(src, self.src_vocab, "src")
-            max_len = 2 * src.shape[1] + 8 if max_len is None else max_len
-            check_decoding(max_len, beam)
-            state = self.decoding_state(src, use_cache)
-            args = (src.shape[0], self.bos_id, self.eos_id, self.pad_id, max_len)
-            if beam == 1:
-                return greedy(state, *args, device=src.device)[0]
-            return beam_search(state, *args, beam=beam, length_penalty=length_penalty,
-                               device=src.device)[0]
-        finally:
-            self.train(was)
+        return generate(self, src, max_len, beam=beam, use_cache=use_cache,
+                        length_penalty=length_penalty)
 
     # -- torch.nn.Transformer's weights --------------------------------------------------------
     @torch.no_grad()
