@@ -108,6 +108,17 @@ def kind_name(position: str, canon: str = "") -> str:
     return f"{position}{CANON_TAG}{canon}" if canon else position
 
 
+def size_cached(store: dict, key, make):
+    """``store[key]``, made by ``make()`` on its first use: for masks, angles and bias tables
+    that depend only on sizes (a model meets few, so past 32 entries the store starts over)."""
+    v = store.get(key)
+    if v is None:
+        if len(store) > 32:
+            store.clear()
+        v = store[key] = make()
+    return v
+
+
 class CausalSelfAttention(nn.Module):
     """Causal self-attention with ``heads`` attention heads and one head per causal shift.
 
@@ -210,13 +221,7 @@ class CausalSelfAttention(nn.Module):
             self.slopes, L, T + L, T, dtype=dtype, device=device))
 
     def _cached(self, key, make):
-        # masks and angles depend only on sizes: kept for the few sizes a model meets
-        v = self._masks.get(key)
-        if v is None:
-            if len(self._masks) > 32:
-                self._masks.clear()
-            v = self._masks[key] = make()
-        return v
+        return size_cached(self._masks, key, make)
 
     def _parts(self, x: Tensor, cache: dict | None) -> list:
         """[(basis, value heads (B, M, K, D))] of the attention heads and of the shift heads;

@@ -37,7 +37,7 @@ from ..engine import convolve
 from ..params import LowRank
 from .canon import Canon, ResidualDepthwise
 from .decoding import generate
-from .lm import POSITIONS, SINUSOIDAL_SCALE, CausalSelfAttention, check_canon
+from .lm import POSITIONS, SINUSOIDAL_SCALE, CausalSelfAttention, check_canon, size_cached
 
 __all__ = ["SignedShift", "CentredCanon", "SelfAttention", "CrossAttention", "EncoderBlock",
            "DecoderBlock", "Seq2Seq", "encoder_shifts", "SEQ2SEQ_POSITIONS"]
@@ -187,13 +187,7 @@ class SelfAttention(nn.Module):
                 f"rotary={self.rotary}, alibi={self.alibi is not None}")
 
     def _cached(self, key, make):
-        # rotary angles and ALiBi tables depend on sizes only
-        v = self._memo.get(key)
-        if v is None:
-            if len(self._memo) > 32:
-                self._memo.clear()
-            v = self._memo[key] = make()
-        return v
+        return size_cached(self._memo, key, make)  # rotary angles and ALiBi tables
 
     def _mask(self, L: int, pad: Tensor | None, dtype, device) -> Tensor | None:
         """SDPA-orientation mask: bool (B, 1, 1, L) keys allowed, or float (B|1, H, L, L)
