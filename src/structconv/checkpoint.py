@@ -123,6 +123,14 @@ def _header_metadata(data: bytes) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
+
+def _safetensors_bytes(path: Path) -> bytes:
+    """The bytes of the weights file ``path`` (CheckpointError where there is none)."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: file not found (expected a safetensors file)")
+    return path.read_bytes()
+
+
 def load_weights(path, verify: bool = True) -> dict:
     """A model ``state_dict`` from a safetensors file written by ``save_weights``.
 
@@ -130,9 +138,7 @@ def load_weights(path, verify: bool = True) -> dict:
     must be finite: a tampered, truncated or NaN-filled weights file is refused, never used.
     """
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: file not found (expected a safetensors file)")
-    data = path.read_bytes()
+    data = _safetensors_bytes(path)
     try:
         tensors = st_load(data)
         meta = _header_metadata(data)
@@ -404,9 +410,7 @@ def load_model_weights(path) -> dict:
     model part is taken, checked against the sha256 its run's ``checkpoint.json`` records
     when it names the file, and for finite values."""
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: file not found (expected a safetensors file)")
-    data = path.read_bytes()
+    data = _safetensors_bytes(path)
     try:
         meta = _header_metadata(data)
         keys = list(st_load(data)) if "sha256" not in meta else []
