@@ -62,6 +62,35 @@ MEANINGS = {
     "model.dtype": "`float32` or `float64`",
     "model.lm": "the `[model.lm]` table: a `sc.nn.TransformerLM` instead of layers",
     "model.link": "the `[model.link]` table: a `sc.kg.LinkPredictor` for a knowledge graph",
+    "model.seq2seq": "the `[model.seq2seq]` table: a sequence-to-sequence model "
+                     "(`sc.nn.Seq2Seq` or `sc.nn.PervasiveAttention`) for word pairs",
+    "model.seq2seq.kind": "`transformer` (an encoder-decoder Transformer) or `pervasive` "
+                          "(Elbayad's 2-D convolution over source x target)",
+    "model.seq2seq.width": "transformer: the model's width",
+    "model.seq2seq.layers": "transformer: encoder and decoder blocks each; pervasive: 2-D "
+                            "convolution layers",
+    "model.seq2seq.heads": "transformer: attention heads per layer; pervasive: heads of the "
+                           "attention pooling",
+    "model.seq2seq.position": "transformer: any `[model.lm]` position kind except `relative` "
+                              "(`sinusoidal`, `shift`, `rotary`, ...)",
+    "model.seq2seq.shifts": "transformer: causal shift heads per decoder block",
+    "model.seq2seq.src_shifts": "transformer: centred shift heads per encoder block (0: the "
+                                "default for `shifts`)",
+    "model.seq2seq.ffn": "transformer: the feed-forward width (0: 4 x width)",
+    "model.seq2seq.dropout": "dropout (both kinds)",
+    "model.seq2seq.context": "transformer, `learned` positions: the longest input (0: twice the "
+                               "longest word + 8, the longest decoding)",
+    "model.seq2seq.canon": "transformer: Canon layers at the places named, a subset of `ABCD`",
+    "model.seq2seq.canon_kernel": "transformer: taps of each Canon layer",
+    "model.seq2seq.embed": "pervasive: source and target embedding size",
+    "model.seq2seq.growth": "pervasive: channels each layer adds",
+    "model.seq2seq.bottleneck": "pervasive: a layer's 1 x 1 bottleneck (0: none)",
+    "model.seq2seq.kernel": "pervasive: k x k taps, causal along the target",
+    "model.seq2seq.pooling": "pervasive: pooling over the source, `attention` or `max`",
+    "model.seq2seq.beam": "the beam width of the final decoding of every validation and test "
+                          "word (1: greedy)",
+    "train.label_smoothing": "label smoothing of the training loss (classification tasks; a "
+                             "link predictor's is `train.link.label_smoothing`)",
     "train.optimizer": "`adam`, `adamw`, `sgd` or `adagrad`",
     "train.lr": "learning rate",
     "train.weight_decay": "weight decay (L2 for adam / sgd / adagrad, decoupled for adamw)",
@@ -225,6 +254,7 @@ def _schema() -> dict[str, dict]:
     top = {"seed": C.DEFAULTS["seed"], "name": None, "description": None}
     return {"top": top, "data": C.DEFAULTS["data"], "model": C.DEFAULTS["model"],
             "train": C.DEFAULTS["train"], "model.lm": C.LM_KEYS, "model.link": C.LINK_KEYS,
+            "model.seq2seq": C.SEQ2SEQ_KEYS,
             "train.link": C.LINK_TRAIN_KEYS, "train.sampler": C.SAMPLER_KEYS,
             "layer": LAYER_DEFAULTS}
 

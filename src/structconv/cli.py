@@ -201,6 +201,10 @@ def _print_result(res: dict, out, hint: str) -> None:
         if res["test_acc"] is not None:
             rows += [("test acc", f"{res['test_acc']:.4f}"),
                      ("test loss", f"{res['test_loss']:.4f}")]
+        if "test_per" in res:  # a sequence-to-sequence model: its decoding of every word
+            how = "greedy" if res["beam"] == 1 else f"beam {res['beam']}"
+            rows += [(f"{s} PER / WER", f"{res[f'{s}_per']:.2f} / {res[f'{s}_wer']:.2f} % "
+                                        f"({how})") for s in ("val", "test")]
     rows += [("train time", f"{res['train_time_s']:.1f} s"), ("run directory", str(out))]
     w = max(len(k) for k, _ in rows)
     for k, v in rows:
@@ -316,7 +320,7 @@ def _cmd_train(args) -> int:
 def _cmd_eval(args) -> int:
     from .config import is_link
     from .io import atomic_write_json
-    from .train import count_parameters, evaluate, load_run
+    from .train import count_parameters, decode_result, evaluate, load_run
 
     if args.split not in ("train", "val", "test"):
         raise UsageError(f"--split must be train, val or test, got {args.split!r}")
@@ -325,12 +329,18 @@ def _cmd_eval(args) -> int:
         return _eval_link(args, cfg, data, model)
     t0 = time.perf_counter()
     m = evaluate(model, data, cfg, args.split)
+    if data.task == "g2p":  # and the error rates of decoding every word of the split
+        m.update(decode_result(model, data, cfg, (args.split,)))
     dt = time.perf_counter() - t0
     res = {"run": str(args.run), "split": args.split, "weights": args.weights,
            "parameters": count_parameters(model), **m, "time_s": round(dt, 4)}
     print(f"{'run':<10}  {args.run}\n{'split':<10}  {args.split} ({m['n']} items)\n"
           f"{'parameters':<10}  {res['parameters']:,}\n{'loss':<10}  {m['loss']:.4f}\n"
           f"{'accuracy':<10}  {m['acc']:.4f}")
+    if data.task == "g2p":
+        how = "greedy" if m["beam"] == 1 else f"beam {m['beam']}"
+        print(f"{'PER / WER':<10}  {m[f'{args.split}_per']:.2f} / {m[f'{args.split}_wer']:.2f} %"
+              f" ({how})")
     out = Path(args.out) if args.out else Path(args.run)
     atomic_write_json(out / f"eval-{args.split}.json", res)
     return 0

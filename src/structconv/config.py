@@ -13,6 +13,7 @@ Each ``[[model.layers]]`` entry names its basis in the paper's terms (a register
 ``channels``, ``activation``, ``dropout`` (on the layer's input), ``pool`` and
 ``residual``/``norm``. A ``[train.sampler]`` table (``SAMPLER_KEYS``) trains a node model on
 sampled mini-batches; ``[model.lm]`` (``LM_KEYS``) describes a language model instead of layers,
+``[model.seq2seq]`` (``SEQ2SEQ_KEYS``) a sequence-to-sequence model (grapheme-to-phoneme data),
 ``[model.link]`` (``LINK_KEYS``) a knowledge-graph link predictor trained as ``[train.link]``
 (``LINK_TRAIN_KEYS``) says.
 """
@@ -37,7 +38,8 @@ __all__ = ["ConfigError", "load_config", "parse_config", "apply_overrides", "val
            "DEFAULTS", "config_path", "sampler_spec", "SAMPLER_KEYS", "graph_kinds",
            "graph_layer_hops", "shipped_configs", "LINK_KEYS", "LINK_TRAIN_KEYS", "LM_KEYS",
            "LINK_MONITORS", "ACTIVATIONS", "link_spec", "link_train_spec", "is_link",
-           "is_content", "import_paths", "config_from"]
+           "is_content", "import_paths", "config_from", "SEQ2SEQ_KEYS", "seq2seq_spec",
+           "is_seq2seq"]
 
 
 class ConfigError(ValueError):
@@ -49,10 +51,11 @@ DEFAULTS = {
     "data": {"name": "digits", "root": None, "options": {}, "batch_size": 64, "seq_len": 64,
              "eval_batch_size": 512, "batches_per_epoch": 0},
     "model": {"layers": [], "readout": "auto", "classifier": "auto", "embedding": 0,
-              "dtype": "float32", "lm": {}, "link": None},
+              "dtype": "float32", "lm": {}, "link": None, "seq2seq": None},
     "train": {"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "momentum": 0.9,
               "epochs": 10, "patience": 0, "monitor": "val_acc", "grad_clip": 0.0,
-              "checkpoint_every": 0, "checkpoint_seconds": 10.0, "sampler": {}, "link": {}},
+              "checkpoint_every": 0, "checkpoint_seconds": 10.0, "sampler": {}, "link": {},
+              "label_smoothing": 0.0},
 }
 """Defaults merged under every config (the file's values win)."""
 
@@ -235,15 +238,18 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
         for k in cfg[sec]:
             _need(k in DEFAULTS[sec], f"{source}: unknown key {sec}.{k} (known: "
                                       f"{', '.join(sorted(DEFAULTS[sec]))})")
-        # (a run directory written before [train.sampler] existed has no such key)
+        # (a run directory written before these keys existed has none of them)
         missing = [f"{sec}.{k}" for k in DEFAULTS[sec]
-                   if k not in {*cfg[sec], "sampler", "link"}]
+                   if k not in {*cfg[sec], "sampler", "link", "seq2seq", "label_smoothing"}]
         _need(not missing, f"{source}: missing key(s) {', '.join(missing)}")
     t = cfg["train"]
     for k in ("epochs", "patience", "checkpoint_every"):
         _need(isinstance(t[k], int) and not isinstance(t[k], bool) and t[k] >= 0,
               f"{source}: train.{k} must be an int >= 0, got {t[k]!r}")
     _need(t["epochs"] >= 1, f"{source}: train.epochs must be >= 1, got {t['epochs']}")
+    _need(_number_in(t.get("label_smoothing", 0.0), 0, 1, open_hi=True),
+          f"{source}: train.label_smoothing must be a number in [0, 1), got "
+          f"{t.get('label_smoothing')!r}")
     for k in ("lr", "weight_decay", "momentum", "grad_clip", "checkpoint_seconds"):
         _need(isinstance(t[k], (int, float)) and not isinstance(t[k], bool) and t[k] >= 0
               and math.isfinite(t[k]), f"{source}: train.{k} must be a number >= 0, got {t[k]!r}")
@@ -285,7 +291,12 @@ def _check_model(cfg: dict, source: str) -> dict:
           f"{source}: model.link must be a table ([model.link]), got {m['link']!r}")
     _need(isinstance(t.get("link", {}), dict),
           f"{source}: train.link must be a table ([train.link]), got {t['link']!r}")
+    _need(m.get("seq2seq") is None or isinstance(m["seq2seq"], dict),
+          f"{source}: model.seq2seq must be a table ([model.seq2seq]), got {m['seq2seq']!r}")
     if is_link(cfg):
+        _need(not t.get("label_smoothing"), f"{source}: train.label_smoothing is for "
+                                            "classification; a link predictor's is "
+                                            "train.link.label_smoothing")
         _check_link(cfg, source)
         return _check_rest(cfg, source)
     _need(not t.get("link"), f"{source}: [train.link] trains a link predictor: it needs a "
@@ -294,6 +305,9 @@ def _check_model(cfg: dict, source: str) -> dict:
           f"{source}: train.monitor must be val_acc or val_loss, got {t['monitor']!r}"
           + (" (the val_mrr / val_hits@K monitors are for [model.link] models)"
              if t["monitor"] in LINK_MONITORS else ""))
+    if is_seq2seq(cfg):
+        _check_seq2seq(m, f"{source}: model.seq2seq")
+        return _check_rest(cfg, source)
     if m["lm"]:
         _check_lm(m, f"{source}: model.lm")
         return _check_rest(cfg, source)
@@ -428,6 +442,66 @@ def _check_lm(m: dict, where: str) -> None:
           f"{where}.canon_kernel must be an int in 1..1024, got {spec['canon_kernel']!r}")
     try:
         check_canon(spec["canon"], spec["canon_kernel"])
+    except ValueError as e:
+        raise ConfigError(f"{where}.{e}") from None
+
+
+SEQ2SEQ_KEYS = {"kind": "transformer", "width": 128, "layers": 3, "heads": 4,
+                "position": "sinusoidal", "shifts": 4, "src_shifts": 0, "ffn": 0, "dropout": 0.1,
+                "context": 0, "canon": "", "canon_kernel": 4, "embed": 32, "growth": 24,
+                "bottleneck": 48, "kernel": 3, "pooling": "attention", "beam": 1}
+"""``[model.seq2seq]``: a sequence-to-sequence model for a grapheme-to-phoneme dataset. ``kind``
+"transformer" (``sc.nn.Seq2Seq``: ``width``, ``layers`` per side, ``heads``, ``position``,
+decoder ``shifts`` and encoder ``src_shifts`` (0: the default centred offsets), ``ffn`` (0: 4 x
+width), ``context``, ``canon``) or "pervasive" (``sc.nn.PervasiveAttention``: ``embed``, ``layers``
+of 2-D convolutions of ``kernel`` x ``kernel`` taps, ``growth``, ``bottleneck``, ``pooling``
+"attention" (``heads`` heads) or "max"); ``dropout`` for both; ``beam`` the width of the test
+decoding (1: greedy)."""
+
+
+def seq2seq_spec(cfg: dict) -> dict:
+    """The ``[model.seq2seq]`` table with its defaults filled in."""
+    return {**SEQ2SEQ_KEYS, **(cfg["model"].get("seq2seq") or {})}
+
+
+def is_seq2seq(cfg: dict) -> bool:
+    """Whether ``cfg`` describes a sequence-to-sequence model (a ``[model.seq2seq]`` table)."""
+    return cfg["model"].get("seq2seq") is not None
+
+
+def _check_seq2seq(m: dict, where: str) -> None:
+    from .models.seq2seq import SEQ2SEQ_KINDS
+    from .nn.lm import check_canon
+    from .nn.seq2seq import SEQ2SEQ_POSITIONS
+
+    for k in m["seq2seq"]:
+        _need(k in SEQ2SEQ_KEYS, f"{where}: unknown key {k!r} (known: {', '.join(SEQ2SEQ_KEYS)})")
+    _need(not m["layers"] and not m["lm"], f"{where}: a [model.seq2seq] model takes no "
+                                           "[[model.layers]] and no [model.lm]")
+    s = {**SEQ2SEQ_KEYS, **m["seq2seq"]}
+    _need(s["kind"] in SEQ2SEQ_KINDS, f"{where}.kind must be one of {', '.join(SEQ2SEQ_KINDS)}"
+                                      f", got {s['kind']!r}")
+    for k in ("width", "layers", "heads", "embed", "growth", "kernel", "beam", "canon_kernel"):
+        _need(_int_in(s[k], 1, 1_000_000), f"{where}.{k} must be an int in 1..1000000, "
+                                           f"got {s[k]!r}")
+    for k in ("shifts", "src_shifts", "ffn", "context", "bottleneck"):
+        _need(_int_in(s[k], 0, 1_000_000), f"{where}.{k} must be an int in 0..1000000, "
+                                           f"got {s[k]!r}")
+    _need(_number_in(s["dropout"], 0, 1, open_hi=True),
+          f"{where}.dropout must be in [0, 1), got {s['dropout']!r}")
+    _need(s["pooling"] in ("attention", "max"),
+          f"{where}.pooling must be attention or max, got {s['pooling']!r}")
+    if s["kind"] == "pervasive":
+        return
+    _need(s["position"] in SEQ2SEQ_POSITIONS, f"{where}.position must be one of "
+                                              f"{', '.join(SEQ2SEQ_POSITIONS)}, got "
+                                              f"{s['position']!r}")
+    _need(s["width"] % s["heads"] == 0,
+          f"{where}: width={s['width']} must be divisible by heads={s['heads']}")
+    _need(not (s["position"].startswith("shift") and s["shifts"] < 1),
+          f"{where}: position={s['position']!r} needs shifts >= 1")
+    try:
+        check_canon(s["canon"], s["canon_kernel"])
     except ValueError as e:
         raise ConfigError(f"{where}.{e}") from None
 

@@ -14,7 +14,9 @@ model trains on sampled mini-batches (``structconv.minibatch``): each optimizer 
 ``accumulate`` batches on every process, the same global batches whatever the process count, and
 evaluation is exact (full batch, or layer by layer over whole neighbourhoods). A ``[model.link]``
 config trains a ``sc.kg.LinkPredictor`` on a knowledge graph's triples (one process), validated
-and tested by filtered ranking (``evaluate_link``).
+and tested by filtered ranking (``evaluate_link``). A ``[model.seq2seq]`` config trains a
+sequence-to-sequence model on word pairs (teacher-forced loss per target token), and its result
+adds the phoneme and word error rates of decoding every validation and test word.
 """
 
 from __future__ import annotations
@@ -53,21 +55,26 @@ from .config import (
     config_from,
     import_paths,
     is_link,
+    is_seq2seq,
     link_train_spec,
     sampler_spec,
+    seq2seq_spec,
     validate,
 )
+from .data.g2p import PAD
 from .data.registry import load_dataset
 from .interrupt import StopRequest, TrainingInterrupted
 from .io import RunLock, atomic_write_json
 from .minibatch import SampledEval, batch_inputs, dropout_seed, make_loader, restrictions
 from .models.build import build_model, check_memory
+from .models.seq2seq import decode_scores, epoch_batches, pair_tensors, token_losses
 from .optim import epoch_generator
 from .optim import make_optimizer as _named_optimizer
 from .registry import untrusted
 from .runlog import LINK_PANELS, Progress, plot_curves, progress_mode, tensorboard, write_metrics
 
-__all__ = ["TrainingError", "train", "evaluate", "evaluate_link", "load_data", "resolve_device",
+__all__ = ["TrainingError", "train", "evaluate", "evaluate_link", "decode_result", "load_data",
+           "resolve_device",
            "load_run", "make_optimizer", "count_parameters", "prepare_run", "check_world_size",
            "check_train_split", "resume_command", "default_run_dir"]
 
@@ -98,7 +105,7 @@ def count_parameters(model: nn.Module) -> int:
 
 
 def load_data(cfg: dict):
-    """The dataset named by ``cfg['data']`` (image, node or text task)."""
+    """The dataset named by ``cfg['data']`` (image, node, text, link or g2p task)."""
     d = cfg["data"]
     try:
         data = load_dataset(d["name"], d.get("root"), **d.get("options", {}))
@@ -112,9 +119,16 @@ def load_data(cfg: dict):
     if task == "link" and not is_link(cfg):
         raise ConfigError(f"dataset {d['name']!r} is a link-prediction task: describe the model "
                           "with a [model.link] table (decoder, dim, ...), not layers")
-    if task not in ("image", "node", "text", "link"):
+    if task == "g2p" and not is_seq2seq(cfg):
+        raise ConfigError(f"dataset {d['name']!r} maps words to pronunciations: describe the "
+                          "model with a [model.seq2seq] table (kind, width, ...), not layers")
+    if is_seq2seq(cfg) and task != "g2p":
+        raise ConfigError(f"model.seq2seq maps a sequence to a sequence: it needs a "
+                          f"grapheme-to-phoneme dataset (cmudict), but dataset {d['name']!r} is "
+                          f"a {task} task")
+    if task not in ("image", "node", "text", "link", "g2p"):
         raise ConfigError(f"dataset {d['name']!r} is a {task or '?'} task; train handles "
-                          "image, node, text and link tasks")
+                          "image, node, text, link and g2p tasks")
     if sampler_spec(cfg) and data.task != "node":
         raise ConfigError(f"train.sampler samples graph neighbourhoods, but dataset "
                           f"{d['name']!r} is a {data.task} task: use a node-classification "
@@ -130,6 +144,8 @@ def check_train_split(data) -> None:
         n = int(data.train.shape[0])
     elif data.task == "text":
         n = int(data.splits["train"].numel())
+    elif data.task == "g2p":
+        n = len(data.splits["train"])
     else:
         n = int(data.splits["train"][0].shape[0])
     if n == 0:
@@ -159,6 +175,13 @@ def _train_batches(data, cfg: dict, epoch: int):
                 yield x[idx], y[idx]
     elif data.task == "node":
         yield None, torch.nonzero(data.masks["train"]).flatten()
+    elif data.task == "g2p":
+        # every pronunciation of a training word is a pair; batches of similar lengths
+        pairs = data.pairs("train")
+        batches = epoch_batches([len(w) for w, _ in pairs], d["batch_size"], seed, epoch)
+        for idx in batches[:d["batches_per_epoch"] or None]:
+            src, tin, tout = pair_tensors(data, pairs, idx)
+            yield (src, tin), tout
     else:
         ids, T = data.splits["train"], d["seq_len"]
         if ids.numel() <= T + 1:
@@ -178,6 +201,14 @@ def _eval_batches(data, cfg: dict, split: str):
             yield x[i:i + d["eval_batch_size"]], y[i:i + d["eval_batch_size"]]
     elif data.task == "node":
         yield None, torch.nonzero(data.masks[split]).flatten()
+    elif data.task == "g2p":
+        # a word's first pronunciation, words in order of length (little padding)
+        entries = sorted(data.splits[_G2P_SPLITS.get(split, split)], key=lambda e: len(e[0]))
+        pairs = [(w, prons[0]) for w, prons in entries]
+        for i in range(0, len(pairs), d["eval_batch_size"]):
+            src, tin, tout = pair_tensors(data, pairs, range(i, min(len(pairs),
+                                                                  i + d["eval_batch_size"])))
+            yield (src, tin), tout
     else:
         ids, T = data.splits[split], d["seq_len"]
         n = (ids.numel() - 1) // T
@@ -195,18 +226,41 @@ def _node_input(data, device, dtype):
     return data.x.to(device=device, dtype=dtype)
 
 
-def _losses(model, data, inputs, targets, device, dtype) -> tuple[Tensor, Tensor]:
-    """Per-item cross-entropy (n,) and correct predictions (n,) for a batch."""
+#: the trainer's split names -> a grapheme-to-phoneme dataset's
+_G2P_SPLITS = {"val": "valid"}
+
+
+def _items(data, targets: Tensor) -> int:
+    """The items a batch's loss averages over: its targets (a word pair's target tokens that
+    are not padding)."""
+    return int((targets != PAD).sum()) if data.task == "g2p" else targets.numel()
+
+
+def _rows(inputs, rows: Tensor):
+    """Rows ``rows`` of a batch's inputs (None, a tensor or a tuple of tensors)."""
+    if inputs is None:
+        return None
+    return tuple(x[rows] for x in inputs) if isinstance(inputs, tuple) else inputs[rows]
+
+
+def _losses(model, data, inputs, targets, device, dtype,
+            smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
+    """Per-item cross-entropy (n,) and correct predictions (n,) for a batch (items: samples,
+    nodes, or target tokens of a text or word pair); ``smoothing`` is the label smoothing."""
+    if data.task == "g2p":
+        src, tin = (x.to(device) for x in inputs)
+        return token_losses(model, src, tin, targets.to(device), smoothing)
     if data.task == "node":
         logits = model(_node_input(data, device, dtype))[targets.to(device)]
         y = data.y.to(device)[targets.to(device)]
-    else:
+    else:  # image or text
         x = inputs.to(device)
         logits = model(x if data.task == "text" else x.to(dtype))
         y = targets.to(device)
         if data.task == "text":
             logits, y = logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
-    return F.cross_entropy(logits, y, reduction="none"), (logits.argmax(-1) == y)
+    return (F.cross_entropy(logits, y, reduction="none", label_smoothing=smoothing),
+            logits.argmax(-1) == y)
 
 
 @torch.no_grad()
@@ -556,7 +610,8 @@ class _Trainer:
             ctx = self.net.no_sync() if w.size > 1 and not last else contextlib.nullcontext()
             with ctx:
                 logits = self.net(*batch_inputs(batch, self.dtype))
-                loss = F.cross_entropy(logits, batch.y, reduction="none")
+                loss = F.cross_entropy(logits, batch.y, reduction="none",
+                                       label_smoothing=self.cfg["train"]["label_smoothing"])
                 # as _step: DDP's mean of the scaled gradients is the gradient of the mean loss
                 # over every seed of the step
                 (loss.sum() * (w.size / n_global)).backward()
@@ -584,14 +639,14 @@ class _Trainer:
         """One optimisation step on this rank's share of a global batch; the global
         (loss sum, correct, items)."""
         w = self.w
-        n_global = targets.numel()
+        n_global = _items(self.data, targets)
         # this rank's contiguous share of the global batch
         share = torch.arange(targets.shape[0]).tensor_split(w.size)[w.rank]
         if share.numel() == 0:
             raise ConfigError(f"batch of {targets.shape[0]} items cannot be split over "
                               f"{w.size} processes; raise data.batch_size")
-        sub_in = None if inputs is None else inputs[share]
-        loss, ok = _losses(self.net, self.data, sub_in, targets[share], self.dev, self.dtype)
+        loss, ok = _losses(self.net, self.data, _rows(inputs, share), targets[share], self.dev,
+                           self.dtype, self.cfg["train"]["label_smoothing"])
         # sum / global count, times world size: DDP's mean of gradients is then the
         # gradient of the global mean loss
         scaled = loss.sum() * (w.size / n_global)
@@ -662,6 +717,8 @@ class _Trainer:
                   "test_acc": test["acc"] if test else None,
                   "early_stopped": state["stopped"], "world_size": w.size,
                   "train_time_s": round(sum(h["time_s"] for h in state["history"]), 3)}
+        if w.main and data.task == "g2p":
+            result.update(decode_result(model, data, cfg))
         if w.main:
             save_weights(self.run / "best.safetensors", model.state_dict(),
                          {"epoch": state["best_epoch"]})
@@ -824,6 +881,17 @@ class _LinkTrainer(_Trainer):
         if self.tb is not None:
             self.tb.close()
         return result
+
+
+def decode_result(model: nn.Module, data, cfg: dict, splits=("val", "test")) -> dict:
+    """A sequence-to-sequence model's decoding of every word of ``splits`` with the config's
+    ``beam`` (1: greedy): ``{<split>_per, <split>_wer}`` in percent, and ``beam``."""
+    beam = seq2seq_spec(cfg)["beam"]
+    out: dict = {"beam": beam}
+    for split in splits:
+        r = decode_scores(model, data, _G2P_SPLITS.get(split, split), beam)
+        out[f"{split}_per"], out[f"{split}_wer"] = r["per"], r["wer"]
+    return out
 
 
 def _splits(data) -> set:

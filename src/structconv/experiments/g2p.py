@@ -38,15 +38,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..checkpoint import CHECKPOINT_JSON, resume_training, save_checkpoint
-from ..data.g2p import PAD, G2PData, edit_distance, error_rates, load_cmudict
+from ..data.g2p import PAD, G2PData, edit_distance, load_cmudict
 from ..io import atomic_write_json
+from ..models.seq2seq import decode_words, epoch_batches, pair_tensors, score, token_losses
 from ..nn.decoding import strip
 from ..nn.pervasive import PervasiveAttention
 from ..nn.seq2seq import Seq2Seq
-from ..optim import epoch_generator
 from ._common import hardware, mean_std, param_count, pyplot, save_figure, write_result
 from .shift_heads import lr_at, save_state
 
@@ -122,54 +121,9 @@ def build(arm: str, data: G2PData, a, ffn: int | None = None):
     raise ValueError(f"unknown arm {arm!r}: choose from {', '.join(ARMS)}")
 
 
-# -- batches -------------------------------------------------------------------------------------
-def epoch_batches(lengths: list[int], batch: int, seed: int, epoch: int) -> list[list[int]]:
-    """One epoch's batches of item indices: a permutation drawn from (seed, epoch), cut into
-    pools of 32 batches whose items are sorted by length (little padding), batches shuffled.
-    Every epoch has the same number of batches, so a step number names its batch."""
-    g = epoch_generator(seed, epoch)
-    perm = torch.randperm(len(lengths), generator=g).tolist()
-    out = []
-    pool = 32 * batch
-    for i in range(0, len(perm), pool):
-        chunk = sorted(perm[i:i + pool], key=lambda j: lengths[j])
-        out += [chunk[k:k + batch] for k in range(0, len(chunk), batch)]
-    order = torch.randperm(len(out), generator=g).tolist()
-    return [out[i] for i in order]
-
-
-def _tensors(data: G2PData, pairs, idx):
-    words, prons = [pairs[i][0] for i in idx], [pairs[i][1] for i in idx]
-    return (data.encode_source(words), *data.encode_target(prons))
-
-
+# -- batches, loss and scoring: models.seq2seq's (shared with `structconv train`) ----------------
 def _loss(model, src, tin, tout, smoothing: float) -> torch.Tensor:
-    logits = model(src, tin)
-    return F.cross_entropy(logits.flatten(0, 1), tout.flatten(), ignore_index=PAD,
-                           label_smoothing=smoothing)
-
-
-# -- decoding and scoring ------------------------------------------------------------------------
-@torch.no_grad()
-def decode_words(model, data: G2PData, words: list[str], beam: int = 1,
-                 batch: int = 256) -> list[tuple[str, ...]]:
-    """The model's pronunciation of each word (greedy, or beam search of width ``beam``),
-    decoded in batches of words of similar length."""
-    order = sorted(range(len(words)), key=lambda i: len(words[i]))
-    out: list = [None] * len(words)
-    for k in range(0, len(order), batch):
-        ids = order[k:k + batch]
-        toks = model.generate(data.encode_source([words[i] for i in ids]), beam=beam)
-        for i, p in zip(ids, data.decode_target(strip(toks, data.phonemes.index("</s>"),
-                                                      PAD))):
-            out[i] = p
-    return out
-
-
-def score(predictions, entries) -> dict:
-    """PER / WER (percent) of predictions for (word, pronunciations) entries."""
-    r = error_rates(predictions, [p for _, p in entries])
-    return {"per": 100 * r["per"], "wer": 100 * r["wer"], "words": r["words"]}
+    return token_losses(model, src, tin, tout, smoothing)[0].mean()
 
 
 @torch.no_grad()
@@ -177,7 +131,7 @@ def _valid_loss(model, data: G2PData, entries, smoothing: float) -> float:
     pairs = [(w, p[0]) for w, p in entries]
     tot = n = 0.0
     for k in range(0, len(pairs), 256):
-        src, tin, tout = _tensors(data, pairs, range(k, min(len(pairs), k + 256)))
+        src, tin, tout = pair_tensors(data, pairs, range(k, min(len(pairs), k + 256)))
         tokens = float((tout != PAD).sum())
         tot += float(_loss(model, src, tin, tout, 0.0)) * tokens
         n += tokens
@@ -301,7 +255,7 @@ def _train_steps(arm, model, opt, data: G2PData, a, seed: int, state: dict, run_
         e, i = divmod(state["step"], per_epoch)
         if e not in epochs:
             epochs = {e: epoch_batches(lengths, a.batch, seed, e)}
-        src, tin, tout = _tensors(data, pairs, epochs[e][i])
+        src, tin, tout = pair_tensors(data, pairs, epochs[e][i])
         for g in opt.param_groups:
             g["lr"] = lr_at(state["step"], sched)
         c0, t0 = time.process_time(), time.perf_counter()

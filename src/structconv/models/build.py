@@ -1,7 +1,8 @@
 """The model a validated config describes, for a dataset, and the memory it needs to train.
 
 ``build_model`` picks the model kind from the config (``[model.link]``: ``sc.kg.LinkPredictor``;
-``[model.lm]``: ``sc.nn.TransformerLM``; else a ``StructNet`` of declared layers).
+``[model.lm]``: ``sc.nn.TransformerLM``; ``[model.seq2seq]``: ``sc.nn.Seq2Seq`` or
+``sc.nn.PervasiveAttention``; else a ``StructNet`` of declared layers).
 ``memory_estimate`` reads the built model's parameter count and per-sample activation count
 (or the link predictor's sizes) so that a run that cannot fit is refused before it starts
 (``check_memory``), without a second build.
@@ -19,14 +20,17 @@ from ..config import (
     ConfigError,
     graph_layer_hops,
     is_link,
+    is_seq2seq,
     link_spec,
     link_train_spec,
     sampler_spec,
+    seq2seq_spec,
 )
 from .declared import StructNet
+from .seq2seq import build_seq2seq
 
-__all__ = ["build_model", "build_lm", "build_link", "data_info", "link_sorts",
-           "optimizer_copies", "memory_estimate", "check_memory", "sampled_share"]
+__all__ = ["build_model", "build_lm", "build_link", "build_seq2seq_model", "data_info",
+           "link_sorts", "optimizer_copies", "memory_estimate", "check_memory", "sampled_share"]
 
 
 def _need(cond: bool, msg: str):
@@ -66,6 +70,15 @@ def build_lm(cfg: dict, data) -> nn.Module:
                          canon_kernel=s["canon_kernel"])
 
 
+def build_seq2seq_model(cfg: dict, data) -> nn.Module:
+    """The sequence-to-sequence model of a ``[model.seq2seq]`` table, for a
+    grapheme-to-phoneme dataset's vocabularies."""
+    _need(data.task == "g2p", f"model.seq2seq maps a sequence to a sequence: it needs a "
+                              f"grapheme-to-phoneme dataset (cmudict), got a {data.task} task "
+                              f"({cfg['data']['name']})")
+    return build_seq2seq(seq2seq_spec(cfg), data)
+
+
 def link_sorts(spec: dict, data) -> list | None:
     """The encoder's sorts over the 2R edge types of the training graph (None: one per
     relation); "mined" mines the training graph only, so no valid/test edge shapes them."""
@@ -101,7 +114,8 @@ def build_link(cfg: dict, data) -> nn.Module:
 def build_model(cfg: dict, data) -> nn.Module:
     """The model described by ``cfg['model']`` for ``data`` (a registry dataset)."""
     try:
-        model = build_link(cfg, data) if is_link(cfg) else build_lm(cfg, data) \
+        model = build_link(cfg, data) if is_link(cfg) else \
+            build_seq2seq_model(cfg, data) if is_seq2seq(cfg) else build_lm(cfg, data) \
             if cfg["model"]["lm"] else StructNet(cfg, data_info(data, cfg))
         return model.to(getattr(torch, cfg["model"]["dtype"]))
     except ConfigError:
@@ -161,6 +175,27 @@ def _lm_activations(cfg: dict, data) -> int:
     return T * s["layers"] * per_layer + 2 * T * len(data.vocab)
 
 
+def _seq2seq_activations(cfg: dict, data) -> int:
+    """Activation scalars one word pair keeps, about, at the longest word (S letters) and
+    pronunciation (T phonemes): a Transformer's per-token maps of each layer (self- and
+    cross-attention weights included) and the logits; a pervasive model's S x T grid of
+    every layer's channels."""
+    s = seq2seq_spec(cfg)
+    S = max(len(w) for split in data.splits.values() for w, _ in split)
+    T = 1 + max(len(p) for split in data.splits.values() for _, ps in split for p in ps)
+    if s["kind"] == "pervasive":
+        # a dense stack: layer l reads the 2·embed + l·growth channels before it (normalised
+        # and activated), makes a bottleneck and its growth
+        E, L, G = s["embed"], s["layers"], s["growth"]
+        per_cell = 2 * E + L * (2 * (2 * E + L * G // 2) + 2 * (s["bottleneck"] or G) + 2 * G)
+        return S * T * per_cell + 2 * T * len(data.phonemes)
+    w = s["width"]
+    ffn = s["ffn"] or 4 * w
+    enc = S * s["layers"] * (10 * w + 2 * ffn + s["heads"] * S)
+    dec = T * s["layers"] * (16 * w + 2 * ffn + s["heads"] * (T + S))
+    return enc + dec + 2 * T * len(data.phonemes)
+
+
 def memory_estimate(cfg: dict, data, model: nn.Module | None = None) -> dict | None:
     """Bytes one training step of ``cfg``'s model on ``data`` needs, about: ``params``
     (weights, gradients and optimizer state) and ``activations`` (one batch, kept for the
@@ -173,7 +208,8 @@ def memory_estimate(cfg: dict, data, model: nn.Module | None = None) -> dict | N
     nbytes = 8 if cfg["model"]["dtype"] == "float64" else 4
     copies = optimizer_copies(t)
     n_params = sum(p.numel() for p in model.parameters())
-    per_sample = _lm_activations(cfg, data) if cfg["model"]["lm"] else model.activation_elements
+    per_sample = _seq2seq_activations(cfg, data) if is_seq2seq(cfg) else \
+        _lm_activations(cfg, data) if cfg["model"]["lm"] else model.activation_elements
     batch = 1 if data.task == "node" else d["batch_size"]
     if data.task == "node" and sampler_spec(cfg):
         per_sample = int(per_sample * sampled_share(cfg, data.num_nodes))
