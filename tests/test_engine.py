@@ -125,6 +125,11 @@ def test_csr_matmul_gradcheck():
     S, St = to_csr(r, c, v, (6, 4)), to_csr(c, r, v, (4, 6))
     X = torch.randn(4, 3, dtype=D, requires_grad=True)
     torch.autograd.gradcheck(lambda t: csr_matmul(S, St, t), (X,))
+    # the bias added in the sparse kernel (addmm): values and gradients of X and the bias
+    bias = torch.randn(3, dtype=D, requires_grad=True)
+    torch.testing.assert_close(csr_matmul(S, St, X, bias), S.to_dense() @ X + bias)
+    torch.autograd.gradcheck(lambda t, b: csr_matmul(S, St, t, b), (X, bias))
+    torch.autograd.gradcheck(lambda b: csr_matmul(S, St, X.detach(), b), (bias,))
 
 
 def test_dtype_and_device_follow_the_input():

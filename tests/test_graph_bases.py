@@ -241,6 +241,27 @@ def test_routes_agree_with_definition(name):
                                rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("name", list(all_bases()))
+@pytest.mark.parametrize("B", [1, 3])
+def test_bias_joins_the_sum_exactly(name, B):
+    # input_param hands the bias to propagate_sum_bias (a power basis adds it in its last
+    # sparse product): the same values and gradients as adding it after
+    b = all_bases()[name]
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(B, N, 4, generator=g, dtype=D, requires_grad=True)
+    theta = torch.randn(b.K, 4, 3, generator=g, dtype=D, requires_grad=True)
+    bias = torch.randn(3, generator=g, dtype=D, requires_grad=True)
+    ref = torch.einsum("kmn,bmp,kpq->bnq", b.to_dense(), x, theta) + bias
+    got = sc.convolve(x, b, theta, route="input_param", bias=bias)
+    torch.testing.assert_close(got, ref)
+    gy = torch.randn_like(ref)
+    torch.testing.assert_close(torch.autograd.grad(got, (x, theta, bias), gy),
+                               torch.autograd.grad(ref, (x, theta, bias), gy))
+    assert torch.autograd.gradcheck(
+        lambda x, t, c: sc.convolve(x, b, t, route="input_param", bias=c), (x, theta, bias),
+        fast_mode=True)
+
+
 @pytest.mark.parametrize("name", ["gcn", "cheb4", "diff", "rel"])
 def test_gradcheck_x_and_theta(name):
     b = all_bases()[name]

@@ -138,7 +138,7 @@ def _full_routes(x: Tensor, basis: Basis, theta) -> list[Route]:
         t = th().to(x.dtype)
         b = x.shape[0]
         z = (x.reshape(b * M, P) @ t.permute(1, 0, 2).reshape(P, K * Q)).reshape(b, M, K, Q)
-        return basis.propagate_sum(z)
+        return basis.propagate_sum(z) if bias is None else basis.propagate_sum_bias(z, bias)
 
     def basis_input(x, th, bias):
         u = basis.propagate(x)  # (B, N, K, P)
@@ -152,7 +152,7 @@ def _full_routes(x: Tensor, basis: Basis, theta) -> list[Route]:
 
     return [
         Route("input_param", B * (M * P * K * Q + basis.propagate_sum_flops(Q)),
-              B * M * K * Q, input_param, device_type=dev),
+              B * M * K * Q, input_param, fuses_bias=True, device_type=dev),
         Route("basis_input", B * (basis.propagate_flops(P) + N * K * P * Q),
               B * N * K * P, basis_input, device_type=dev),
         Route("basis_param", items * K * M * N * P * Q + B * M * N * P * Q,

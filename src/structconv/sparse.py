@@ -43,28 +43,35 @@ def build_csr(rows: Tensor, cols: Tensor, vals: Tensor, shape: tuple[int, int]) 
 
 
 class _CSRMatmul(torch.autograd.Function):
-    """y = S @ X for a constant CSR matrix S, with the CSR of Sᵀ for the backward pass.
+    """y = S @ X (+ bias) for a constant CSR matrix S, with the CSR of Sᵀ for the backward pass.
 
     ``St`` may be a callable that builds (and caches) the transpose: it then costs memory only
     once a gradient is actually needed.
     """
 
     @staticmethod
-    def forward(ctx, S, St, X):
+    def forward(ctx, S, St, X, bias):
         ctx.St = St
-        return S @ X
+        return S @ X if bias is None else torch.addmm(bias, S, X)
 
     @staticmethod
     def backward(ctx, gy):
-        St = ctx.St() if callable(ctx.St) else ctx.St
-        return None, None, St @ gy.contiguous()
+        gx = gb = None
+        if ctx.needs_input_grad[2]:
+            St = ctx.St() if callable(ctx.St) else ctx.St
+            gx = St @ gy.contiguous()
+        if ctx.needs_input_grad[3]:
+            gb = gy.sum(0)
+        return None, None, gx, gb
 
 
-def csr_matmul(S: Tensor, St, X: Tensor) -> Tensor:
-    """S @ X with S a constant sparse CSR matrix (St its transpose, or a callable giving it)."""
-    if X.requires_grad:
-        return _CSRMatmul.apply(S, St, X)
-    return S @ X
+def csr_matmul(S: Tensor, St, X: Tensor, bias: Tensor | None = None) -> Tensor:
+    """S @ X (+ ``bias`` (F,), added in the same kernel) with S a constant sparse CSR matrix
+    (St its transpose, or a callable giving it)."""
+    if torch.is_grad_enabled() and (X.requires_grad or (bias is not None and
+                                                        bias.requires_grad)):
+        return _CSRMatmul.apply(S, St, X, bias)
+    return S @ X if bias is None else torch.addmm(bias, S, X)
 
 
 class SparseMatrix:
@@ -109,10 +116,14 @@ class SparseMatrix:
             self._csr[key] = build_csr(r, c, v, self.shape[::-1] if transpose else self.shape)
         return self._csr[key]
 
-    def matmul(self, X: Tensor) -> Tensor:
-        """S @ X: (C, F) -> (R, F), differentiable in X (and in the values where they
-        require grad). Half-precision X (float16, bfloat16) is computed in float32 and the
-        result cast back to X's dtype."""
+    def matmul(self, X: Tensor, bias: Tensor | None = None) -> Tensor:
+        """S @ X: (C, F) -> (R, F), plus ``bias`` (F,) when given (in the sparse kernel where
+        it can), differentiable in X and the bias (and in the values where they require grad).
+        Half-precision X (float16, bfloat16) is computed in float32 and the result cast back
+        to X's dtype."""
+        if bias is not None and (X.dtype in LOW_PRECISION or torch.compiler.is_compiling()
+                                 or X.device.type != "cpu" or self.values.requires_grad):
+            return self.matmul(X) + bias
         if X.dtype in LOW_PRECISION and not torch.compiler.is_compiling():
             # torch's CPU sparse kernels (MKL CSR SpMM, COO mm) have no float16 / bfloat16
             # version; float32 also keeps the long sums of a graph's rows accurate. The casts
@@ -128,7 +139,7 @@ class SparseMatrix:
                                         check_invariants=False)
             return torch.sparse.mm(S, X)
         S = self.csr(X.dtype, X.device)
-        return csr_matmul(S, lambda: self.csr(X.dtype, X.device, transpose=True), X)
+        return csr_matmul(S, lambda: self.csr(X.dtype, X.device, transpose=True), X, bias)
 
     def to_dense(self) -> Tensor:
         out = torch.zeros(self.shape[0] * self.shape[1], dtype=self.dtype, device=self.device)

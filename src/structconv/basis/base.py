@@ -102,6 +102,11 @@ class Basis:
         """(B, M, K, C) -> (B, N, C): Σ_k A_kᵀ z_k."""
         return self.propagate_heads(z).sum(2)
 
+    def propagate_sum_bias(self, z: Tensor, bias: Tensor) -> Tensor:
+        """(B, M, K, C), bias (C,) -> (B, N, C): Σ_k A_kᵀ z_k + bias. The default adds the bias
+        after ``propagate_sum``; a basis whose last step is a sparse product adds it there."""
+        return self.propagate_sum(z) + bias
+
     def channelwise_sum(self, x: Tensor, w: Tensor, bias: Tensor | None = None) -> Tensor:
         """(B, M, C), w (K, C) -> (B, N, C): Σ_k A_kᵀ (x · w_k), a depthwise convolution.
 

@@ -83,9 +83,9 @@ class SparseOperator:
         """The same operator with ``fn`` applied to its tensors (how a Basis moves it)."""
         return SparseOperator(fn(self.src), fn(self.dst), fn(self.value), self.M, self.N)
 
-    def apply_t(self, X: Tensor) -> Tensor:
-        """Sᵀ X: (M, C) -> (N, C)."""
-        return self.t.matmul(X)
+    def apply_t(self, X: Tensor, bias: Tensor | None = None) -> Tensor:
+        """Sᵀ X (+ bias (C,), in the same sparse kernel): (M, C) -> (N, C)."""
+        return self.t.matmul(X, bias)
 
     def to_dense(self) -> Tensor:
         return self.t.to_dense().t().contiguous()
@@ -167,20 +167,28 @@ class PowerBasis(_GraphBasis):
                 outs.append(cur)
         return uncols_heads(outs, B)
 
-    def propagate_sum(self, z):
+    def propagate_sum(self, z, bias=None):
         # Horner: Σ_k (Sᵀ)^{p_k} z_k = Sᵀ(...Sᵀ(Sᵀ z_top + z_next)...) + z_0
         B = z.shape[0]
         zs = heads(z)
+        # a bias joins the last sparse product when that product ends the sum (no z_0 term
+        # after it, one batch item: the columns are then exactly the channels)
+        fused = bias is not None and 0 not in self._pos and B == 1
         acc = None
         for p in range(self.powers[-1], 0, -1):
             if p in self._pos:
                 zp = zs[self._pos[p]]
                 acc = zp if acc is None else acc + zp
             if acc is not None:
-                acc = self.op.apply_t(acc)
+                # (an operator subclass written before the bias argument still works)
+                acc = self.op.apply_t(acc, bias) if fused and p == 1 else self.op.apply_t(acc)
         if 0 in self._pos:
             acc = acc + zs[0] if acc is not None else zs[0].clone()
-        return uncols(acc, B)
+        out = uncols(acc, B)
+        return out if bias is None or fused else out + bias
+
+    def propagate_sum_bias(self, z, bias):
+        return self.propagate_sum(z, bias)
 
     def propagate_heads(self, z):
         # all heads step together: one SpMM per power on the heads that still need it
