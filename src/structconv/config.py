@@ -38,8 +38,8 @@ __all__ = ["ConfigError", "load_config", "parse_config", "apply_overrides", "val
            "DEFAULTS", "config_path", "sampler_spec", "SAMPLER_KEYS", "graph_kinds",
            "graph_layer_hops", "shipped_configs", "LINK_KEYS", "LINK_TRAIN_KEYS", "LM_KEYS",
            "LINK_MONITORS", "ACTIVATIONS", "link_spec", "link_train_spec", "is_link",
-           "is_content", "import_paths", "config_from", "SEQ2SEQ_KEYS", "seq2seq_spec",
-           "is_seq2seq"]
+           "is_content", "import_paths", "config_from", "SEQ2SEQ_KEYS", "SEQ2SEQ_KINDS",
+           "seq2seq_spec", "is_seq2seq"]
 
 
 class ConfigError(ValueError):
@@ -408,24 +408,23 @@ LM_KEYS = {"width": 128, "layers": 4, "heads": 4, "position": "shift", "shifts":
 """``[model.lm]``: a ``sc.nn.TransformerLM`` instead of declared layers (text tasks)."""
 
 
-def _check_lm(m: dict, where: str) -> None:
-    from .nn.lm import POSITIONS, check_canon
+def _check_ints(spec: dict, where: str, positive, natural) -> None:
+    for k in positive:
+        _need(_int_in(spec[k], 1, 1_000_000), f"{where}.{k} must be an int in 1..1000000, "
+                                              f"got {spec[k]!r}")
+    for k in natural:
+        _need(_int_in(spec[k], 0, 1_000_000), f"{where}.{k} must be an int in 0..1000000, "
+                                              f"got {spec[k]!r}")
+    _need(_number_in(spec["dropout"], 0, 1, open_hi=True),
+          f"{where}.dropout must be in [0, 1), got {spec['dropout']!r}")
 
-    lm = m["lm"]
-    for k in lm:
-        _need(k in LM_KEYS, f"{where}: unknown key {k!r} (known: {', '.join(LM_KEYS)})")
-    _need(not m["layers"], f"{where}: a [model.lm] model takes no [[model.layers]]")
-    spec = {**LM_KEYS, **lm}
-    for k in ("width", "layers", "heads"):
-        v = spec[k]
-        _need(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1_000_000,
-              f"{where}.{k} must be an int in 1..1000000, got {v!r}")
-    for k in ("ffn", "context", "shifts"):
-        v = spec[k]
-        _need(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 1_000_000,
-              f"{where}.{k} must be an int in 0..1000000, got {v!r}")
-    _need(spec["position"] in POSITIONS, f"{where}.position must be one of "
-                                         f"{', '.join(POSITIONS)}, got {spec['position']!r}")
+
+def _check_attention_stack(spec: dict, where: str, positions) -> None:
+    """The keys a Transformer's blocks share (``[model.lm]`` and ``[model.seq2seq]``)."""
+    from .nn.lm import check_canon
+
+    _need(spec["position"] in positions, f"{where}.position must be one of "
+                                         f"{', '.join(positions)}, got {spec['position']!r}")
     _need(spec["width"] % spec["heads"] == 0,
           f"{where}: width={spec['width']} must be divisible by heads={spec['heads']}")
     _need(not (spec["position"] == "rotary" and (spec["width"] // spec["heads"]) % 2),
@@ -433,11 +432,6 @@ def _check_lm(m: dict, where: str) -> None:
           f"{spec['width'] // spec['heads']}")
     _need(not (spec["position"].startswith("shift") and spec["shifts"] < 1),
           f"{where}: position={spec['position']!r} needs shifts >= 1")
-    dp = spec["dropout"]
-    _need(isinstance(dp, (int, float)) and not isinstance(dp, bool) and 0 <= dp < 1,
-          f"{where}.dropout must be in [0, 1), got {dp!r}")
-    for k in ("bias", "tie_weights"):
-        _need(isinstance(spec[k], bool), f"{where}.{k} must be true or false, got {spec[k]!r}")
     _need(_int_in(spec["canon_kernel"], 1, 1024),
           f"{where}.canon_kernel must be an int in 1..1024, got {spec['canon_kernel']!r}")
     try:
@@ -446,6 +440,22 @@ def _check_lm(m: dict, where: str) -> None:
         raise ConfigError(f"{where}.{e}") from None
 
 
+def _check_lm(m: dict, where: str) -> None:
+    from .nn.lm import POSITIONS
+
+    for k in m["lm"]:
+        _need(k in LM_KEYS, f"{where}: unknown key {k!r} (known: {', '.join(LM_KEYS)})")
+    _need(not m["layers"], f"{where}: a [model.lm] model takes no [[model.layers]]")
+    spec = {**LM_KEYS, **m["lm"]}
+    _check_ints(spec, where, ("width", "layers", "heads"), ("ffn", "context", "shifts"))
+    for k in ("bias", "tie_weights"):
+        _need(isinstance(spec[k], bool), f"{where}.{k} must be true or false, got {spec[k]!r}")
+    _check_attention_stack(spec, where, POSITIONS)
+
+
+SEQ2SEQ_KINDS = ("transformer", "pervasive")
+"""The models a ``[model.seq2seq]`` table may name: an encoder-decoder Transformer or
+Elbayad et al.'s pervasive attention."""
 SEQ2SEQ_KEYS = {"kind": "transformer", "width": 128, "layers": 3, "heads": 4,
                 "position": "sinusoidal", "shifts": 4, "src_shifts": 0, "ffn": 0, "dropout": 0.1,
                 "context": 0, "canon": "", "canon_kernel": 4, "embed": 32, "growth": 24,
@@ -470,8 +480,6 @@ def is_seq2seq(cfg: dict) -> bool:
 
 
 def _check_seq2seq(m: dict, where: str) -> None:
-    from .models.seq2seq import SEQ2SEQ_KINDS
-    from .nn.lm import check_canon
     from .nn.seq2seq import SEQ2SEQ_POSITIONS
 
     for k in m["seq2seq"]:
@@ -481,29 +489,12 @@ def _check_seq2seq(m: dict, where: str) -> None:
     s = {**SEQ2SEQ_KEYS, **m["seq2seq"]}
     _need(s["kind"] in SEQ2SEQ_KINDS, f"{where}.kind must be one of {', '.join(SEQ2SEQ_KINDS)}"
                                       f", got {s['kind']!r}")
-    for k in ("width", "layers", "heads", "embed", "growth", "kernel", "beam", "canon_kernel"):
-        _need(_int_in(s[k], 1, 1_000_000), f"{where}.{k} must be an int in 1..1000000, "
-                                           f"got {s[k]!r}")
-    for k in ("shifts", "src_shifts", "ffn", "context", "bottleneck"):
-        _need(_int_in(s[k], 0, 1_000_000), f"{where}.{k} must be an int in 0..1000000, "
-                                           f"got {s[k]!r}")
-    _need(_number_in(s["dropout"], 0, 1, open_hi=True),
-          f"{where}.dropout must be in [0, 1), got {s['dropout']!r}")
+    _check_ints(s, where, ("width", "layers", "heads", "embed", "growth", "kernel", "beam"),
+                ("shifts", "src_shifts", "ffn", "context", "bottleneck"))
     _need(s["pooling"] in ("attention", "max"),
           f"{where}.pooling must be attention or max, got {s['pooling']!r}")
-    if s["kind"] == "pervasive":
-        return
-    _need(s["position"] in SEQ2SEQ_POSITIONS, f"{where}.position must be one of "
-                                              f"{', '.join(SEQ2SEQ_POSITIONS)}, got "
-                                              f"{s['position']!r}")
-    _need(s["width"] % s["heads"] == 0,
-          f"{where}: width={s['width']} must be divisible by heads={s['heads']}")
-    _need(not (s["position"].startswith("shift") and s["shifts"] < 1),
-          f"{where}: position={s['position']!r} needs shifts >= 1")
-    try:
-        check_canon(s["canon"], s["canon_kernel"])
-    except ValueError as e:
-        raise ConfigError(f"{where}.{e}") from None
+    if s["kind"] == "transformer":
+        _check_attention_stack(s, where, SEQ2SEQ_POSITIONS)
 
 
 def _int_in(v, lo: int, hi: int) -> bool:

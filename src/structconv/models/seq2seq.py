@@ -13,17 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..config import SEQ2SEQ_KINDS
 from ..data.g2p import PAD, error_rates
 from ..nn.decoding import strip
 from ..optim import epoch_generator
 
-__all__ = ["SEQ2SEQ_KINDS", "build_seq2seq", "epoch_batches", "pair_tensors", "token_losses",
+__all__ = ["build_seq2seq", "epoch_batches", "pair_tensors", "token_losses",
            "decode_words", "score", "decode_scores"]
-
-SEQ2SEQ_KINDS = ("transformer", "pervasive")
-"""The models a ``[model.seq2seq]`` table may name: an encoder-decoder Transformer or
-Elbayad et al.'s pervasive attention."""
-
 
 def build_seq2seq(spec: dict, data) -> nn.Module:
     """The model of a complete ``[model.seq2seq]`` spec (defaults filled in) for ``data``'s
