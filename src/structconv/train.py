@@ -74,9 +74,8 @@ from .registry import untrusted
 from .runlog import LINK_PANELS, Progress, plot_curves, progress_mode, tensorboard, write_metrics
 
 __all__ = ["TrainingError", "train", "evaluate", "evaluate_link", "decode_result", "load_data",
-           "resolve_device",
-           "load_run", "make_optimizer", "count_parameters", "prepare_run", "check_world_size",
-           "check_train_split", "resume_command", "default_run_dir"]
+           "resolve_device", "load_run", "make_optimizer", "count_parameters", "prepare_run",
+           "check_world_size", "check_train_split", "resume_command", "default_run_dir"]
 
 
 class TrainingError(ValueError):
@@ -610,8 +609,9 @@ class _Trainer:
             ctx = self.net.no_sync() if w.size > 1 and not last else contextlib.nullcontext()
             with ctx:
                 logits = self.net(*batch_inputs(batch, self.dtype))
+                smoothing = self.cfg["train"].get("label_smoothing", 0.0)
                 loss = F.cross_entropy(logits, batch.y, reduction="none",
-                                       label_smoothing=self.cfg["train"]["label_smoothing"])
+                                       label_smoothing=smoothing)
                 # as _step: DDP's mean of the scaled gradients is the gradient of the mean loss
                 # over every seed of the step
                 (loss.sum() * (w.size / n_global)).backward()
@@ -646,7 +646,7 @@ class _Trainer:
             raise ConfigError(f"batch of {targets.shape[0]} items cannot be split over "
                               f"{w.size} processes; raise data.batch_size")
         loss, ok = _losses(self.net, self.data, _rows(inputs, share), targets[share], self.dev,
-                           self.dtype, self.cfg["train"]["label_smoothing"])
+                           self.dtype, self.cfg["train"].get("label_smoothing", 0.0))
         # sum / global count, times world size: DDP's mean of gradients is then the
         # gradient of the global mean loss
         scaled = loss.sum() * (w.size / n_global)
