@@ -292,3 +292,17 @@ def test_tsp_recipe_refuses_bad_options(tmp_path):
     from structconv.cli import main
 
     assert main(["reproduce", "tsp", "--quick", "--out", str(tmp_path), "--alpha", "2"]) == 2
+
+
+def test_tsp_recipe_trains_on_the_device_it_is_given(tmp_path, capsys):
+    # --device reaches the model, the training instances and the decoding (a GPU machine
+    # runs the full study there); asking for CUDA where there is none is one clear line
+    from structconv.cli import main
+
+    if not torch.cuda.is_available():
+        assert main(["reproduce", "tsp", "--quick", "--out", str(tmp_path), "--device",
+                     "cuda"]) == 2
+        assert "CUDA is not available" in capsys.readouterr().err
+        return
+    assert main(["reproduce", "tsp", "--quick", "--out", str(tmp_path), "--device",
+                 "cuda"]) == 0

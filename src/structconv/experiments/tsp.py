@@ -39,6 +39,7 @@ from ..checkpoint import (
 )
 from ..models.routing import AttentionModel, check_tours, tour_length
 from ..optim import epoch_generator
+from ..train import resolve_device
 from ._common import hardware, param_count, pyplot, save_figure, write_result
 
 __all__ = ["add_arguments", "run", "uniform_instances", "lkh_tours", "reference",
@@ -141,12 +142,13 @@ def greedy_lengths(model: AttentionModel, coords: torch.Tensor, batch: int = 100
     """Greedy tour lengths (B,) float64 of each instance (and the tours with ``tours``)."""
     was = model.training
     model.eval()
+    dev = next(model.parameters()).device
     lens, all_tours = [], []
     for i in range(0, len(coords), batch):
-        c = coords[i:i + batch]
+        c = coords[i:i + batch].to(dev)
         t, _ = model(c, "greedy")
-        lens.append(tour_length(c.to(torch.float64), t))
-        all_tours.append(t)
+        lens.append(tour_length(c.to(torch.float64), t).cpu())
+        all_tours.append(t.cpu())
     model.train(was)
     out = torch.cat(lens)
     return (out, torch.cat(all_tours)) if tours else out
@@ -159,9 +161,10 @@ def sample_best(model: AttentionModel, coords: torch.Tensor, samples: int, seed:
     The city embeddings are computed once per instance and shared by its samples."""
     was = model.training
     model.eval()
-    g = torch.Generator().manual_seed(seed)
+    dev = next(model.parameters()).device
+    g = torch.Generator(device=dev).manual_seed(seed)  # sampling draws on the model's device
     best = torch.empty(len(coords), dtype=torch.float64)
-    for i, c in enumerate(coords):
+    for i, c in enumerate(coords.to(dev)):
         prep = model.decoder.prepare(model.encode(c.unsqueeze(0)))
         shortest = float("inf")
         for s in range(0, samples, chunk):
@@ -198,7 +201,8 @@ class _State:
 
     def __init__(self, a):
         ffn = a.ffn or 4 * a.width
-        self.model = AttentionModel(a.width, a.heads, a.layers, ffn, a.clip)
+        self.device = resolve_device(getattr(a, "device", "cpu") or "cpu")
+        self.model = AttentionModel(a.width, a.heads, a.layers, ffn, a.clip).to(self.device)
         self.baseline = copy.deepcopy(self.model)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=a.lr)
         self.epoch, self.seconds, self.curve, self.updates = 0, 0.0, [], []
@@ -235,7 +239,8 @@ def _train_epoch(state: _State, a) -> float:
     state.model.train()
     total, batches = 0.0, 0
     for _ in range(0, a.epoch_size, a.batch):
-        coords = torch.rand(a.batch, a.n, 2, generator=gen)
+        # instances drawn on the CPU from the epoch's seed: the same on any device
+        coords = torch.rand(a.batch, a.n, 2, generator=gen).to(state.device)
         tours, ll = state.model(coords, "sample")
         cost = tour_length(coords, tours)
         if warm:
@@ -243,7 +248,7 @@ def _train_epoch(state: _State, a) -> float:
             state.ema = m if state.ema is None else 0.8 * state.ema + 0.2 * m
             bl = torch.full_like(cost, state.ema)
         else:
-            bl = greedy_lengths(state.baseline, coords).to(cost.dtype)
+            bl = greedy_lengths(state.baseline, coords).to(device=cost.device, dtype=cost.dtype)
         loss = ((cost - bl) * ll).mean()
         state.opt.zero_grad(set_to_none=True)
         loss.backward()
