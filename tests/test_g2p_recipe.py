@@ -85,6 +85,33 @@ def test_a_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(arm, small,
     assert not (tmp_path / "cut" / f"{arm}-s1-12").exists()  # checkpoints removed when done
 
 
+def test_a_run_another_process_trains_is_refused_and_a_finished_one_read_back(small, tmp_path,
+                                                                             one_thread):
+    # two invocations sharing an --out: the run a second process holds is refused by name
+    # (once both trained it into the same checkpoint folder); the holder's result is read
+    from structconv.io import RunLock, RunLocked
+
+    a = _args(steps=6, batch=16, width=16, layers=1, heads=2, eval_every=3, eval_words=10,
+              checkpoint_every=3, beam=1)
+    ex = g2p.example_words(small, 2)
+    name = g2p.run_name("transformer", 0, a)
+    holder = RunLock(tmp_path / ".locks" / name, "a test holding the run").acquire()
+    try:
+        with pytest.raises(RunLocked, match=f"{name}.*a test holding the run"):
+            g2p.train_run("transformer", 0, small, a, tmp_path, ex)
+        assert not (tmp_path / name).exists()  # nothing trained, nothing written
+    finally:
+        holder.release()
+    first = g2p.train_run("transformer", 0, small, a, tmp_path, ex)
+    holder = RunLock(tmp_path / ".locks" / name).acquire()
+    try:  # finished: read back without waiting for the lock
+        again = g2p.train_run("transformer", 0, small, a, tmp_path, ex)
+        assert again == json.loads((tmp_path / f"{name}.json").read_text())
+        assert again["test"] == first["test"]
+    finally:
+        holder.release()
+
+
 def test_epoch_batches_cover_every_item_once_and_follow_seed_and_epoch():
     lengths = [int(x) for x in torch.randint(1, 15, (1000,), generator=torch.Generator()
                                              .manual_seed(0))]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from pathlib import Path
 
@@ -9,10 +10,24 @@ import torch
 
 from .._extras import require
 from ..bench._util import conditions
-from ..io import atomic_write_bytes, atomic_write_json
+from ..io import RunLock, atomic_write_bytes, atomic_write_json
 
 __all__ = ["hardware", "mean_std", "write_result", "save_figure", "set_threads", "fmt_pm",
-           "param_count"]
+           "param_count", "run_lock"]
+
+
+@contextlib.contextmanager
+def run_lock(folder: str | Path, name: str, recipe: str):
+    """Hold the lock of one run of a recipe (``<folder>/.locks/<name>/.lock``) while it trains:
+    a second process asked for the same run (two invocations sharing an ``--out``) is refused
+    by name (``io.RunLocked``) instead of training it twice into the same files. The caller
+    checks again under the lock whether the run has finished meanwhile."""
+    lock = RunLock(Path(folder) / ".locks" / name, f"structconv reproduce {recipe} ({name})")
+    lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def hardware() -> dict:

@@ -37,7 +37,15 @@ import torch.nn.functional as F
 
 from ..data.depo import DepoTask, generate
 from ..nn.lm import TransformerLM, split_kind
-from ._common import hardware, mean_std, param_count, pyplot, save_figure, write_result
+from ._common import (
+    hardware,
+    mean_std,
+    param_count,
+    pyplot,
+    run_lock,
+    save_figure,
+    write_result,
+)
 from .shift_heads import (
     adamw,
     checkpoint_dir,
@@ -203,9 +211,13 @@ def _job(spec):
     done = resumed(folder / f"{name}.json", settings)
     if done is not None:
         return done
-    res, model = train_one(kind, seed, task_of(a), a, ffn,
-                           checkpoint_dir(folder, name, settings))
-    finish_run(folder, name, model, res, settings)
+    with run_lock(folder, name, "canon"):
+        done = resumed(folder / f"{name}.json", settings)  # finished meanwhile elsewhere
+        if done is not None:
+            return done
+        res, model = train_one(kind, seed, task_of(a), a, ffn,
+                               checkpoint_dir(folder, name, settings))
+        finish_run(folder, name, model, res, settings)
     accs = " ".join(f"{res['accuracy'][k]:.2f}" for k in sorted(res["accuracy"]))
     print(f"  {kind:<18} seed {seed} ({a.steps} steps): accuracy by k {accs}  depth "
           f"{res['depth']}  params {res['params']}  {res['seconds']:.0f}s "

@@ -42,7 +42,15 @@ from ..checkpoint import load_weights, save_weights
 from ..data.series import load_series, rolling_origins, windows
 from ..io import atomic_write_json
 from ..models.forecast import FORMS, Forecaster, forecast_at
-from ._common import hardware, mean_std, param_count, pyplot, save_figure, write_result
+from ._common import (
+    hardware,
+    mean_std,
+    param_count,
+    pyplot,
+    run_lock,
+    save_figure,
+    write_result,
+)
 
 __all__ = ["add_arguments", "run", "SETTINGS", "mase", "smape", "seasonal_naive",
            "mase_scale", "Split", "split_of", "train_one", "select_sarimax",
@@ -201,9 +209,12 @@ def _run_net(data, form, seed, a, folder: Path) -> dict:
     done = folder / f"{name}.json"
     if done.is_file():
         return json.loads(done.read_text())
-    res, model = train_one(data, form, seed, a)
-    save_weights(folder / f"{name}.safetensors", model.state_dict())
-    atomic_write_json(done, res)
+    with run_lock(folder, name, "forecast"):
+        if done.is_file():  # finished meanwhile by another process
+            return json.loads(done.read_text())
+        res, model = train_one(data, form, seed, a)
+        save_weights(folder / f"{name}.safetensors", model.state_dict())
+        atomic_write_json(done, res)
     print(f"  {data.name:<10} {form:<8} seed {seed}: test MASE {np.mean(res['test']['mase']):.3f}"
           f"  sMAPE {np.mean(res['test']['smape']):.2f}  val {res['val_mase']:.3f}  "
           f"{res['seconds']:.0f}s", flush=True)

@@ -46,7 +46,15 @@ from ..models.seq2seq import decode_words, epoch_batches, pair_tensors, score, t
 from ..nn.decoding import strip
 from ..nn.pervasive import PervasiveAttention
 from ..nn.seq2seq import Seq2Seq
-from ._common import hardware, mean_std, param_count, pyplot, save_figure, write_result
+from ._common import (
+    hardware,
+    mean_std,
+    param_count,
+    pyplot,
+    run_lock,
+    save_figure,
+    write_result,
+)
 from .shift_heads import lr_at, save_state
 
 __all__ = ["add_arguments", "run", "ARMS", "build", "train_run", "decode_words", "scored_entries",
@@ -301,6 +309,14 @@ def train_run(arm: str, seed: int, data: G2PData, a, folder: Path, examples: lis
     done = folder / f"{name}.json"
     if done.is_file():
         return json.loads(done.read_text())
+    with run_lock(folder, name, "g2p"):
+        if done.is_file():  # finished by another process while this one waited to look
+            return json.loads(done.read_text())
+        return _train_and_write(arm, seed, data, a, folder, examples, stop_after, name, done)
+
+
+def _train_and_write(arm, seed, data, a, folder: Path, examples, stop_after, name: str,
+                     done: Path) -> dict | None:
     torch.manual_seed(seed)
     model = build(arm, data, a)
     opt = _optimizer(model, a)

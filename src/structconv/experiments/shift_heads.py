@@ -42,7 +42,15 @@ from ..data.registry import DatasetError, data_root
 from ..data.text import encode_text, load_text_file
 from ..io import atomic_write_bytes, atomic_write_json
 from ..nn.lm import POSITIONS, TransformerLM, equalised_ffn, split_kind
-from ._common import hardware, mean_std, param_count, pyplot, save_figure, write_result
+from ._common import (
+    hardware,
+    mean_std,
+    param_count,
+    pyplot,
+    run_lock,
+    save_figure,
+    write_result,
+)
 
 __all__ = ["add_arguments", "run", "build", "train_one", "extrapolation", "shift_likeness",
            "lr_at", "save_state", "run_all", "parse_kinds", "run_name", "equalised", "adamw",
@@ -364,6 +372,13 @@ def _job(spec):
     done = resumed(folder / f"{name}.json", settings)
     if done is not None:
         return done
+    with run_lock(folder, name, "shift-heads"):
+        done = resumed(folder / f"{name}.json", settings)  # finished meanwhile elsewhere
+        return done if done is not None else _train_job(kind, seed, ffn, a, folder, name,
+                                                        settings)
+
+
+def _train_job(kind, seed, ffn, a, folder: Path, name: str, settings: dict) -> dict:
     data = _load(a)
     res, model = train_one(kind, seed, data, a, ffn, checkpoint_dir(folder, name, settings))
     val = data.splits["val"]

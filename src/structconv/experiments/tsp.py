@@ -40,7 +40,7 @@ from ..checkpoint import (
 from ..models.routing import AttentionModel, check_tours, tour_length
 from ..optim import epoch_generator
 from ..train import resolve_device
-from ._common import hardware, param_count, pyplot, save_figure, write_result
+from ._common import hardware, param_count, pyplot, run_lock, save_figure, write_result
 
 __all__ = ["add_arguments", "run", "uniform_instances", "lkh_tours", "reference",
            "greedy_lengths", "sample_best", "baseline_update", "train", "KOOL"]
@@ -356,7 +356,8 @@ def run(args) -> int:
     test = reference("test", args.test_size, args.n, TEST_SEED, folder, args.lkh_runs)
     val = reference("val", args.val_size, args.n, VAL_SEED, folder, args.lkh_runs)
     tag = f"tsp{args.n}-w{args.width}-b{args.batch}-e{args.epoch_size}-s{args.seed}"
-    state = train(args, folder / tag, val)
+    with run_lock(folder, tag, "tsp"):  # one process trains a run folder at a time
+        state = train(args, folder / tag, val)
     ev = _evaluate(state, test, args)
     result = {"experiment": "tsp", "n": args.n, "settings": {
         k: v for k, v in vars(args).items() if isinstance(v, (int, float, str))},
