@@ -481,14 +481,25 @@ def _print_tables(rows: dict, long_runs: list[dict], a) -> None:
               f"{r['seconds']:.0f}s")
 
 
+def _styles(kinds) -> dict:
+    """A colour and line style per kind: twenty colours, then dashed (twelve arms and more
+    never share a line's look, as matplotlib's ten-colour cycle would make them)."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab20"]
+    return {k: {"color": cmap(i % 20), "linestyle": ("-", "--", ":")[i // 20 % 3]}
+            for i, k in enumerate(kinds)}
+
+
 def _plots(rows: dict, runs: list[dict], a) -> None:
     plt = pyplot()
+    style = _styles(rows)
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for k, r in rows.items():
         rs = [x for x in runs if x["kind"] == k]
         steps = [c["step"] for c in rs[0]["curve"]]
         vals = torch.tensor([[c["val_loss"] for c in x["curve"]] for x in rs])
-        ax.plot(steps, vals.mean(0), label=f"{k} ({r['val_loss'][0]:.3f})")
+        ax.plot(steps, vals.mean(0), label=f"{k} ({r['val_loss'][0]:.3f})", **style[k])
     ax.set_xlabel("step")
     ax.set_ylabel("validation loss (nats / char)")
     ax.set_title(f"Tiny Shakespeare, {a.layers}x{a.width}, context {a.context}")
@@ -499,10 +510,10 @@ def _plots(rows: dict, runs: list[dict], a) -> None:
         for k, r in rows.items():
             fs = sorted(r["extrapolation"][mode])
             ax.plot([f * a.context for f in fs], [r["extrapolation"][mode][f][0] for f in fs],
-                    marker="o", label=k)
+                    marker="o", label=k, **style[k])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("evaluation length (tokens)")
         ax.set_title(f"{mode} windows")
     axes[0].set_ylabel("validation loss (nats / char)")
-    axes[1].legend(fontsize=8)
+    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     save_figure(fig, argparse.Namespace(out=a.out, plot=None), "shift_heads_extrapolation")
