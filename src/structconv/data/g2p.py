@@ -64,6 +64,13 @@ class G2PData:
     def num_classes(self) -> int:
         return len(self.phonemes)
 
+    def longest(self) -> tuple[int, int]:
+        """(letters of the longest word, phonemes of the longest pronunciation) over every
+        split."""
+        entries = [e for split in self.splits.values() for e in split]
+        return (max(len(w) for w, _ in entries),
+                max(len(p) for _, prons in entries for p in prons))
+
     def describe(self) -> str:
         sizes = ", ".join(f"{k} {len(v)}" for k, v in self.splits.items())
         return (f"{self.name}: {len(self.graphemes) - 1} letters -> {len(self.phonemes) - 3} "

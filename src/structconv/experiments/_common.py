@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import statistics
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from ..bench._util import conditions
 from ..io import RunLock, atomic_write_bytes, atomic_write_json
 
 __all__ = ["hardware", "mean_std", "write_result", "save_figure", "set_threads", "fmt_pm",
-           "param_count", "run_lock"]
+           "param_count", "run_lock", "run_once", "finished"]
 
 
 @contextlib.contextmanager
@@ -28,6 +29,24 @@ def run_lock(folder: str | Path, name: str, recipe: str):
         yield
     finally:
         lock.release()
+
+
+def finished(path: str | Path) -> dict | None:
+    """The finished run's JSON at ``path``, or None when it has not been written."""
+    path = Path(path)
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def run_once(folder: str | Path, name: str, recipe: str, read, make):
+    """A recipe's run, made at most once: ``read()`` (its finished result, or None), else
+    ``make()`` under the run's lock (``run_lock``), after reading again there (another
+    process may have finished it while this one looked)."""
+    done = read()
+    if done is not None:
+        return done
+    with run_lock(folder, name, recipe):
+        done = read()
+        return done if done is not None else make()
 
 
 def hardware() -> dict:

@@ -42,7 +42,7 @@ from ._common import (
     mean_std,
     param_count,
     pyplot,
-    run_lock,
+    run_once,
     save_figure,
     write_result,
 )
@@ -208,21 +208,19 @@ def _job(spec):
     folder = Path(folder)
     name = run_name(kind, seed, a.steps, a)
     settings = run_settings(a, RUN_KEYS)
-    done = resumed(folder / f"{name}.json", settings)
-    if done is not None:
-        return done
-    with run_lock(folder, name, "canon"):
-        done = resumed(folder / f"{name}.json", settings)  # finished meanwhile elsewhere
-        if done is not None:
-            return done
+
+    def make() -> dict:
         res, model = train_one(kind, seed, task_of(a), a, ffn,
                                checkpoint_dir(folder, name, settings))
         finish_run(folder, name, model, res, settings)
-    accs = " ".join(f"{res['accuracy'][k]:.2f}" for k in sorted(res["accuracy"]))
-    print(f"  {kind:<18} seed {seed} ({a.steps} steps): accuracy by k {accs}  depth "
-          f"{res['depth']}  params {res['params']}  {res['seconds']:.0f}s "
-          f"({res['cpu_seconds']:.0f}s CPU)", flush=True)
-    return res
+        accs = " ".join(f"{res['accuracy'][k]:.2f}" for k in sorted(res["accuracy"]))
+        print(f"  {kind:<18} seed {seed} ({a.steps} steps): accuracy by k {accs}  depth "
+              f"{res['depth']}  params {res['params']}  {res['seconds']:.0f}s "
+              f"({res['cpu_seconds']:.0f}s CPU)", flush=True)
+        return res
+
+    return run_once(folder, name, "canon", lambda: resumed(folder / f"{name}.json", settings),
+                    make)
 
 
 def _quick(a) -> None:

@@ -43,11 +43,12 @@ from ..data.series import load_series, rolling_origins, windows
 from ..io import atomic_write_json
 from ..models.forecast import FORMS, Forecaster, forecast_at
 from ._common import (
+    finished,
     hardware,
     mean_std,
     param_count,
     pyplot,
-    run_lock,
+    run_once,
     save_figure,
     write_result,
 )
@@ -207,18 +208,18 @@ def _terms(model: Forecaster) -> dict:
 def _run_net(data, form, seed, a, folder: Path) -> dict:
     name = f"{data.name}-{form}-s{seed}-{a.steps}"
     done = folder / f"{name}.json"
-    if done.is_file():
-        return json.loads(done.read_text())
-    with run_lock(folder, name, "forecast"):
-        if done.is_file():  # finished meanwhile by another process
-            return json.loads(done.read_text())
+
+    def make() -> dict:
         res, model = train_one(data, form, seed, a)
         save_weights(folder / f"{name}.safetensors", model.state_dict())
         atomic_write_json(done, res)
-    print(f"  {data.name:<10} {form:<8} seed {seed}: test MASE {np.mean(res['test']['mase']):.3f}"
-          f"  sMAPE {np.mean(res['test']['smape']):.2f}  val {res['val_mase']:.3f}  "
-          f"{res['seconds']:.0f}s", flush=True)
-    return res
+        print(f"  {data.name:<10} {form:<8} seed {seed}: test MASE "
+              f"{np.mean(res['test']['mase']):.3f}  sMAPE {np.mean(res['test']['smape']):.2f}  "
+              f"val {res['val_mase']:.3f}  {res['seconds']:.0f}s", flush=True)
+        return res
+
+    return run_once(folder, name, "forecast",
+                    lambda: finished(done), make)
 
 
 # -- SARIMAX -------------------------------------------------------------------------------------

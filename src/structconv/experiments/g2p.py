@@ -48,11 +48,12 @@ from ..nn.decoding import strip
 from ..nn.pervasive import PervasiveAttention
 from ..nn.seq2seq import Seq2Seq
 from ._common import (
+    finished,
     hardware,
     mean_std,
     param_count,
     pyplot,
-    run_lock,
+    run_once,
     save_figure,
     write_result,
 )
@@ -312,12 +313,10 @@ def train_run(arm: str, seed: int, data: G2PData, a, folder: Path, examples: lis
     written; a finished run is read back. None when stopped at ``stop_after`` steps."""
     name = run_name(arm, seed, a)
     done = folder / f"{name}.json"
-    if done.is_file():
-        return json.loads(done.read_text())
-    with run_lock(folder, name, "g2p"):
-        if done.is_file():  # finished by another process while this one waited to look
-            return json.loads(done.read_text())
-        return _train_and_write(arm, seed, data, a, folder, examples, stop_after, name, done)
+    return run_once(folder, name, "g2p",
+                    lambda: finished(done),
+                    lambda: _train_and_write(arm, seed, data, a, folder, examples, stop_after,
+                                             name, done))
 
 
 def _train_and_write(arm, seed, data, a, folder: Path, examples, stop_after, name: str,

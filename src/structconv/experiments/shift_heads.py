@@ -47,7 +47,7 @@ from ._common import (
     mean_std,
     param_count,
     pyplot,
-    run_lock,
+    run_once,
     save_figure,
     write_result,
 )
@@ -369,13 +369,9 @@ def _job(spec):
     folder = Path(folder)
     name = run_name(kind, seed, a.steps, a)
     settings = run_settings(a, RUN_KEYS)
-    done = resumed(folder / f"{name}.json", settings)
-    if done is not None:
-        return done
-    with run_lock(folder, name, "shift-heads"):
-        done = resumed(folder / f"{name}.json", settings)  # finished meanwhile elsewhere
-        return done if done is not None else _train_job(kind, seed, ffn, a, folder, name,
-                                                        settings)
+    return run_once(folder, name, "shift-heads",
+                    lambda: resumed(folder / f"{name}.json", settings),
+                    lambda: _train_job(kind, seed, ffn, a, folder, name, settings))
 
 
 def _train_job(kind, seed, ffn, a, folder: Path, name: str, settings: dict) -> dict:

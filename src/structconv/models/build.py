@@ -181,8 +181,8 @@ def _seq2seq_activations(cfg: dict, data) -> int:
     cross-attention weights included) and the logits; a pervasive model's S x T grid of
     every layer's channels."""
     s = seq2seq_spec(cfg)
-    S = max(len(w) for split in data.splits.values() for w, _ in split)
-    T = 1 + max(len(p) for split in data.splits.values() for _, ps in split for p in ps)
+    S, T = data.longest()
+    T += 1  # the decoder reads <s> and the targets end with </s>
     if s["kind"] == "pervasive":
         # a dense stack: layer l reads the 2·embed + l·growth channels before it (normalised
         # and activated), makes a bottleneck and its growth

@@ -38,8 +38,7 @@ def build_seq2seq(spec: dict, data) -> nn.Module:
                          f"got {spec['kind']!r}")
     # learned positions: a table as long as the longest decoding (generate's default length
     # for the longest word), unless the config says
-    context = spec["context"] or 2 * max(len(w) for split in data.splits.values()
-                                         for w, _ in split) + 8
+    context = spec["context"] or 2 * data.longest()[0] + 8
     return Seq2Seq(V_s, V_t, spec["width"], spec["layers"], spec["heads"], spec["position"],
                    spec["shifts"], spec["ffn"] or None, float(spec["dropout"]),
                    src_shifts=spec["src_shifts"] or None, context=context,
