@@ -62,6 +62,23 @@ def test_user_registered_kind_in_a_config():
         sc.basis.BASES._builders.pop("my_grid_test")
 
 
+def test_a_kinds_check_trait_runs_when_the_config_is_validated():
+    def check(spec, where):
+        if spec.get("size", 3) % 2 == 0:
+            raise sc.basis.KindError(f"{where}.size must be odd, got {spec['size']!r}")
+
+    sc.basis.register("odd_grid_test", lambda spec, s: sc.basis.Grid(s.grid, 3, padding=1),
+                      check=check)
+    try:
+        _cfg('{ kind = "odd_grid_test", size = 5 }')
+        with pytest.raises(ConfigError, match=r"model.layers.0.basis.size must be odd, got 4"):
+            _cfg('{ kind = "odd_grid_test", size = 4 }')
+        with pytest.raises(ConfigError, match=r"model.layers.0.basis.parts.1.size must be odd"):
+            _cfg('{ kind = "stack", parts = ["grid", { kind = "odd_grid_test", size = 2 }] }')
+    finally:
+        sc.basis.BASES.unregister("odd_grid_test")
+
+
 def test_import_path_kind(tmp_path, monkeypatch):
     (tmp_path / "my_bases_test.py").write_text(
         "import structconv as sc\n"

@@ -119,6 +119,35 @@ def test_structure_cache_fingerprint_changes_with_content():
         assert not GraphCache.same(GraphCache.fingerprint((e, None)), fp)
 
 
+@pytest.mark.parametrize("limit", [1 << 22, 0])  # a kept copy, then the checksum
+def test_structure_cache_sees_every_edit_by_copy_and_by_checksum(limit, monkeypatch):
+    import torch
+
+    from structconv.basis import cache
+
+    monkeypatch.setattr(cache, "COPY_LIMIT", limit)
+    ei = torch.randint(0, 50, (2, 300))
+    w = torch.rand(300)
+    w[5] = float("nan")  # bitwise: a NaN weight still hits
+    c = cache.GraphCache()
+    calls = []
+
+    def build():
+        calls.append(1)
+        return len(calls)
+
+    assert c.get((ei, w), ("o",), build) == 1
+    assert c.get((ei, w), ("o",), build) == 1
+    assert c.hits == 1
+    how = c.entries[next(iter(c.entries))][2]
+    assert [h for h, _ in how] == (["copy", "copy"] if limit else ["sum", "sum"])
+    ei.numpy()[1, 7] += 1  # around the version counter
+    assert c.get((ei, w), ("o",), build) == 2
+    w.numpy()[9] = 0.25
+    assert c.get((ei, w), ("o",), build) == 3
+    assert c.get((ei, w), ("o",), build) == 3
+
+
 # ------------------------------------------------------- converters never silently differ
 def test_converter_refuses_what_it_cannot_reproduce():
     import torch

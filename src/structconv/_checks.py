@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
 from torch import Tensor
+
+
+def int_in(v, lo: int, hi: int) -> bool:
+    """Whether ``v`` is an int (not a bool) in [lo, hi]."""
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def number_in(v, lo: float, hi: float, open_hi: bool = False) -> bool:
+    """Whether ``v`` is a finite int or float (not a bool) in [lo, hi] (or [lo, hi))."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and \
+        lo <= v and (v < hi if open_hi else v <= hi)
 
 
 def shape_error(what: str, expected: str, got) -> ValueError:

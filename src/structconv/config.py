@@ -27,6 +27,7 @@ from pathlib import Path
 
 from . import basis as B
 from . import params as P
+from ._checks import int_in, number_in
 from .registry import ImportRefused
 
 if sys.version_info >= (3, 11):
@@ -244,10 +245,9 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
         _need(not missing, f"{source}: missing key(s) {', '.join(missing)}")
     t = cfg["train"]
     for k in ("epochs", "patience", "checkpoint_every"):
-        _need(isinstance(t[k], int) and not isinstance(t[k], bool) and t[k] >= 0,
-              f"{source}: train.{k} must be an int >= 0, got {t[k]!r}")
+        _need(int_in(t[k], 0, math.inf), f"{source}: train.{k} must be an int >= 0, got {t[k]!r}")
     _need(t["epochs"] >= 1, f"{source}: train.epochs must be >= 1, got {t['epochs']}")
-    _need(_number_in(t.get("label_smoothing", 0.0), 0, 1, open_hi=True),
+    _need(number_in(t.get("label_smoothing", 0.0), 0, 1, open_hi=True),
           f"{source}: train.label_smoothing must be a number in [0, 1), got "
           f"{t.get('label_smoothing')!r}")
     for k in ("lr", "weight_decay", "momentum", "grad_clip", "checkpoint_seconds"):
@@ -264,12 +264,10 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
     _need(isinstance(d["name"], str), f"{source}: data.name must be a string")
     _need(isinstance(d["options"], dict), f"{source}: data.options must be a table")
     for k in ("batch_size", "seq_len", "eval_batch_size"):
-        _need(isinstance(d[k], int) and not isinstance(d[k], bool) and d[k] >= 1,
-              f"{source}: data.{k} must be an int >= 1, got {d[k]!r}")
+        _need(int_in(d[k], 1, math.inf), f"{source}: data.{k} must be an int >= 1, got {d[k]!r}")
     bpe = d["batches_per_epoch"]
-    _need(isinstance(bpe, int) and not isinstance(bpe, bool) and 0 <= bpe <= MAX_BATCHES,
-          f"{source}: data.batches_per_epoch must be an int in [0, {MAX_BATCHES:,}] (0: one "
-          f"pass over the data), got {bpe!r}")
+    _need(int_in(bpe, 0, MAX_BATCHES), f"{source}: data.batches_per_epoch must be an int in "
+          f"[0, {MAX_BATCHES:,}] (0: one pass over the data), got {bpe!r}")
     _need(isinstance(cfg["seed"], int), f"{source}: seed must be an int, got {cfg['seed']!r}")
     return _check_model(cfg, source)
 
@@ -354,9 +352,8 @@ def _check_sampler(cfg: dict, where: str) -> None:
     # this machine's count)
     for k, low, high in (("batch_size", 1, MAX_BATCHES), ("accumulate", 1, MAX_BATCHES),
                          ("workers", 0, 256)):
-        v = s[k]
-        _need(isinstance(v, int) and not isinstance(v, bool) and low <= v <= high,
-              f"{where}.{k} must be an int in [{low}, {high:,}], got {v!r}")
+        _need(int_in(s[k], low, high),
+              f"{where}.{k} must be an int in [{low}, {high:,}], got {s[k]!r}")
     _need(s["degrees"] in ("full", "sample"),
           f"{where}.degrees must be full or sample, got {s['degrees']!r}")
     _need(s["eval"] in ("auto", "full", "layerwise"),
@@ -387,7 +384,6 @@ def _check_sampler(cfg: dict, where: str) -> None:
                               f"model.layers.{i} consumes {h}")
 
 
-
 def _check_rest(cfg: dict, source: str) -> dict:
     m, t = cfg["model"], cfg["train"]
     _need(isinstance(t.get("sampler", {}), dict),
@@ -410,12 +406,12 @@ LM_KEYS = {"width": 128, "layers": 4, "heads": 4, "position": "shift", "shifts":
 
 def _check_ints(spec: dict, where: str, positive, natural) -> None:
     for k in positive:
-        _need(_int_in(spec[k], 1, 1_000_000), f"{where}.{k} must be an int in 1..1000000, "
+        _need(int_in(spec[k], 1, 1_000_000), f"{where}.{k} must be an int in 1..1000000, "
                                               f"got {spec[k]!r}")
     for k in natural:
-        _need(_int_in(spec[k], 0, 1_000_000), f"{where}.{k} must be an int in 0..1000000, "
+        _need(int_in(spec[k], 0, 1_000_000), f"{where}.{k} must be an int in 0..1000000, "
                                               f"got {spec[k]!r}")
-    _need(_number_in(spec["dropout"], 0, 1, open_hi=True),
+    _need(number_in(spec["dropout"], 0, 1, open_hi=True),
           f"{where}.dropout must be in [0, 1), got {spec['dropout']!r}")
 
 
@@ -432,7 +428,7 @@ def _check_attention_stack(spec: dict, where: str, positions) -> None:
           f"{spec['width'] // spec['heads']}")
     _need(not (spec["position"].startswith("shift") and spec["shifts"] < 1),
           f"{where}: position={spec['position']!r} needs shifts >= 1")
-    _need(_int_in(spec["canon_kernel"], 1, 1024),
+    _need(int_in(spec["canon_kernel"], 1, 1024),
           f"{where}.canon_kernel must be an int in 1..1024, got {spec['canon_kernel']!r}")
     try:
         check_canon(spec["canon"], spec["canon_kernel"])
@@ -497,29 +493,20 @@ def _check_seq2seq(m: dict, where: str) -> None:
         _check_attention_stack(s, where, SEQ2SEQ_POSITIONS)
 
 
-def _int_in(v, lo: int, hi: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
-
-
-def _number_in(v, lo: float, hi: float, open_hi: bool = False) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and \
-        lo <= v and (v < hi if open_hi else v <= hi)
-
-
 def _check_link_sorts(spec: dict, where: str) -> None:
     sorts = spec["sorts"]
     ok = sorts in ("single", "mined") or (
         isinstance(sorts, list) and sorts and all(
-            isinstance(x, str) and x or _int_in(x, 0, 10**9) or
-            isinstance(x, list) and x and all(isinstance(u, str) and u or _int_in(u, 0, 10**9)
+            isinstance(x, str) and x or int_in(x, 0, 10**9) or
+            isinstance(x, list) and x and all(isinstance(u, str) and u or int_in(u, 0, 10**9)
                                               for u in x) for x in sorts))
     _need(ok, f"{where}.sorts must be \"single\", \"mined\" or a non-empty list of sorts (dotted "
               f"names such as \"r.s^-1\", lists of names or relation ids), got {sorts!r}")
     _need(sorts == "single" or spec["encoder_layers"] >= 1,
           f"{where}.sorts={sorts!r} needs an R-GCN encoder: set encoder_layers >= 1")
-    _need(_int_in(spec["max_length"], 2, 4),
+    _need(int_in(spec["max_length"], 2, 4),
           f"{where}.max_length must be an int in 2..4, got {spec['max_length']!r}")
-    _need(_int_in(spec["top"], 1, 10_000), f"{where}.top must be an int in 1..10000, "
+    _need(int_in(spec["top"], 1, 10_000), f"{where}.top must be an int in 1..10000, "
                                           f"got {spec['top']!r}")
 
 
@@ -529,20 +516,20 @@ def _check_link_model(spec: dict, where: str) -> None:
     _need(spec["decoder"] in DECODERS, f"{where}.decoder must be one of "
                                        f"{', '.join(DECODERS)}, got {spec['decoder']!r}")
     dim, block = spec["dim"], spec["block"]
-    _need(_int_in(dim, 1, 1_000_000), f"{where}.dim must be an int in 1..1000000, got {dim!r}")
+    _need(int_in(dim, 1, 1_000_000), f"{where}.dim must be an int in 1..1000000, got {dim!r}")
     _need(not (spec["decoder"] == "complex" and dim % 2),
           f"{where}.dim must be even for complex (real and imaginary halves), got {dim}")
-    _need(_int_in(spec["encoder_layers"], 0, 100), f"{where}.encoder_layers must be an int in "
+    _need(int_in(spec["encoder_layers"], 0, 100), f"{where}.encoder_layers must be an int in "
                                                    f"0..100, got {spec['encoder_layers']!r}")
-    _need(_int_in(block, 1, 1_000_000), f"{where}.block must be an int >= 1, got {block!r}")
+    _need(int_in(block, 1, 1_000_000), f"{where}.block must be an int >= 1, got {block!r}")
     _need(not spec["encoder_layers"] or dim % block == 0,
           f"{where}.block={block} must divide dim={dim} (block-diagonal encoder weights)")
     for k in ("reciprocal", "backtrack"):
         _need(isinstance(spec[k], bool), f"{where}.{k} must be true or false, got {spec[k]!r}")
-    _need(_number_in(spec["init_std"], 0, 1e3) and spec["init_std"] > 0,
+    _need(number_in(spec["init_std"], 0, 1e3) and spec["init_std"] > 0,
           f"{where}.init_std must be a number in (0, 1000], got {spec['init_std']!r}")
     for k in ("edge_dropout", "self_dropout", "dropout"):
-        _need(_number_in(spec[k], 0, 1, open_hi=True),
+        _need(number_in(spec[k], 0, 1, open_hi=True),
               f"{where}.{k} must be in [0, 1), got {spec[k]!r}")
     _check_link_sorts(spec, where)
 
@@ -552,13 +539,13 @@ def _check_link_train(spec: dict, where: str) -> None:
           f"{where}.mode must be 1vsall or negative, got {spec['mode']!r}")
     _need(spec["reg"] in ("n3", "l2", "none"),
           f"{where}.reg must be n3, l2 or none, got {spec['reg']!r}")
-    _need(_number_in(spec["label_smoothing"], 0, 1, open_hi=True),
+    _need(number_in(spec["label_smoothing"], 0, 1, open_hi=True),
           f"{where}.label_smoothing must be in [0, 1), got {spec['label_smoothing']!r}")
-    _need(_number_in(spec["reg_weight"], 0, 1e30),
+    _need(number_in(spec["reg_weight"], 0, 1e30),
           f"{where}.reg_weight must be a number in [0, 1e30], got {spec['reg_weight']!r}")
     for k, lo, hi in (("negatives", 1, 10_000), ("eval_every", 1, MAX_BATCHES),
                       ("val_limit", 0, 10**12)):
-        _need(_int_in(spec[k], lo, hi), f"{where}.{k} must be an int in [{lo}, {hi:,}], "
+        _need(int_in(spec[k], lo, hi), f"{where}.{k} must be an int in [{lo}, {hi:,}], "
                                         f"got {spec[k]!r}")
 
 
@@ -610,11 +597,10 @@ def _check_layer(layer: dict, where: str):
           f"{where}: type must be conv, linear or mlp, got {kind!r}")
     if kind == "mlp":
         hid = layer.get("hidden", 0)
-        _need(isinstance(hid, int) and not isinstance(hid, bool) and hid >= 0,
-              f"{where}: hidden must be an int >= 1 (0: four times the channels), got {hid!r}")
+        _need(int_in(hid, 0, math.inf), f"{where}: hidden must be an int >= 1 (0: four times "
+              f"the channels), got {hid!r}")
     ch = layer.get("channels", "same")
-    _need(ch in ("classes", "same") or (isinstance(ch, int) and not isinstance(ch, bool)
-                                        and ch >= 1),
+    _need(ch in ("classes", "same") or int_in(ch, 1, math.inf),
           f"{where}: channels must be a positive int, 'classes' or 'same', got {ch!r}")
     act = layer.get("activation", "none")
     _need(act in ACTIVATIONS, f"{where}: unknown activation {act!r} (known: "
@@ -689,63 +675,10 @@ def _check_basis(spec, where: str):
         _need(isinstance(parts, list) and parts, f"{where}: a stack needs parts = [...]")
         for i, p in enumerate(parts):
             _check_basis(p, f"{where}.parts.{i}")
-    if kind == "graph_attention":
-        _check_graph_attention(spec, where)
-
-
-#: keys of a graph_attention table that only one mechanism reads: (key, the mechanism's flag)
-_MECHANISM_KEYS = (("share_weights", "v2"), ("root_weight", "transformer"),
-                   ("beta", "transformer"))
-
-
-def _check_graph_attention(spec: dict, where: str) -> None:
-    """A ``graph_attention`` table: known keys, their types and ranges, and the combinations
-    that mean nothing (v2 with transformer, a key of a mechanism not chosen, edge-feature keys
-    without edge_dim). Whether the data has edge features is checked when the model is built."""
-    from .attention.edges import FILL_REDUCTIONS
-
-    known = B.BASES.trait("graph_attention", "defaults", {})
-    for k in spec:
-        _need(k == "kind" or k in known, f"{where}: unknown key {k!r} in a graph_attention "
-                                         f"table (known: {', '.join(known)})")
-    a = {**known, **spec}
-    _need(_int_in(a["heads"], 1, 1_000_000), f"{where}.heads must be an int >= 1, got "
-                                             f"{a['heads']!r}")
-    _need(_number_in(a["dropout"], 0, 1, open_hi=True),
-          f"{where}.dropout must be in [0, 1), got {a['dropout']!r}")
-    _need(_number_in(a["negative_slope"], -1e30, 1e30),
-          f"{where}.negative_slope must be a number, got {a['negative_slope']!r}")
-    for k in ("v2", "share_weights", "transformer", "root_weight", "beta"):
-        _need(isinstance(a[k], bool), f"{where}.{k} must be true or false, got {a[k]!r}")
-    _need(a["add_self_loops"] is None or isinstance(a["add_self_loops"], bool),
-          f"{where}.add_self_loops must be true or false, got {a['add_self_loops']!r}")
-    _need(not (a["v2"] and a["transformer"]),
-          f"{where}: v2 and transformer are two mechanisms: choose one")
-    for k, flag in _MECHANISM_KEYS:
-        _need(k not in spec or a[flag], f"{where}.{k} applies to {flag} = true only")
-    _need(not a["beta"] or a["root_weight"],
-          f"{where}.beta gates the root term: it needs root_weight = true")
-    _need("negative_slope" not in spec or not a["transformer"],
-          f"{where}.negative_slope is GAT's LeakyReLU: transformer = true has none")
-    dim, rel = a["edge_dim"], a["relations"]
-    _need(dim is None or dim == "auto" or _int_in(dim, 1, 1_000_000),
-          f"{where}.edge_dim must be an int >= 1 or \"auto\" (the data's width), got {dim!r}")
-    _need(rel in ("onehot", "embedding"),
-          f"{where}.relations must be onehot or embedding, got {rel!r}")
-    fill = a["fill_value"]
-    _need(fill in FILL_REDUCTIONS or _number_in(fill, -1e30, 1e30),
-          f"{where}.fill_value must be a number or one of {', '.join(FILL_REDUCTIONS)}, got "
-          f"{fill!r}")
-    for k in ("relations", "fill_value"):
-        _need(k not in spec or dim is not None,
-              f"{where}.{k} describes edge features: it needs edge_dim")
-    _need(not (rel == "embedding" and dim == "auto"),
-          f"{where}: relations = \"embedding\" learns edge_dim reals per relation: give "
-          "edge_dim as an int")
-    loops = a["add_self_loops"] if a["add_self_loops"] is not None else not a["transformer"]
-    _need("fill_value" not in spec or loops,
-          f"{where}.fill_value gives the self loops' edge features, but the layer adds none "
-          "(add_self_loops = false, or transformer without add_self_loops = true)")
+    try:
+        B.check(spec, where)  # the kind's own table check (its ``check`` trait)
+    except B.KindError as e:
+        raise ConfigError(str(e)) from None
 
 
 def is_content(spec) -> bool:

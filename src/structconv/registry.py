@@ -177,9 +177,10 @@ class Registry:
         """The registered and installed names, sorted."""
         return sorted(set(self._builders) | set(self.installed()))
 
-    def trait(self, kind: str, name: str, default=None):
-        """A trait of ``kind`` (an installed kind is loaded to learn its traits)."""
-        if isinstance(kind, str) and kind not in self._builders and ":" not in kind:
+    def trait(self, kind: str, name: str, default=None, *, load: bool = True):
+        """A trait of ``kind`` (an installed kind is loaded to learn its traits unless
+        ``load=False``: then only a kind already registered in this process has traits)."""
+        if load and isinstance(kind, str) and kind not in self._builders and ":" not in kind:
             entries = self.installed().get(kind)
             if entries:
                 self._load(kind, entries)

@@ -23,13 +23,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import check_index_tensor
+from ..basis.edges import FILL_REDUCTIONS  # re-exported: the kind checks it
 from .mechanisms import Mechanism, PerHead, QueryDot, edges, heads
 
 __all__ = ["EdgeTerm", "EdgeDot", "GATv2Scores", "add_self_loops", "self_loop_attr",
            "edge_features", "FILL_REDUCTIONS"]
 
-#: the reductions ``fill_value`` may name (PyG's scatter reductions)
-FILL_REDUCTIONS = ("mean", "add", "sum", "max", "min", "amax", "amin", "mul")
 
 
 def _glorot(*shape) -> Tensor:

@@ -17,6 +17,7 @@ from .kinds import (
     Structure,
     as_spec,
     build,
+    check,
     identity,
     register,
     sampled,
@@ -27,7 +28,7 @@ from .sorts import INVERSE, inverse_name, parse_sorts, sort_name
 
 __all__ = ["Basis", "Dense", "Sparse", "Stack", "Product", "as_basis", "density",
            *_grid_all, *_graph_all,
-           "register", "build", "Structure", "BASES", "KindError", "Sampled", "as_spec",
+           "register", "build", "check", "Structure", "BASES", "KindError", "Sampled", "as_spec",
            "with_defaults", "sampled", "identity",
            "mine_sorts", "MinedSort", "single_and_mined_sorts", "parse_sorts", "sort_name",
            "inverse_name", "INVERSE"]

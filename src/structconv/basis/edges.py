@@ -26,7 +26,11 @@ from .._checks import check_index_tensor
 
 __all__ = ["EdgeForm", "check_num_nodes", "check_edges", "check_K", "check_norm",
            "check_edge_type", "infer_num_relations", "check_sorts", "value_dtype", "gcn_norm",
-           "laplacian", "random_walk", "relation_values", "graph_hops"]
+           "laplacian", "random_walk", "relation_values", "graph_hops", "FILL_REDUCTIONS"]
+
+#: the reductions a self loop's edge features may be filled with (PyG's scatter reductions;
+#: ``sc.attention.edges.self_loop_attr`` computes them, the graph_attention kind checks them)
+FILL_REDUCTIONS = ("mean", "add", "sum", "max", "min", "amax", "amin", "mul")
 
 _INF = float("inf")
 

@@ -13,15 +13,16 @@ from dataclasses import dataclass
 
 import torch
 
+from .._checks import int_in, number_in
 from ..registry import KindError, Registry, Structure
 from .base import Basis, Sparse, Stack
-from .edges import graph_hops
+from .edges import FILL_REDUCTIONS, graph_hops
 from .graph import chebyshev, diffusion, gcn, relational, sgc
 from .grid import Grid
 from .mining import single_and_mined_sorts
 
 __all__ = ["BASES", "register", "build", "Structure", "KindError", "as_spec", "with_defaults",
-           "Sampled", "sampled", "identity", "GRAPH_ATTENTION"]
+           "Sampled", "sampled", "identity", "GRAPH_ATTENTION", "check"]
 
 BASES = Registry("basis", group="structconv.bases")
 """The basis kinds usable as ``basis = { kind = "..." }`` in a model config: the shipped ones,
@@ -48,7 +49,8 @@ def register(kind: str, build=None, **traits):
     ``edge_index``, ``num_nodes``, ``edge_type``, ``num_relations``; ``None`` where the data has
     none). Traits: ``defaults`` (a dict of the table's defaults), ``content=True`` (computed from
     content by its layer), ``sampled`` (a ``Sampled``: the kind can be trained on sampled
-    mini-batches). Usable as a decorator.
+    mini-batches), ``check`` (``check(spec, where)`` raising ``KindError`` on a bad table, run
+    when a config is validated). Usable as a decorator.
 
     A kind registered from Python exists in that process only: a package that installs an
     entry point ``KIND = "module:build"`` in group ``structconv.bases`` makes it a kind of every
@@ -74,6 +76,18 @@ def sampled(spec) -> Sampled | None:
     """The ``Sampled`` trait of a basis table's kind (None: it cannot be sampled)."""
     kind = as_spec(spec).get("kind")
     return BASES.trait(kind, "sampled") if isinstance(kind, str) else None
+
+
+def check(spec, where: str = "basis") -> None:
+    """Check a basis table's options by its kind's ``check`` trait, if it has one: raises
+    ``KindError`` naming ``where``, the key and the bad value (the config schema calls it).
+    An installed kind not yet loaded is not imported for this: a config is validated by names,
+    and its code runs when the model is built."""
+    spec = as_spec(spec)
+    kind = spec.get("kind")
+    fn = BASES.trait(kind, "check", load=False) if isinstance(kind, str) else None
+    if fn is not None:
+        fn(spec, where)
 
 
 def build(spec, structure: Structure, where: str = "basis") -> Basis:
@@ -250,5 +264,59 @@ GRAPH_ATTENTION = {"heads": 1, "dropout": 0.0, "add_self_loops": None, "negative
                    "edge_dim": None, "relations": "onehot", "fill_value": "mean", "v2": False,
                    "share_weights": False, "transformer": False, "root_weight": True,
                    "beta": False}
+#: keys of a graph_attention table that only one mechanism reads: (key, the mechanism's flag)
+_MECHANISM_KEYS = (("share_weights", "v2"), ("root_weight", "transformer"),
+                   ("beta", "transformer"))
+
+
+def _check_graph_attention(spec: dict, where: str) -> None:
+    """A ``graph_attention`` table: known keys, their types and ranges, and the combinations
+    that mean nothing (v2 with transformer, a key of a mechanism not chosen, edge-feature keys
+    without edge_dim). Whether the data has edge features is checked when the model is built."""
+    for k in spec:
+        _need(k == "kind" or k in GRAPH_ATTENTION, f"{where}: unknown key {k!r} in a "
+                                                   f"graph_attention table (known: "
+                                                   f"{', '.join(GRAPH_ATTENTION)})")
+    a = {**GRAPH_ATTENTION, **spec}
+    _need(int_in(a["heads"], 1, 1_000_000),
+          f"{where}.heads must be an int >= 1, got {a['heads']!r}")
+    _need(number_in(a["dropout"], 0, 1, open_hi=True),
+          f"{where}.dropout must be in [0, 1), got {a['dropout']!r}")
+    _need(number_in(a["negative_slope"], -1e30, 1e30),
+          f"{where}.negative_slope must be a number, got {a['negative_slope']!r}")
+    for k in ("v2", "share_weights", "transformer", "root_weight", "beta"):
+        _need(isinstance(a[k], bool), f"{where}.{k} must be true or false, got {a[k]!r}")
+    _need(a["add_self_loops"] is None or isinstance(a["add_self_loops"], bool),
+          f"{where}.add_self_loops must be true or false, got {a['add_self_loops']!r}")
+    _need(not (a["v2"] and a["transformer"]),
+          f"{where}: v2 and transformer are two mechanisms: choose one")
+    for k, flag in _MECHANISM_KEYS:
+        _need(k not in spec or a[flag], f"{where}.{k} applies to {flag} = true only")
+    _need(not a["beta"] or a["root_weight"],
+          f"{where}.beta gates the root term: it needs root_weight = true")
+    _need("negative_slope" not in spec or not a["transformer"],
+          f"{where}.negative_slope is GAT's LeakyReLU: transformer = true has none")
+    dim, rel = a["edge_dim"], a["relations"]
+    _need(dim is None or dim == "auto" or int_in(dim, 1, 1_000_000),
+          f"{where}.edge_dim must be an int >= 1 or \"auto\" (the data's width), got {dim!r}")
+    _need(rel in ("onehot", "embedding"),
+          f"{where}.relations must be onehot or embedding, got {rel!r}")
+    fill = a["fill_value"]
+    _need(fill in FILL_REDUCTIONS or number_in(fill, -1e30, 1e30),
+          f"{where}.fill_value must be a number or one of {', '.join(FILL_REDUCTIONS)}, got "
+          f"{fill!r}")
+    for k in ("relations", "fill_value"):
+        _need(k not in spec or dim is not None,
+              f"{where}.{k} describes edge features: it needs edge_dim")
+    _need(not (rel == "embedding" and dim == "auto"),
+          f"{where}: relations = \"embedding\" learns edge_dim reals per relation: give "
+          "edge_dim as an int")
+    loops = a["add_self_loops"] if a["add_self_loops"] is not None else not a["transformer"]
+    _need("fill_value" not in spec or loops,
+          f"{where}.fill_value gives the self loops' edge features, but the layer adds none "
+          "(add_self_loops = false, or transformer without add_self_loops = true)")
+
+
 register("graph_attention", _content, content=True, defaults=GRAPH_ATTENTION,
-         sampled=Sampled(lambda spec: 1, lambda spec, basis: {"kind": "block"}))
+         sampled=Sampled(lambda spec: 1, lambda spec, basis: {"kind": "block"}),
+         check=_check_graph_attention)
