@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from ..data.depo import DepoTask, generate
 from ..nn.lm import TransformerLM, split_kind
 from ._common import (
+    device,
     hardware,
     mean_std,
     param_count,
@@ -118,7 +119,7 @@ def build(kind: str, task: DepoTask, a, ffn: int | None = None) -> TransformerLM
 def answer_loss(model, ids, answers, task: DepoTask):
     """Cross-entropy of the answers (B, Q) predicted at the hop tokens of ids (B, T)."""
     pos = task.positions[:answers.shape[1]]
-    logits = model(ids[:, :int(pos[-1]) + 1])[:, pos]  # the answers are never read
+    logits = model(ids[:, :int(pos[-1]) + 1])[:, pos.to(ids.device)]  # the answers are never read
     return F.cross_entropy(logits.flatten(0, 1), answers.flatten())
 
 
@@ -172,16 +173,20 @@ def train_one(kind: str, seed: int, task: DepoTask, a, ffn: int,
     """Train one model for ``a.steps`` steps on fresh sequences (resuming from ``run_dir``'s
     checkpoint, see ``shift_heads.train_steps``); (result with the curve, model)."""
     torch.manual_seed(seed)
-    model = build(kind, task, a, ffn)
+    dev = device(a)
+    # built on the CPU, then moved; sequences drawn on the CPU from CPU generators, then moved:
+    # the same weights and sequences on every device
+    model = build(kind, task, a, ffn).to(dev)
     opt = adamw(model, a.lr)
     gen = torch.Generator().manual_seed(20_000 + seed)  # the same sequences for every kind
-    sets = eval_sets(task, a.eval_per_k)
+    sets = {k: (ids.to(dev), ans.to(dev)) for k, (ids, ans) in
+            eval_sets(task, a.eval_per_k).items()}
 
     def batch_loss(step):
         hops = torch.randint(1, reach_at(step, a, task.max_hops) + 1,
                              (a.batch, task.queries), generator=gen)
         b = generate(task, a.batch, gen, hops=hops)
-        return answer_loss(model, b.ids, b.answers, task)
+        return answer_loss(model, b.ids.to(dev), b.answers.to(dev), task)
 
     def evaluate(step, train_loss):
         return dict(step=step, train_loss=train_loss, accuracy=accuracy_per_k(model, sets, task))
@@ -191,7 +196,7 @@ def train_one(kind: str, seed: int, task: DepoTask, a, ffn: int,
     return dict(kind=kind, seed=seed, steps=a.steps, accuracy=final,
                 depth=depth(final, a.depth_at), train_loss=curve[-1]["train_loss"],
                 curve=curve, seconds=seconds, cpu_seconds=cpu, params=param_count(model),
-                ffn=ffn), model
+                ffn=ffn, device=dev.type), model
 
 
 #: the options a run's result depends on (besides kind and seed)

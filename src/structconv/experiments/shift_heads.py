@@ -43,6 +43,7 @@ from ..data.text import encode_text, load_text_file
 from ..io import atomic_write_bytes, atomic_write_json
 from ..nn.lm import POSITIONS, TransformerLM, equalised_ffn, split_kind
 from ._common import (
+    device,
     hardware,
     mean_std,
     param_count,
@@ -221,15 +222,20 @@ def train_one(kind: str, seed: int, data, a, ffn: int,
     """Train one model for ``a.steps`` steps (resuming from ``run_dir``'s checkpoint, see
     ``train_steps``); (result with the learning curve, model)."""
     torch.manual_seed(seed)
-    model = build(kind, len(data.vocab), a, ffn)
+    dev = device(a)
+    # built (and initialised) on the CPU, then moved: the same initial weights on every device
+    model = build(kind, len(data.vocab), a, ffn).to(dev)
     opt = adamw(model, a.lr)
+    # batches are drawn on the CPU from CPU generators, then moved: the same batches on every
+    # device, and a checkpoint's generator state is device-independent
     gen = torch.Generator().manual_seed(10_000 + seed)  # the same batches for every kind
     vgen = torch.Generator().manual_seed(12345)
-    val = [_batch(data.splits["val"], a.batch, a.context, vgen) for _ in range(a.val_batches)]
+    val = [tuple(t.to(dev) for t in _batch(data.splits["val"], a.batch, a.context, vgen))
+           for _ in range(a.val_batches)]
     train = data.splits["train"]
 
     def batch_loss(step):
-        x, y = _batch(train, a.batch, a.context, gen)
+        x, y = (t.to(dev, non_blocking=True) for t in _batch(train, a.batch, a.context, gen))
         return F.cross_entropy(model(x).flatten(0, 1), y.flatten())
 
     def evaluate(step, train_loss):
@@ -238,7 +244,7 @@ def train_one(kind: str, seed: int, data, a, ffn: int,
     curve, seconds, cpu = train_steps(model, opt, a, batch_loss, evaluate, gen, run_dir)
     return dict(kind=kind, seed=seed, steps=a.steps, val_loss=curve[-1]["val_loss"],
                 curve=curve, seconds=seconds, cpu_seconds=cpu, params=param_count(model),
-                ffn=ffn), model
+                ffn=ffn, device=dev.type), model
 
 
 # -- evaluation at length --------------------------------------------------------------------------
@@ -258,6 +264,7 @@ def window_loss(model, ids, length: int, stride: int | None = None) -> float:
         st = torch.tensor(starts[i:i + 8])
         off = torch.arange(length)
         x, y = ids[st[:, None] + off], ids[st[:, None] + off + 1]
+        x, y = x.to(next(model.parameters()).device), y.to(next(model.parameters()).device)
         logits = model(x)[:, -score:]
         total += float(F.cross_entropy(logits.flatten(0, 1), y[:, -score:].flatten(),
                                        reduction="sum"))
@@ -287,12 +294,13 @@ def shift_likeness(model, val, a, windows: int = 32) -> list[list[dict]]:
     (queries at positions >= 16, so every offset up to 16 is available) and that offset."""
     gen = torch.Generator().manual_seed(777)
     x, _ = _batch(val, windows, a.context, gen)
+    x = x.to(next(model.parameters()).device)
     model.eval()
     out = []
     for w in model.attention_maps(x):  # (B, H, L, L), query x key
         L = w.shape[-1]
         n0 = min(16, L - 1)
-        q = torch.arange(n0, L)
+        q = torch.arange(n0, L, device=w.device)
         layer = []
         for h in range(w.shape[1]):
             prof = torch.stack([w[:, h, q, q - o].mean() for o in range(n0 + 1)])

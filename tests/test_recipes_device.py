@@ -1,0 +1,83 @@
+"""The language-model recipes (reproduce shift-heads, reproduce canon) run where --device says:
+the model, its batches and its evaluation move there, the result names the device, and a CUDA
+run follows the CPU run's numbers (same initial weights, same batches) to float rounding."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import pytest
+import torch
+
+from structconv.data.depo import DepoTask
+from structconv.experiments import canon, shift_heads
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _text_data(n: int = 3000, vocab: int = 11):
+    ids = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(3))
+    return argparse.Namespace(vocab=list(range(vocab)),
+                              splits={"train": ids[: n * 9 // 10], "val": ids[n * 9 // 10:]})
+
+
+def _lm_args(device: str, **kw):
+    a = dict(width=16, layers=2, heads=2, shifts=2, context=12, canon_kernel=3, lr=3e-3,
+             steps=8, batch=4, val_batches=2, eval_every=4, eval_chars=200, sliding_chars=100,
+             stride=0, device=device)
+    return argparse.Namespace(**{**a, **kw})
+
+
+def _depo_args(device: str):
+    return argparse.Namespace(width=16, layers=1, heads=2, shifts=2, canon_kernel=3, lr=3e-3,
+                              steps=8, batch=4, eval_per_k=8, eval_every=4, depth_at=0.9,
+                              curriculum=0.5, device=device)
+
+
+def _shift_heads_run(device: str, kind: str):
+    data = _text_data()
+    a = _lm_args(device)
+    res, model = shift_heads.train_one(kind, 0, data, a, 40)
+    res["extrapolation"] = shift_heads.extrapolation(model, data.splits["val"], a)
+    res["shift_likeness"] = shift_heads.shift_likeness(model, data.splits["val"], a, windows=2)
+    return res, model
+
+
+@pytest.mark.parametrize("kind", ["shift+Canon-ABCD", "rotary"])
+def test_shift_heads_run_reports_its_device(kind):
+    res, model = _shift_heads_run("cpu", kind)
+    assert res["device"] == "cpu"
+    assert all(p.device.type == "cpu" for p in model.parameters())
+    assert set(res["extrapolation"]["nonoverlap"]) == set(shift_heads.FACTORS)
+
+
+def test_canon_run_reports_its_device():
+    res, model = canon.train_one("none+Canon-ABCD", 0, DepoTask(nodes=8, n=5, max_hops=2,
+                                                                  queries=2), _depo_args("cpu"),
+                                 24)
+    assert res["device"] == "cpu" and set(res["accuracy"]) == {1, 2}
+
+
+@CUDA
+@pytest.mark.parametrize("kind", ["shift+Canon-ABCD", "rotary", "alibi", "relative"])
+def test_shift_heads_on_cuda_follows_the_cpu_run(kind):
+    cpu, _ = _shift_heads_run("cpu", kind)
+    gpu, model = _shift_heads_run("cuda", kind)
+    assert gpu["device"] == "cuda"
+    assert all(p.device.type == "cuda" for p in model.parameters())
+    for c, g in zip(cpu["curve"], gpu["curve"]):
+        assert math.isclose(c["val_loss"], g["val_loss"], rel_tol=1e-3)
+    for how in ("nonoverlap", "sliding"):
+        for f, v in cpu["extrapolation"][how].items():
+            assert math.isclose(v, gpu["extrapolation"][how][f], rel_tol=1e-3)
+
+
+@CUDA
+def test_canon_on_cuda_follows_the_cpu_run():
+    task = DepoTask(nodes=8, n=5, max_hops=2, queries=2)
+    cpu, _ = canon.train_one("shift+Canon-ABCD", 0, task, _depo_args("cpu"), 24)
+    gpu, model = canon.train_one("shift+Canon-ABCD", 0, task, _depo_args("cuda"), 24)
+    assert gpu["device"] == "cuda"
+    assert all(p.device.type == "cuda" for p in model.parameters())
+    assert math.isclose(cpu["train_loss"], gpu["train_loss"], rel_tol=1e-3)
