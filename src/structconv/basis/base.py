@@ -68,6 +68,12 @@ class Basis:
         """
         d = self.__dict__.get("_cache")
         if d is None:
+            if torch.compiler.is_compiling():
+                # traced code keeps no state on the basis (the planner does not cache under
+                # tracing either); and Dynamo before torch 2.13 cannot trace
+                # ``__dict__.setdefault`` (seen with 2.11: a fullgraph compile of GCNConv
+                # failed on it)
+                return {}
             d = self.__dict__.setdefault("_cache", {})
         return d
 
