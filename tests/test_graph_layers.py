@@ -225,3 +225,57 @@ def test_layer_errors():
         sc.nn.RGCNConv(P, Q, 3)(x.float(), ei, et)
     with pytest.raises(TypeError, match="from_pyg does not know"):
         sc.nn.from_pyg(torch.nn.Linear(2, 2))
+
+
+# ------------------------------------------------------- kept plans, copies and pickles
+def test_a_graph_layer_keeps_its_plan_per_graph_and_shape():
+    torch.manual_seed(0)
+    layer = sc.nn.GCNConv(5, 3)
+    ei, ei2 = torch.randint(0, 9, (2, 30)), torch.randint(0, 9, (2, 20))
+    x = torch.randn(9, 5, dtype=torch.float64)
+    layer = layer.double()
+    y = layer(x, ei)
+    assert len(layer._plans) == 1
+    p = next(iter(layer._plans.values()))[1]
+    assert layer.plan_for(layer.basis(x, ei), x.unsqueeze(0)) is p  # kept, not planned again
+    torch.testing.assert_close(y, sc.convolve(x, layer.basis(x, ei), layer.param,
+                                              bias=layer.bias), rtol=0, atol=1e-13)
+    layer(x, ei2)
+    layer(torch.randn(2, 9, 5, dtype=torch.float64), ei)  # another call shape
+    assert len(layer._plans) == 3
+    # a new graph (new basis object) never reuses a plan of a freed basis whose id recurs
+    for _ in range(40):
+        e = torch.randint(0, 9, (2, 25))
+        torch.testing.assert_close(layer(x, e), sc.convolve(x, layer.basis(x, e), layer.param,
+                                                            bias=layer.bias),
+                                   rtol=0, atol=1e-13)
+    assert len(layer._plans) <= 16
+
+
+@pytest.mark.parametrize("make", [lambda: sc.nn.GCNConv(4, 3), lambda: sc.nn.SGConv(4, 3, K=2),
+                                  lambda: sc.nn.ChebConv(4, 3, K=3)])
+def test_a_called_graph_layer_pickles_and_deep_copies(make):
+    import copy
+    import io
+
+    layer = make()
+    ei, x = torch.randint(0, 10, (2, 30)), torch.randn(10, 4)
+    y = layer(x, ei)
+    buf = io.BytesIO()
+    torch.save(layer, buf)
+    buf.seek(0)
+    for other in (copy.deepcopy(layer), torch.load(buf, weights_only=False)):
+        assert other._plans == {}
+        torch.testing.assert_close(other(x, ei), y)
+
+
+def test_a_called_grid_layer_pickles_and_deep_copies():
+    import copy
+    import pickle
+
+    conv = sc.nn.from_torch(torch.nn.Conv2d(3, 4, 3, padding=1))
+    x = torch.randn(2, 3, 8, 8)
+    y = conv(x)
+    for other in (copy.deepcopy(conv), pickle.loads(pickle.dumps(conv))):
+        assert other.basis is not None and other._plans == {}
+        torch.testing.assert_close(other(x), y)

@@ -28,6 +28,13 @@ __all__ = ["GCNConv", "ChebConv", "TAGConv", "SGConv", "RGCNConv", "GraphConvolu
 
 _FLOWS = ("source_to_target", "target_to_source")
 
+#: plans a graph layer keeps (one per graph and call shape it meets; cleared when full)
+_PLANS = 16
+
+
+def _bias_like(bias: Tensor | None, x: Tensor) -> Tensor | None:
+    return bias if bias is None or bias.dtype == x.dtype else bias.to(x.dtype)
+
 
 def _linear_layout_(param: Full) -> None:
     """Keep theta (K, P, Q) in (K, Q, P) memory, torch.nn.Linear's layout (values unchanged).
@@ -99,6 +106,7 @@ class GraphConvolution(nn.Module):
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
         self.in_channels, self.out_channels = in_channels, out_channels
         self.cached, self.route = bool(cached), route
+        self._plans: dict = {}  # (basis id, x shape, ...) -> (basis, Plan): see plan_for
         self.param: Parameterization = Full(K, in_channels, out_channels)
         glorot_(self.param.weight)
         _linear_layout_(self.param)
@@ -136,7 +144,32 @@ class GraphConvolution(nn.Module):
             b = self._given(edge_index)
         else:
             b = self.basis(x, edge_index, *args, **kwargs)
-        return convolve(x, b, self.param, route=self.route, bias=self.bias)
+        if torch.compiler.is_compiling():
+            return convolve(x, b, self.param, route=self.route, bias=self.bias)
+        xb = x if x.dim() == 3 else x.unsqueeze(0)
+        y = self.plan_for(b, xb).run(xb, self.param, _bias_like(self.bias, xb))
+        return y if x.dim() == 3 else y.squeeze(0)
+
+    def __getstate__(self):
+        # kept plans hold the planner's route closures (and a graph's CSR tensors), which
+        # neither pickle nor deep-copy: a copy plans again on its first call
+        state = self.__dict__.copy()
+        state["_plans"] = {}
+        return state
+
+    def plan_for(self, basis: Basis, x: Tensor):
+        """The ``sc.Plan`` of this layer on ``basis`` for node features x (B, M, P), kept per
+        basis and call shape so that a call runs it without planning again (the engine's
+        checks and plan lookup cost as much as a Cora-size propagation's tail)."""
+        key = (id(basis), tuple(x.shape), x.stride(), x.dtype, x.device)
+        hit = self._plans.get(key)
+        if hit is not None and hit[0] is basis:  # the basis is held: its id is not reused
+            return hit[1]
+        if len(self._plans) >= _PLANS:
+            self._plans.clear()
+        p = plan(x, basis, self.param, route=self.route)
+        self._plans[key] = (basis, p)
+        return p
 
     def _given(self, basis: Basis) -> Basis:
         if basis.K != self.param.K:

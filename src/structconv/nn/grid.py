@@ -68,6 +68,17 @@ class _GridLayer(nn.Module):
         if self.in_shape is not None:
             self._last = self.basis_for(self.in_shape)
 
+    def __getstate__(self):
+        # the kept bases and plans are derived state, and a plan holds the planner's route
+        # closures, which do not pickle: a copy keeps its grid without them and plans again
+        state = self.__dict__.copy()
+        state["_bases"] = OrderedDict()
+        if self._last is not None:
+            state["_last"] = self._last._apply(lambda t: t)  # (drops the basis's own memo)
+        if "_plans" in state:
+            state["_plans"] = {}
+        return state
+
     @property
     def basis(self):
         """The basis of the last input size this layer was called on (or of ``in_shape``)."""
