@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import structconv as sc
 from structconv.attention.index import RelativeBias
+from structconv.kernels import native
 from structconv.nn.canon import Canon, CausalTaps, ResidualDepthwise, causal_grid, causal_past
 from structconv.nn.lm import POSITIONS, TransformerLM, equalised_ffn, kind_name, split_kind
 
@@ -185,6 +186,73 @@ def test_causal_taps_keeps_the_input_and_weight_dtypes():
     gx, gw = torch.autograd.grad(y.sum(), (x, w))
     assert gx.dtype == torch.float32 and gw.dtype == torch.float64
     assert torch.equal(w.detach(), w0)  # the identity is added to a copy, not to the weight
+
+
+# -- the compiled kernel (structconv.kernels.native) against the torch ops ------------------------
+def _both_paths(x, w, identity, P, monkeypatch):
+    """(y, gx, gw) by the compiled kernel and by the torch ops."""
+    from structconv.nn import canon
+
+    out = []
+    for use in (True, False):
+        if not use:
+            monkeypatch.setattr(canon, "_native", lambda x: None)
+        xx, ww = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        y = CausalTaps.apply(xx, ww, identity, P)
+        g = torch.randn_like(y, generator=torch.Generator().manual_seed(5))
+        gx, gw = torch.autograd.grad(y, (xx, ww), g)
+        out.append((y.detach(), gx, gw))
+        monkeypatch.undo()
+    return out
+
+
+@pytest.mark.skipif(native.causal_taps() is None,
+                    reason="the compiled kernel could not be built here (no compiler)")
+@pytest.mark.parametrize("B,N,C,K,past,identity", [
+    (1, 1, 1, 1, False, 0), (2, 9, 5, 4, False, 3), (3, 70, 300, 4, False, 3),  # > 128 rows
+    (2, 5, 130, 10, False, 4), (1, 3, 7, 12, True, 11), (2, 8, 3, 6, True, 0),  # K > 8
+    (4, 40, 129, 3, True, 1)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_compiled_causal_taps_equal_the_torch_ops(B, N, C, K, past, identity, dtype,
+                                                  monkeypatch):
+    torch.manual_seed(B + N + C + K)
+    P = K - 1 if past else 0
+    x = torch.randn(B, P + N, C + 2, dtype=dtype)[..., :C]  # strided: the kernel copies
+    w = torch.randn(K, C, dtype=dtype)
+    (y, gx, gw), (ry, rgx, rgw) = _both_paths(x, w, identity, P, monkeypatch)
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(y, ry, **tol)
+    torch.testing.assert_close(gx, rgx, **tol)
+    torch.testing.assert_close(gw, rgw, **tol)
+    torch.testing.assert_close(y, _dense_causal(x.double(), w.double(), identity, P).to(dtype),
+                               **tol)
+
+
+def test_a_graph_building_backward_takes_the_torch_ops():
+    # create_graph=True: the torch ops, whose gradient is differentiable again
+    x = torch.randn(2, 6, 3, dtype=DT, requires_grad=True)
+    w = torch.randn(4, 3, dtype=DT, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda a, b: CausalTaps.apply(a, b, 3, 0), (x, w))
+
+
+def test_the_compiled_kernel_is_optional(monkeypatch):
+    monkeypatch.setattr(native, "_built", {})
+    monkeypatch.setenv("STRUCTCONV_NATIVE", "0")
+    assert native.causal_taps() is None  # switched off: nothing is built
+    monkeypatch.setenv("STRUCTCONV_NATIVE", "1")
+
+    def broken(**kw):
+        raise RuntimeError("no compiler here\nmore")
+
+    import torch.utils.cpp_extension as ext
+    monkeypatch.setattr(ext, "load", broken)
+    with pytest.warns(RuntimeWarning, match=r"'causal_taps' could not be built \(RuntimeError: "
+                                            r"no compiler here\); using torch's ops"):
+        assert native.causal_taps() is None
+    assert native.causal_taps() is None  # warned once, not built again
+    x = torch.randn(2, 5, 3, dtype=DT)
+    w = torch.randn(2, 3, dtype=DT)
+    torch.testing.assert_close(CausalTaps.apply(x, w, 1, 0), _dense_causal(x, w, 1, 0))
 
 
 # -- TransformerLM(canon=...) -------------------------------------------------------------------

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from ..basis.grid import Grid
 from ..costs import Route
+from ..kernels import native
 from ..params import Parameterization
 
 __all__ = ["ResidualDepthwise", "Canon", "CausalTaps", "causal_taps", "causal_past",
@@ -119,11 +120,26 @@ class CausalTaps(torch.autograd.Function):
     current position) and K − 1 ``addcmul_`` into y from shifted views of x: no padded copy,
     no (B, N, K, C) temporary. Backward: the input gradient the same way from g (the shifts
     reversed); the tap gradient as K dot products per channel, Σ_{b,n} g[b, n] ⊙ x[b, n − s].
+
+    On CPU in float32 / float64 the same arithmetic runs in the compiled kernel
+    ``structconv.kernels.native.causal_taps`` (one pass forward, one backward, each input row
+    read while it is in cache); the torch ops above serve every other case (other devices and
+    dtypes, tracing, a backward that builds a graph, or no compiler).
     """
 
     @staticmethod
     def forward(ctx, x, weight, identity, past):
         w = weight.to(x.dtype)
+        ext = _native(x)
+        if ext is not None:
+            # the compiled kernel: one pass over x (the residual folded into the taps)
+            taps = w.clone()
+            taps[identity] += 1
+            xc = x.contiguous()
+            ctx.save_for_backward(xc, w)
+            ctx.past, ctx.identity, ctx.wdtype, ctx.taps = past, identity, weight.dtype, taps
+            return ext.forward(xc, taps, past)
+        ctx.taps = None
         K, N = w.shape[0], x.shape[1] - past
         taps = w.unbind(0)
         cur = x[:, past:] if past else x
@@ -142,6 +158,12 @@ class CausalTaps(torch.autograd.Function):
     def backward(ctx, g):
         x, w = ctx.saved_tensors
         P, K, N, identity = ctx.past, w.shape[0], g.shape[1], ctx.identity
+        if ctx.taps is not None and not torch.is_grad_enabled():
+            ext = _native(x)
+            if ext is not None:
+                gx, gt = ext.backward(g.contiguous(), x, ctx.taps, P, ctx.needs_input_grad[0],
+                                      ctx.needs_input_grad[1])
+                return gx, (None if gt is None else gt.to(ctx.wdtype)), None, None
         taps = w.unbind(0)
         gx = gw = None
         if ctx.needs_input_grad[0]:
@@ -163,6 +185,15 @@ class CausalTaps(torch.autograd.Function):
             rows += [torch.zeros_like(rows[0])] * (K - len(rows))  # taps past the start
             gw = torch.stack(rows[::-1]).to(ctx.wdtype)
         return gx, gw, None, None
+
+
+def _native(x: Tensor):
+    """The compiled causal-taps module where it serves ``x`` (a CPU float32 / float64 tensor,
+    outside ``torch.compile``'s tracing, which fuses the torch ops itself), else None."""
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or \
+            torch.compiler.is_compiling():
+        return None
+    return native.causal_taps()
 
 
 def _shifted(K: int, N: int, past: int):

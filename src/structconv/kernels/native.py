@@ -1,0 +1,75 @@
+"""Compiled CPU kernels, built once per machine from the C++ sources beside this file.
+
+``causal_taps()`` is the Canon layers' causal depthwise taps in one pass over memory
+(``causal_taps.cpp``; ``structconv.nn.canon.CausalTaps`` calls it on CPU float32 / float64).
+The module is compiled on first use by torch's extension builder (``torch.utils.cpp_extension``,
+a C++ compiler and ninja; ~30-60 s once, then loaded from torch's extension cache) under a name
+that carries the source's and torch's versions, so an edit or another torch rebuilds it. Where
+it cannot be built (no compiler, ``STRUCTCONV_NATIVE=0``) the caller keeps its torch ops: the
+results are the same to float rounding, only slower; a failed build is warned about once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+__all__ = ["causal_taps", "enabled"]
+
+_lock = threading.Lock()
+_built: dict = {}
+
+
+def enabled() -> bool:
+    """False when ``STRUCTCONV_NATIVE`` is 0 / false / no / off (the torch ops are used)."""
+    return os.environ.get("STRUCTCONV_NATIVE", "1").strip().lower() not in ("0", "false", "no",
+                                                                            "off")
+
+
+def causal_taps():
+    """The compiled causal-taps module (``forward``, ``backward``), or None where it cannot be
+    had (see the module's docstring)."""
+    mod = _built.get("causal_taps", False)
+    if mod is not False:
+        return mod
+    if not enabled():
+        return None
+    with _lock:  # one build per process; torch's builder locks its folder across processes
+        if "causal_taps" not in _built:
+            _built["causal_taps"] = _build("causal_taps")
+    return _built["causal_taps"]
+
+
+def _vector_flags() -> list[str]:
+    """AVX2 and FMA where torch's own kernels use them on this processor (its runtime
+    dispatch says so), else the compiler's baseline: a build is named by its flags, so a
+    folder of builds shared by machines of several kinds never loads code a machine lacks."""
+    try:
+        cap = torch.backends.cpu.get_cpu_capability()
+    except Exception:  # noqa: BLE001 - an older torch: the baseline
+        return []
+    return ["-mavx2", "-mfma"] if cap in ("AVX2", "AVX512") else []
+
+
+def _build(stem: str):
+    src = Path(__file__).with_name(f"{stem}.cpp")
+    flags = ["-O3", "-fopenmp"] + _vector_flags()
+    digest = hashlib.sha256(src.read_bytes() + torch.__version__.encode()
+                            + " ".join(flags).encode()).hexdigest()[:12]
+    try:
+        from torch.utils.cpp_extension import load
+
+        return load(name=f"structconv_{stem}_{digest}", sources=[str(src)],
+                    extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
+    except Exception as e:  # noqa: BLE001 - any failure to build means: use the torch ops
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        warnings.warn(f"structconv: the compiled kernel {stem!r} could not be built "
+                      f"({type(e).__name__}: {first}); using torch's ops instead (same "
+                      "results, slower on CPU). STRUCTCONV_NATIVE=0 skips the build.",
+                      RuntimeWarning, stacklevel=3)
+        return None
