@@ -52,6 +52,7 @@ from .shift_heads import (
     checkpoint_dir,
     equalised,
     finish_run,
+    kind_styles,
     parse_kinds,
     resumed,
     run_all,
@@ -298,15 +299,19 @@ def _plot(rows: dict, task: DepoTask, a) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     ks = list(range(1, task.max_hops + 1))
-    for kind, r in rows.items():
+    style = kind_styles(rows)  # one colour per arm (twelve arms: no shared colours)
+    for i, (kind, r) in enumerate(rows.items()):
         m = [r["accuracy"][k][0] for k in ks]
         s = [r["accuracy"][k][1] for k in ks]
-        ax.errorbar(ks, m, yerr=s, marker="o", capsize=2,
+        # arms offset a little along k so that equal accuracies and their bars stay apart
+        x = [k + (i - (len(rows) - 1) / 2) * 0.012 for k in ks]
+        ax.errorbar(x, m, yerr=s, marker="o", capsize=2, color=style[kind]["color"],
                     linestyle="--" if "Canon" in kind else "-", label=kind)
+    ax.set_xticks(ks)
     ax.axhline(1 / task.n, color="grey", linewidth=0.8, linestyle=":")
     ax.set_xlabel("hops k")
     ax.set_ylabel("answer accuracy")
     ax.set_ylim(0, 1.02)
     ax.set_title(f"k-hop task: {task.n} pairs, {a.layers}x{a.width}, {a.steps} steps")
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
     save_figure(fig, a, "canon")

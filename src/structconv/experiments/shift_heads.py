@@ -485,7 +485,7 @@ def _print_tables(rows: dict, long_runs: list[dict], a) -> None:
               f"{r['seconds']:.0f}s")
 
 
-def _styles(kinds) -> dict:
+def kind_styles(kinds) -> dict:
     """A colour and line style per kind: twenty colours, then dashed (twelve arms and more
     never share a line's look, as matplotlib's ten-colour cycle would make them)."""
     import matplotlib
@@ -497,7 +497,7 @@ def _styles(kinds) -> dict:
 
 def _plots(rows: dict, runs: list[dict], a) -> None:
     plt = pyplot()
-    style = _styles(rows)
+    style = kind_styles(rows)
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for k, r in rows.items():
         rs = [x for x in runs if x["kind"] == k]
