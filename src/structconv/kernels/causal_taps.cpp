@@ -12,6 +12,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <mutex>
 #include <vector>
 
 namespace {
@@ -71,62 +72,56 @@ void forward_rows(const T* x, const T* taps, T* y, int64_t B, int64_t L, int64_t
 }
 
 template <typename T>
-void input_grad_rows(const T* g, const T* taps, T* gx, int64_t B, int64_t L, int64_t N,
-                     int64_t C, int64_t K, int64_t P) {
-  // gx[b, m, c] = sum_s taps[K-1-s, c] * g[b, m - P + s, c] over outputs n = m - P + s in [0, N)
-  at::parallel_for(0, B * L, 16, [&](int64_t lo, int64_t hi) {
+void backward_rows(const T* g, const T* x, const T* taps, T* gx, double* gt, int64_t B,
+                   int64_t L, int64_t N, int64_t C, int64_t K, int64_t P) {
+  // One walk over the input rows m of each batch item, with g's and x's rows in cache:
+  //   gx[b, m, c] = sum_s taps[K-1-s, c] * g[b, m - P + s, c] over outputs n = m - P + s in [0, N)
+  //   gt[K-1-s, c] += g[b, n, c] * x[b, P + n - s, c] at the output row n = m - P
+  // (gx or gt may be null: not needed). Batch items in parallel; each chunk sums the tap
+  // gradient in T over runs of ROWS rows (vectorised), the runs in double, the chunks under a lock.
+  constexpr int64_t ROWS = 128;
+  std::mutex lock;
+  at::parallel_for(0, B, 1, [&](int64_t lo, int64_t hi) {
     std::vector<const T*> src(K), w(K);
-    for (int64_t r = lo; r < hi; ++r) {
-      const int64_t b = r / L, m = r % L;
-      int k = 0;
-      for (int64_t s = 0; s < K; ++s) {
-        const int64_t n = m - P + s;
-        if (n < 0) continue;
-        if (n >= N) break;
-        src[k] = g + (b * N + n) * C;
-        w[k++] = taps + (K - 1 - s) * C;
-      }
-      row_sum_any<T>(gx + r * C, src.data(), w.data(), k, C);
-    }
-  });
-}
-
-template <typename T>
-void taps_grad(const T* g, const T* x, T* gt, int64_t B, int64_t L, int64_t N, int64_t C,
-               int64_t K, int64_t P) {
-  // gt[K-1-s, c] = sum_{b, n} g[b, n, c] * x[b, P + n - s, c]. Channel blocks in parallel,
-  // each walking every row once (a block's part of a row is contiguous); sums in T over runs
-  // of ROWS rows (vectorised), the runs added in double (long sums stay accurate)
-  constexpr int64_t CB = 128, ROWS = 128;
-  const int64_t blocks = (C + CB - 1) / CB;
-  at::parallel_for(0, blocks, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<T> run(K * CB);
-    std::vector<double> acc(K * CB);
-    for (int64_t blk = lo; blk < hi; ++blk) {
-      const int64_t c0 = blk * CB, cw = std::min(CB, C - c0);
-      std::fill(acc.begin(), acc.end(), 0.0);
-      std::fill(run.begin(), run.end(), T(0));
-      int64_t rows = 0;
-      for (int64_t b = 0; b < B; ++b) {
-        for (int64_t n = 0; n < N; ++n) {
-          const T* __restrict__ gr = g + (b * N + n) * C + c0;
+    std::vector<T> run(gt ? K * C : 0, T(0));
+    std::vector<double> acc(gt ? K * C : 0, 0.0);
+    int64_t rows = 0;
+    for (int64_t b = lo; b < hi; ++b) {
+      for (int64_t m = 0; m < L; ++m) {
+        if (gx) {
+          int k = 0;
           for (int64_t s = 0; s < K; ++s) {
-            const int64_t m = P + n - s;
-            if (m < 0) break;
-            const T* __restrict__ xr = x + (b * L + m) * C + c0;
-            T* __restrict__ ar = run.data() + s * CB;
-            for (int64_t c = 0; c < cw; ++c) ar[c] += gr[c] * xr[c];
+            const int64_t n = m - P + s;
+            if (n < 0) continue;
+            if (n >= N) break;
+            src[k] = g + (b * N + n) * C;
+            w[k++] = taps + (K - 1 - s) * C;
+          }
+          row_sum_any<T>(gx + (b * L + m) * C, src.data(), w.data(), k, C);
+        }
+        if (gt && m >= P) {
+          const int64_t n = m - P;
+          const T* __restrict__ gr = g + (b * N + n) * C;
+          for (int64_t s = 0; s < K; ++s) {
+            const int64_t mm = m - s;
+            if (mm < 0) break;
+            const T* __restrict__ xr = x + (b * L + mm) * C;
+            T* __restrict__ ar = run.data() + s * C;
+            for (int64_t c = 0; c < C; ++c) ar[c] += gr[c] * xr[c];
           }
           if (++rows == ROWS) {
-            for (int64_t i = 0; i < K * CB; ++i) acc[i] += double(run[i]);
+            for (int64_t i = 0; i < K * C; ++i) acc[i] += double(run[i]);
             std::fill(run.begin(), run.end(), T(0));
             rows = 0;
           }
         }
       }
-      for (int64_t i = 0; i < K * CB; ++i) acc[i] += double(run[i]);
+    }
+    if (gt) {
+      for (int64_t i = 0; i < K * C; ++i) acc[i] += double(run[i]);
+      std::lock_guard<std::mutex> guard(lock);
       for (int64_t s = 0; s < K; ++s)
-        for (int64_t c = 0; c < cw; ++c) gt[(K - 1 - s) * C + c0 + c] = T(acc[s * CB + c]);
+        for (int64_t c = 0; c < C; ++c) gt[(K - 1 - s) * C + c] += acc[s * C + c];
     }
   });
 }
@@ -142,7 +137,13 @@ void check(const torch::Tensor& x, const torch::Tensor& taps, int64_t past) {
 
 }  // namespace
 
-torch::Tensor forward(torch::Tensor x, torch::Tensor taps, int64_t past) {
+std::vector<torch::Tensor> forward(torch::Tensor x, torch::Tensor w, int64_t identity,
+                                   int64_t past) {
+  // the residual folded into the taps here (one small op, no Python dispatch): returns
+  // (y, taps), the taps kept for the backward
+  auto taps = w.contiguous().clone();
+  TORCH_CHECK(identity >= 0 && identity < taps.size(0), "causal_taps: identity tap outside");
+  taps.select(0, identity).add_(1);
   check(x, taps, past);
   const int64_t B = x.size(0), L = x.size(1), C = x.size(2), K = taps.size(0), N = L - past;
   auto y = torch::empty({B, N, C}, x.options());
@@ -150,28 +151,26 @@ torch::Tensor forward(torch::Tensor x, torch::Tensor taps, int64_t past) {
     forward_rows<scalar_t>(x.data_ptr<scalar_t>(), taps.data_ptr<scalar_t>(),
                            y.data_ptr<scalar_t>(), B, L, N, C, K, past);
   });
-  return y;
+  return {y, taps};
 }
 
 std::vector<torch::Tensor> backward(torch::Tensor g, torch::Tensor x, torch::Tensor taps,
                                     int64_t past, bool need_x, bool need_taps) {
   check(x, taps, past);
+  g = g.contiguous();
   const int64_t B = x.size(0), L = x.size(1), C = x.size(2), K = taps.size(0), N = L - past;
-  TORCH_CHECK(g.is_contiguous() && g.size(0) == B && g.size(1) == N && g.size(2) == C &&
+  TORCH_CHECK(g.size(0) == B && g.size(1) == N && g.size(2) == C &&
               g.scalar_type() == x.scalar_type(), "causal_taps: g (B, N, C) expected");
   torch::Tensor gx, gt;
+  if (need_x) gx = torch::empty_like(x);
+  auto acc = torch::zeros({K, C}, x.options().dtype(torch::kFloat64));
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "causal_taps_backward", [&] {
-    if (need_x) {
-      gx = torch::empty_like(x);
-      input_grad_rows<scalar_t>(g.data_ptr<scalar_t>(), taps.data_ptr<scalar_t>(),
-                                gx.data_ptr<scalar_t>(), B, L, N, C, K, past);
-    }
-    if (need_taps) {
-      gt = torch::empty_like(taps);
-      taps_grad<scalar_t>(g.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
-                          gt.data_ptr<scalar_t>(), B, L, N, C, K, past);
-    }
+    backward_rows<scalar_t>(g.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
+                            taps.data_ptr<scalar_t>(),
+                            need_x ? gx.data_ptr<scalar_t>() : nullptr,
+                            need_taps ? acc.data_ptr<double>() : nullptr, B, L, N, C, K, past);
   });
+  if (need_taps) gt = acc.to(x.scalar_type());
   return {gx, gt};
 }
 

@@ -132,13 +132,12 @@ class CausalTaps(torch.autograd.Function):
         w = weight.to(x.dtype)
         ext = _native(x)
         if ext is not None:
-            # the compiled kernel: one pass over x (the residual folded into the taps)
-            taps = w.clone()
-            taps[identity] += 1
+            # the compiled kernel: one pass over x (it folds the residual into the taps)
             xc = x.contiguous()
+            y, taps = ext.forward(xc, w, identity, past)
             ctx.save_for_backward(xc, w)
             ctx.past, ctx.identity, ctx.wdtype, ctx.taps = past, identity, weight.dtype, taps
-            return ext.forward(xc, taps, past)
+            return y
         ctx.taps = None
         K, N = w.shape[0], x.shape[1] - past
         taps = w.unbind(0)
@@ -161,9 +160,11 @@ class CausalTaps(torch.autograd.Function):
         if ctx.taps is not None and not torch.is_grad_enabled():
             ext = _native(x)
             if ext is not None:
-                gx, gt = ext.backward(g.contiguous(), x, ctx.taps, P, ctx.needs_input_grad[0],
+                gx, gt = ext.backward(g, x, ctx.taps, P, ctx.needs_input_grad[0],
                                       ctx.needs_input_grad[1])
-                return gx, (None if gt is None else gt.to(ctx.wdtype)), None, None
+                if gt is not None and gt.dtype != ctx.wdtype:
+                    gt = gt.to(ctx.wdtype)
+                return gx, gt, None, None
         taps = w.unbind(0)
         gx = gw = None
         if ctx.needs_input_grad[0]:
