@@ -16,7 +16,14 @@ from hypothesis import strategies as st
 import structconv as sc
 from structconv.attention.index import RelativeBias
 from structconv.kernels import native
-from structconv.nn.canon import Canon, CausalTaps, ResidualDepthwise, causal_grid, causal_past
+from structconv.nn.canon import (
+    Canon,
+    CausalTaps,
+    ResidualDepthwise,
+    apply_taps,
+    causal_grid,
+    causal_past,
+)
 from structconv.nn.lm import POSITIONS, TransformerLM, equalised_ffn, kind_name, split_kind
 
 DT = torch.float64
@@ -167,10 +174,11 @@ def test_causal_taps_is_its_definition_and_its_gradients_pass_gradcheck(N, K, C,
     w = torch.randn(K, C, dtype=DT, requires_grad=True)
     x = torch.randn(2, P + N, C + 3 if strided else C, dtype=DT)[..., :C]  # a strided view
     x.requires_grad_()
-    y = CausalTaps.apply(x, w, identity, P)
-    torch.testing.assert_close(y, _dense_causal(x.detach(), w.detach(), identity, P),
-                               rtol=1e-13, atol=1e-13)
-    assert torch.autograd.gradcheck(lambda a, b: CausalTaps.apply(a, b, identity, P), (x, w))
+    for fn in (CausalTaps.apply, apply_taps):  # the torch ops, the compiled kernel
+        y = fn(x, w, identity, P)
+        torch.testing.assert_close(y, _dense_causal(x.detach(), w.detach(), identity, P),
+                                   rtol=1e-13, atol=1e-13)
+        assert torch.autograd.gradcheck(lambda a, b: fn(a, b, identity, P), (x, w))
     # and the gradient of one input alone (the other not needed)
     (gx,) = torch.autograd.grad(CausalTaps.apply(x, w.detach(), identity, P).sum(), x)
     (rx,) = torch.autograd.grad(_dense_causal(x, w.detach(), identity, P).sum(), x)
@@ -189,20 +197,15 @@ def test_causal_taps_keeps_the_input_and_weight_dtypes():
 
 
 # -- the compiled kernel (structconv.kernels.native) against the torch ops ------------------------
-def _both_paths(x, w, identity, P, monkeypatch):
-    """(y, gx, gw) by the compiled kernel and by the torch ops."""
-    from structconv.nn import canon
-
+def _both_paths(x, w, identity, P):
+    """(y, gx, gw) by the compiled kernel (``apply_taps``) and by the torch ops (``CausalTaps``)."""
     out = []
-    for use in (True, False):
-        if not use:
-            monkeypatch.setattr(canon, "_native", lambda x: None)
+    for fn in (apply_taps, CausalTaps.apply):
         xx, ww = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
-        y = CausalTaps.apply(xx, ww, identity, P)
+        y = fn(xx, ww, identity, P)
         g = torch.randn_like(y, generator=torch.Generator().manual_seed(5))
         gx, gw = torch.autograd.grad(y, (xx, ww), g)
         out.append((y.detach(), gx, gw))
-        monkeypatch.undo()
     return out
 
 
@@ -213,13 +216,12 @@ def _both_paths(x, w, identity, P, monkeypatch):
     (2, 5, 130, 10, False, 4), (1, 3, 7, 12, True, 11), (2, 8, 3, 6, True, 0),  # K > 8
     (4, 40, 129, 3, True, 1)])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_compiled_causal_taps_equal_the_torch_ops(B, N, C, K, past, identity, dtype,
-                                                  monkeypatch):
+def test_compiled_causal_taps_equal_the_torch_ops(B, N, C, K, past, identity, dtype):
     torch.manual_seed(B + N + C + K)
     P = K - 1 if past else 0
     x = torch.randn(B, P + N, C + 2, dtype=dtype)[..., :C]  # strided: the kernel copies
     w = torch.randn(K, C, dtype=dtype)
-    (y, gx, gw), (ry, rgx, rgw) = _both_paths(x, w, identity, P, monkeypatch)
+    (y, gx, gw), (ry, rgx, rgw) = _both_paths(x, w, identity, P)
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(y, ry, **tol)
     torch.testing.assert_close(gx, rgx, **tol)
@@ -228,11 +230,22 @@ def test_compiled_causal_taps_equal_the_torch_ops(B, N, C, K, past, identity, dt
                                **tol)
 
 
-def test_a_graph_building_backward_takes_the_torch_ops():
-    # create_graph=True: the torch ops, whose gradient is differentiable again
-    x = torch.randn(2, 6, 3, dtype=DT, requires_grad=True)
+@pytest.mark.parametrize("fn", [apply_taps, CausalTaps.apply])
+@pytest.mark.parametrize("L,P,identity", [(6, 0, 3), (8, 3, 1), (3, 3, 0)])
+def test_causal_taps_gradients_are_differentiable_again(fn, L, P, identity):
+    # create_graph=True: the compiled node's backward switches to recorded torch ops
+    x = torch.randn(2, L, 3, dtype=DT, requires_grad=True)
     w = torch.randn(4, 3, dtype=DT, requires_grad=True)
-    assert torch.autograd.gradgradcheck(lambda a, b: CausalTaps.apply(a, b, 3, 0), (x, w))
+    assert torch.autograd.gradcheck(lambda a, b: fn(a, b, identity, P), (x, w))
+    assert torch.autograd.gradgradcheck(lambda a, b: fn(a, b, identity, P), (x, w))
+
+
+def test_apply_taps_keeps_the_input_and_weight_dtypes():
+    w = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(2, 7, 5, dtype=torch.float32, requires_grad=True)
+    y = apply_taps(x, w, 2, 0)
+    gx, gw = torch.autograd.grad(y.sum(), (x, w))
+    assert (y.dtype, gx.dtype, gw.dtype) == (torch.float32, torch.float32, torch.float64)
 
 
 def test_the_compiled_kernel_is_optional(monkeypatch):
@@ -252,7 +265,7 @@ def test_the_compiled_kernel_is_optional(monkeypatch):
     assert native.causal_taps() is None  # warned once, not built again
     x = torch.randn(2, 5, 3, dtype=DT)
     w = torch.randn(2, 3, dtype=DT)
-    torch.testing.assert_close(CausalTaps.apply(x, w, 1, 0), _dense_causal(x, w, 1, 0))
+    torch.testing.assert_close(apply_taps(x, w, 1, 0), _dense_causal(x, w, 1, 0))
 
 
 # -- TransformerLM(canon=...) -------------------------------------------------------------------

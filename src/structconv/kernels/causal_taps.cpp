@@ -9,6 +9,7 @@
 // forward 1 read of x and 1 write of y, backward 1 read of g and x, 1 write of gx, and the tap
 // gradient accumulated per channel block in registers.
 #include <torch/extension.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -174,7 +175,82 @@ std::vector<torch::Tensor> backward(torch::Tensor g, torch::Tensor x, torch::Ten
   return {gx, gt};
 }
 
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// The differentiable form of the backward (torch ops, recorded when a graph is being built:
+// create_graph=True), so that the kernel's gradient can be differentiated again.
+tensor_list backward_ops(const torch::Tensor& g, const torch::Tensor& x, const torch::Tensor& taps,
+                         int64_t P) {
+  const int64_t L = x.size(1), N = g.size(1), K = taps.size(0);
+  // x's rows as the outputs read them: xp[:, j] = x[:, j - (K - 1) + P], zero before x's start
+  auto xp = torch::constant_pad_nd(x, {0, 0, K - 1, 0});
+  auto gp = torch::constant_pad_nd(g, {0, 0, P, K - 1});  // g on x's rows, K - 1 zero rows after
+  auto gx = torch::zeros_like(x);
+  std::vector<torch::Tensor> gts;
+  for (int64_t s = 0; s < K; ++s) {
+    auto tap = taps.select(0, K - 1 - s);
+    gx = gx + gp.narrow(1, s, L) * tap;  // gx[m] += taps[K-1-s] * g[m - P + s]
+    gts.push_back((g * xp.narrow(1, K - 1 - s + P, N)).sum({0, 1}));
+  }
+  std::reverse(gts.begin(), gts.end());
+  return {gx, torch::stack(gts)};
+}
+
+class CausalTapsFunction : public torch::autograd::Function<CausalTapsFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor w,
+                               int64_t identity, int64_t past) {
+    auto xc = x.contiguous();
+    auto out = ::forward(xc, w.to(x.scalar_type()), identity, past);
+    // w itself is saved (a graph-building backward differentiates through it); the folded
+    // taps ride along as data for the kernel's backward
+    ctx->save_for_backward({xc, w});
+    ctx->saved_data["taps"] = out[1];
+    ctx->saved_data["identity"] = identity;
+    ctx->saved_data["past"] = past;
+    ctx->saved_data["wdtype"] = static_cast<int64_t>(w.scalar_type());
+    return out[0];
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto& x = saved[0];
+    const auto& w = saved[1];
+    const int64_t P = ctx->saved_data["past"].toInt();
+    const auto wdtype = static_cast<at::ScalarType>(ctx->saved_data["wdtype"].toInt());
+    const bool nx = ctx->needs_input_grad(0), nw = ctx->needs_input_grad(1);
+    torch::Tensor gx, gt;
+    if (torch::GradMode::is_enabled()) {
+      const int64_t identity = ctx->saved_data["identity"].toInt();
+      auto eye = torch::zeros({w.size(0), 1}, x.options());
+      eye.select(0, identity).fill_(1);
+      auto r = backward_ops(grads[0], x, w.to(x.scalar_type()) + eye, P);
+      gx = r[0];
+      gt = r[1];
+    } else {
+      auto r = ::backward(grads[0], x, ctx->saved_data["taps"].toTensor(), P, nx, nw);
+      gx = r[0];
+      gt = r[1];
+    }
+    if (!nx) gx = torch::Tensor();
+    if (!nw) gt = torch::Tensor();
+    if (gt.defined() && gt.scalar_type() != wdtype) gt = gt.to(wdtype);
+    return {gx, gt, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+// y with its gradient function (the autograd node is C++: no Python runs in the backward)
+torch::Tensor apply(torch::Tensor x, torch::Tensor w, int64_t identity, int64_t past) {
+  return CausalTapsFunction::apply(x, w, identity, past);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forward", &forward, "causal depthwise taps, forward");
-  m.def("backward", &backward, "causal depthwise taps, backward");
+  m.def("forward", &forward, "causal depthwise taps, forward: (y, taps)");
+  m.def("backward", &backward, "causal depthwise taps, backward: (gx, gtaps)");
+  m.def("apply", &apply, "causal depthwise taps with their autograd node");
 }

@@ -19,7 +19,7 @@ from ..costs import Route
 from ..kernels import native
 from ..params import Parameterization
 
-__all__ = ["ResidualDepthwise", "Canon", "CausalTaps", "causal_taps", "causal_past",
+__all__ = ["ResidualDepthwise", "Canon", "CausalTaps", "apply_taps", "causal_taps", "causal_past",
            "causal_grid", "CANON_PLACES", "CANON_INIT_STD"]
 
 #: the Canon places of a decoder block: A before attention, B on q/k/v, C before the
@@ -84,7 +84,7 @@ class ResidualDepthwise(Parameterization):
             # the causal 1-d grid's own kernel (``CausalTaps``): the same passes as the taps
             # route without its padded copy and per-call layout work, hence charged less
             def causal(x, th, bias):
-                y = CausalTaps.apply(x, th.weight, th.identity, past)
+                y = apply_taps(x, th.weight, th.identity, past)
                 return y if bias is None else y + bias
 
             routes.append(Route("causal_taps", 0.5 * basis.channelwise_flops(C, B),
@@ -121,24 +121,13 @@ class CausalTaps(torch.autograd.Function):
     no (B, N, K, C) temporary. Backward: the input gradient the same way from g (the shifts
     reversed); the tap gradient as K dot products per channel, Σ_{b,n} g[b, n] ⊙ x[b, n − s].
 
-    On CPU in float32 / float64 the same arithmetic runs in the compiled kernel
-    ``structconv.kernels.native.causal_taps`` (one pass forward, one backward, each input row
-    read while it is in cache); the torch ops above serve every other case (other devices and
-    dtypes, tracing, a backward that builds a graph, or no compiler).
+    This is the torch-op definition; ``apply_taps`` runs the compiled kernel instead where it
+    can (CPU float32 / float64).
     """
 
     @staticmethod
     def forward(ctx, x, weight, identity, past):
         w = weight.to(x.dtype)
-        ext = _native(x)
-        if ext is not None:
-            # the compiled kernel: one pass over x (it folds the residual into the taps)
-            xc = x.contiguous()
-            y, taps = ext.forward(xc, w, identity, past)
-            ctx.save_for_backward(xc, w)
-            ctx.past, ctx.identity, ctx.wdtype, ctx.taps = past, identity, weight.dtype, taps
-            return y
-        ctx.taps = None
         K, N = w.shape[0], x.shape[1] - past
         taps = w.unbind(0)
         cur = x[:, past:] if past else x
@@ -157,14 +146,6 @@ class CausalTaps(torch.autograd.Function):
     def backward(ctx, g):
         x, w = ctx.saved_tensors
         P, K, N, identity = ctx.past, w.shape[0], g.shape[1], ctx.identity
-        if ctx.taps is not None and not torch.is_grad_enabled():
-            ext = _native(x)
-            if ext is not None:
-                gx, gt = ext.backward(g, x, ctx.taps, P, ctx.needs_input_grad[0],
-                                      ctx.needs_input_grad[1])
-                if gt is not None and gt.dtype != ctx.wdtype:
-                    gt = gt.to(ctx.wdtype)
-                return gx, gt, None, None
         taps = w.unbind(0)
         gx = gw = None
         if ctx.needs_input_grad[0]:
@@ -206,9 +187,24 @@ def _shifted(K: int, N: int, past: int):
             yield s, lo, slice(past + lo - s, past + N - s)
 
 
+def apply_taps(x: Tensor, weight: Tensor, identity: int, past: int = 0) -> Tensor:
+    """``CausalTaps.apply(x, weight, identity, past)``: x (B, past + N, C) -> (B, N, C).
+
+    On CPU in float32 / float64 it runs the compiled kernel
+    (``structconv.kernels.native.causal_taps``: one pass over the activations forward, one
+    backward, with a C++ autograd node whose backward runs no Python and is itself
+    differentiable); everywhere else (other devices and dtypes, ``torch.compile``'s tracing, no
+    compiler) the torch ops of ``CausalTaps``. Both give the same values to float rounding.
+    """
+    ext = _native(x)
+    if ext is not None:
+        return ext.apply(x, weight, identity, past)
+    return CausalTaps.apply(x, weight, identity, past)
+
+
 def causal_taps(x: Tensor, param: ResidualDepthwise, past: int = 0) -> Tensor:
-    """``CausalTaps`` of x (B, past + N, C) with ``param``'s taps: (B, N, C)."""
-    return CausalTaps.apply(x, param.weight, param.identity, past)
+    """``apply_taps`` of x (B, past + N, C) with ``param``'s taps: (B, N, C)."""
+    return apply_taps(x, param.weight, param.identity, past)
 
 
 def causal_grid(length: int, kernel: int, past: int = 0, *, native: bool = True) -> Grid:
