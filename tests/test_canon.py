@@ -178,7 +178,7 @@ def test_causal_taps_is_its_definition_and_its_gradients_pass_gradcheck(N, K, C,
         y = fn(x, w, identity, P)
         torch.testing.assert_close(y, _dense_causal(x.detach(), w.detach(), identity, P),
                                    rtol=1e-13, atol=1e-13)
-        assert torch.autograd.gradcheck(lambda a, b: fn(a, b, identity, P), (x, w))
+        assert torch.autograd.gradcheck(lambda a, b, fn=fn: fn(a, b, identity, P), (x, w))
     # and the gradient of one input alone (the other not needed)
     (gx,) = torch.autograd.grad(CausalTaps.apply(x, w.detach(), identity, P).sum(), x)
     (rx,) = torch.autograd.grad(_dense_causal(x, w.detach(), identity, P).sum(), x)
