@@ -2,12 +2,14 @@
 //
 // y[b, n, c] = sum_s taps[K-1-s, c] * x[b, P + n - s, c]     (inputs before x's start are zero)
 //
-// x is (B, P + N, C) contiguous, taps (K, C) contiguous (the residual already folded in).
-// The torch-op version (structconv.nn.canon.CausalTaps) makes K passes forward and 2K
-// backward over the activations, each a separate call; a Canon layer is memory-bound, so this
-// kernel reads each input row once per output row it feeds while it is still in cache:
-// forward 1 read of x and 1 write of y, backward 1 read of g and x, 1 write of gx, and the tap
-// gradient accumulated per channel block in registers.
+// x is (B, P + N, C) contiguous, w (K, C) the tap weights; ``forward`` folds the residual into
+// them (taps = w, plus 1 at the identity tap). The torch-op version
+// (structconv.nn.canon.CausalTaps) makes K passes forward and 2K backward over the
+// activations, each a separate call; a Canon layer is memory-bound, so here each output row is
+// a register sum over its K input rows (forward: one read of x, one write of y), and the
+// backward is one walk over the rows: the input gradient the same way from g, the tap gradient
+// accumulated from the same rows while they are in cache. The autograd node is C++ (no Python
+// in the backward); a backward that builds a graph runs recorded torch ops instead.
 #include <torch/extension.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <ATen/Parallel.h>
