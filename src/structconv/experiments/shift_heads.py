@@ -254,6 +254,7 @@ def window_loss(model, ids, length: int, stride: int | None = None) -> float:
     position scored), or advanced by ``stride`` scoring only each window's last ``stride``
     positions (each scored token then sees at least length - stride tokens before it)."""
     model.eval()
+    dev = next(model.parameters()).device
     total, count = 0.0, 0
     n = ids.numel() - 1
     if stride is None:
@@ -264,7 +265,7 @@ def window_loss(model, ids, length: int, stride: int | None = None) -> float:
         st = torch.tensor(starts[i:i + 8])
         off = torch.arange(length)
         x, y = ids[st[:, None] + off], ids[st[:, None] + off + 1]
-        x, y = x.to(next(model.parameters()).device), y.to(next(model.parameters()).device)
+        x, y = x.to(dev), y.to(dev)
         logits = model(x)[:, -score:]
         total += float(F.cross_entropy(logits.flatten(0, 1), y[:, -score:].flatten(),
                                        reduction="sum"))

@@ -166,7 +166,8 @@ std::vector<torch::Tensor> backward(torch::Tensor g, torch::Tensor x, torch::Ten
               g.scalar_type() == x.scalar_type(), "causal_taps: g (B, N, C) expected");
   torch::Tensor gx, gt;
   if (need_x) gx = torch::empty_like(x);
-  auto acc = torch::zeros({K, C}, x.options().dtype(torch::kFloat64));
+  torch::Tensor acc;  // the tap gradient's sums in double, when it is needed
+  if (need_taps) acc = torch::zeros({K, C}, x.options().dtype(torch::kFloat64));
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "causal_taps_backward", [&] {
     backward_rows<scalar_t>(g.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
                             taps.data_ptr<scalar_t>(),

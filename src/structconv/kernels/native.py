@@ -1,7 +1,8 @@
 """Compiled CPU kernels, built once per machine from the C++ sources beside this file.
 
 ``causal_taps()`` is the Canon layers' causal depthwise taps in one pass over memory
-(``causal_taps.cpp``; ``structconv.nn.canon.CausalTaps`` calls it on CPU float32 / float64).
+(``causal_taps.cpp``: ``apply`` with its C++ autograd node, and the bare ``forward`` /
+``backward``); ``structconv.nn.canon.apply_taps`` calls it on CPU float32 / float64.
 The module is compiled on first use by torch's extension builder (``torch.utils.cpp_extension``,
 a C++ compiler and ninja; ~30-60 s once, then loaded from torch's extension cache) under a name
 that carries the source's and torch's versions, so an edit or another torch rebuilds it. Where
@@ -32,8 +33,8 @@ def enabled() -> bool:
 
 
 def causal_taps():
-    """The compiled causal-taps module (``forward``, ``backward``), or None where it cannot be
-    had (see the module's docstring)."""
+    """The compiled causal-taps module (``apply``, ``forward``, ``backward``), or None where it
+    cannot be had (see the module's docstring)."""
     mod = _built.get("causal_taps", False)
     if mod is not False:
         return mod
