@@ -15,6 +15,8 @@ from . import (  # noqa: F401  (the loader modules, imported for their registrat
     synthetic,
     text,
 )
+from .batch import GraphBatch, GraphDataset, GraphLoader
 from .registry import DATASETS, dataset_names, load_dataset, register_dataset
 
-__all__ = ["DATASETS", "dataset_names", "load_dataset", "register_dataset"]
+__all__ = ["DATASETS", "dataset_names", "load_dataset", "register_dataset", "GraphBatch",
+           "GraphDataset", "GraphLoader"]
