@@ -195,3 +195,17 @@ def test_compiled_gin_does_not_recompile_per_batch_size():
         first = counter.frame_count if first is None else first
     # (the first call may trace twice: Dynamo restarts once to turn Python floats into tensors)
     assert counter.frame_count == first <= 2
+
+
+def test_gin_takes_a_built_sum_basis():
+    theirs = pnn.GINConv(_mlp(5, 6, 3), eps=0.2).double()
+    ours = sc.nn.from_pyg(theirs)
+    ei = _graph(8, 8, 20, 9)
+    x = torch.randn(8, 5, dtype=torch.float64)
+    A = sc.basis.adjacency(ei, 8, dtype=torch.float64)
+    torch.testing.assert_close(ours(x, A), theirs(x, ei), rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(A.to_dense()[0], torch.zeros(8, 8, dtype=torch.float64)
+                               .index_put_((ei[0], ei[1]), torch.ones(20, dtype=torch.float64),
+                                           accumulate=True))
+    with pytest.raises(ValueError, match="given basis"):
+        ours(x[:5], A)

@@ -9,8 +9,10 @@ int) under ``torch.compile``: reading it from the data would end the traced grap
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
+from ..basis.batch import adjacency
 from ..nn.gin import GINConv, GINEConv
 from ..nn.pool import (
     AttentionalAggregation,
@@ -68,8 +70,12 @@ class GIN(nn.Module):
     def embed(self, x: Tensor, edge_index: Tensor, batch: Tensor, num_graphs: int | None = None,
               edge_attr: Tensor | None = None) -> Tensor:
         """The graph embeddings ``(num_graphs, hidden)`` before the head."""
+        structure = edge_index
+        if edge_attr is None and not torch.compiler.is_compiling() and x.shape[0]:
+            # the sum basis built once for every layer (compiled code traces the sum itself)
+            structure = adjacency(edge_index, x.shape[0], dtype=x.dtype)
         for conv in self.convs:
-            x = conv(x, edge_index) if edge_attr is None or isinstance(conv, GINConv) else \
+            x = conv(x, structure) if edge_attr is None or isinstance(conv, GINConv) else \
                 conv(x, edge_index, edge_attr)
         if self.readout == "attention":
             return self.attention(x, batch, dim_size=num_graphs)

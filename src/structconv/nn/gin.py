@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..basis.base import Basis
 from ..basis.batch import adjacency
 from .convert import register_pyg
 from .pool import reset_module
@@ -41,6 +42,13 @@ def _pair(x, who: str) -> tuple[Tensor, Tensor | None]:
 
 
 def _sizes(x_src: Tensor, x_dst, edge_index, size, who: str) -> tuple[int, int]:
+    if isinstance(edge_index, Basis) and who == "GINConv":
+        b = edge_index
+        N = x_dst.shape[0] if x_dst is not None else b.N
+        if b.K != 1 or b.M != x_src.shape[0] or b.N != N:
+            raise ValueError(f"GINConv: a given basis must be (1, M_src, N_dst) = (1, "
+                             f"{x_src.shape[0]}, {N}), got {b.shape}")
+        return b.M, b.N
     if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or edge_index.shape[0] != 2 \
             or edge_index.is_floating_point():
         got = tuple(edge_index.shape) if isinstance(edge_index, Tensor) else \
@@ -61,10 +69,14 @@ def _sizes(x_src: Tensor, x_dst, edge_index, size, who: str) -> tuple[int, int]:
     return M, N
 
 
-def sum_neighbours(x_src: Tensor, edge_index: Tensor, N: int, cache: bool = True) -> Tensor:
+def sum_neighbours(x_src: Tensor, edge_index: Tensor | Basis, N: int,
+                   cache: bool = True) -> Tensor:
     """``Aᵀ x_src``: each of the N targets' sum over its incoming edges, (N, F), by the sum
-    basis ``sc.basis.adjacency`` (its structure cached per ``edge_index``)."""
+    basis ``sc.basis.adjacency`` (its structure cached per ``edge_index``), or by the basis
+    given in place of ``edge_index`` (built once and shared by the layers of a model)."""
     M, F = x_src.shape
+    if isinstance(edge_index, Basis):
+        return edge_index.propagate_sum(x_src.reshape(1, M, 1, F))[0]
     if torch.compiler.is_compiling() or M == 0 or N == 0:
         # the traced form of the sparse product, sizes symbolic (no per-size graph)
         src, dst = edge_index[0], edge_index[1]
@@ -114,7 +126,9 @@ def gine_conv(x, edge_index: Tensor, edge_attr: Tensor, nn: nn.Module,
 
 class GINConv(nn.Module):
     """PyG's ``GINConv(nn, eps=0.0, train_eps=False)``, called ``(x, edge_index, size=None)``
-    with x (M, F) or a bipartite pair (x_src, x_dst): ``nn(Aᵀ x + (1 + eps) x)``."""
+    with x (M, F) or a bipartite pair (x_src, x_dst): ``nn(Aᵀ x + (1 + eps) x)``.
+    ``edge_index`` may also be the built sum basis ``sc.basis.adjacency(edge_index, ...)``
+    (one structure for every layer of a model, no cache look-up per layer)."""
 
     def __init__(self, nn: nn.Module, eps: float = 0.0, train_eps: bool = False):
         super().__init__()
