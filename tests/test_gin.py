@@ -209,3 +209,22 @@ def test_gin_takes_a_built_sum_basis():
                                            accumulate=True))
     with pytest.raises(ValueError, match="given basis"):
         ours(x[:5], A)
+
+
+def test_a_pair_without_targets_equals_pyg():
+    theirs = pnn.GINEConv(_mlp(3, 4, 2), edge_dim=2).double()
+    ours = sc.nn.from_pyg(theirs)
+    gin_theirs = pnn.GINConv(_mlp(3, 4, 2)).double()
+    gin = sc.nn.from_pyg(gin_theirs)
+    xs = torch.randn(5, 3, dtype=torch.float64)
+    ei = torch.tensor([[0, 1, 4, 4], [2, 0, 3, 6]])
+    ea = torch.randn(4, 2, dtype=torch.float64)
+    for size in ((5, 7), (None, 9)):
+        torch.testing.assert_close(ours((xs, None), ei, ea, size=size),
+                                   theirs((xs, None), ei, ea, size=size))
+        torch.testing.assert_close(gin((xs, None), ei, size=size),
+                                   gin_theirs((xs, None), ei, size=size))
+    # without a size: as many targets as sources (PyG's), so target 6 is out of range
+    torch.testing.assert_close(gin((xs, None), ei[:, :3]), gin_theirs((xs, None), ei[:, :3]))
+    with pytest.raises(ValueError, match="target ids"):
+        gin((xs, None), ei)

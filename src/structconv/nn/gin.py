@@ -64,8 +64,8 @@ def _sizes(x_src: Tensor, x_dst, edge_index, size, who: str) -> tuple[int, int]:
         if size[1] is not None and N is not None and size[1] != N:
             raise ValueError(f"{who}: size[1]={size[1]} but x (target) has {N} rows")
         N = size[1] if size[1] is not None else N
-    if N is None:  # (x_src, None) without a size: as PyG, the targets present
-        N = int(edge_index[1].max()) + 1 if edge_index.shape[1] else 0
+    if N is None:  # (x_src, None) without a size: as PyG, as many targets as sources
+        N = M
     return M, N
 
 
