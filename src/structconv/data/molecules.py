@@ -45,7 +45,9 @@ BOND_VOCABULARIES = (
     ["STEREONONE", "STEREOZ", "STEREOE", "STEREOCIS", "STEREOTRANS", "STEREOANY"],
     [False, True],
 )
+#: the number of categories of each atom feature (OGB's ``get_atom_feature_dims``)
 ATOM_FEATURE_DIMS = tuple(len(v) for v in ATOM_VOCABULARIES)
+#: the number of categories of each bond feature
 BOND_FEATURE_DIMS = tuple(len(v) for v in BOND_VOCABULARIES)
 
 _ATOM_INDEX = [{v: i for i, v in enumerate(voc)} for voc in ATOM_VOCABULARIES]
