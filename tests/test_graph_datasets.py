@@ -2,16 +2,11 @@
 PyG's TUDataset, Errica et al.'s folds) and molecules from SMILES (OGB's features, scaffold
 split)."""
 
-import os
-from pathlib import Path
-
 import pytest
 import torch
 
 from structconv.data import GraphDataset, load_dataset
-from structconv.data.registry import DatasetError, missing_files
-
-TU = Path(os.environ.get("STRUCTCONV_DATA", "/nonexistent")) / "tu"
+from structconv.data.registry import DatasetError, dataset_dir, missing_files
 
 # the README's table (verified on the files): graphs, class counts, nodes, lines in _A
 COUNTS = {"tu-mutag": (188, [63, 125], 3371, 7442),
@@ -20,8 +15,9 @@ COUNTS = {"tu-mutag": (188, [63, 125], 3371, 7442),
 
 
 def _need(name):
-    if missing_files(name):
-        pytest.skip(f"{name} files are not in the data home ($STRUCTCONV_DATA)")
+    missing = missing_files(name)
+    if missing:
+        pytest.skip(f"{name} is not in the data home: missing {', '.join(missing[:3])}")
 
 
 @pytest.mark.parametrize("name", sorted(COUNTS))
@@ -54,7 +50,7 @@ def test_tu_equals_pyg_tudataset(tmp_path):
 
     raw = tmp_path / "MUTAG" / "raw"
     raw.mkdir(parents=True)
-    for f in (TU / "MUTAG").iterdir():
+    for f in (dataset_dir("tu-mutag") / "MUTAG").iterdir():
         (raw / f.name).symlink_to(f)
     theirs = Batch.from_data_list(list(tud.TUDataset(str(tmp_path), "MUTAG")))
     ours = load_dataset("tu-mutag").batch()
