@@ -22,8 +22,8 @@ from .graph import PowerBasis, SparseOperator, pair_nodes
 
 __all__ = ["Readout", "readout", "adjacency", "READOUTS"]
 
-#: the linear readouts (a max readout is a reduction, not a basis: ``sc.nn.global_max_pool``)
 READOUTS = ("sum", "mean")
+"""The linear readouts (a max readout is a reduction, not a basis: ``sc.nn.global_max_pool``)."""
 
 
 def _batch_vector(batch) -> tuple[Tensor, int | None]:

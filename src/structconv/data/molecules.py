@@ -27,7 +27,6 @@ __all__ = ["ATOM_VOCABULARIES", "BOND_VOCABULARIES", "ATOM_FEATURE_DIMS", "BOND_
            "one_hot", "read_hiv", "parse"]
 
 _MISC = "misc"
-#: OGB's atom vocabularies, one per feature column (the last entry of each takes the rest)
 ATOM_VOCABULARIES = (
     [*range(1, 119), _MISC],
     ["CHI_UNSPECIFIED", "CHI_TETRAHEDRAL_CW", "CHI_TETRAHEDRAL_CCW", "CHI_OTHER", _MISC],
@@ -39,16 +38,17 @@ ATOM_VOCABULARIES = (
     [False, True],
     [False, True],
 )
-#: OGB's bond vocabularies: type, stereo, conjugated
+"""OGB's atom vocabularies, one per feature column (the last entry of each takes the rest)."""
 BOND_VOCABULARIES = (
     ["SINGLE", "DOUBLE", "TRIPLE", "AROMATIC", _MISC],
     ["STEREONONE", "STEREOZ", "STEREOE", "STEREOCIS", "STEREOTRANS", "STEREOANY"],
     [False, True],
 )
-#: the number of categories of each atom feature (OGB's ``get_atom_feature_dims``)
+"""OGB's bond vocabularies: type, stereo, conjugated."""
 ATOM_FEATURE_DIMS = tuple(len(v) for v in ATOM_VOCABULARIES)
-#: the number of categories of each bond feature
+"""The number of categories of each atom feature (OGB's ``get_atom_feature_dims``)."""
 BOND_FEATURE_DIMS = tuple(len(v) for v in BOND_VOCABULARIES)
+"""The number of categories of each bond feature."""
 
 _ATOM_INDEX = [{v: i for i, v in enumerate(voc)} for voc in ATOM_VOCABULARIES]
 _BOND_INDEX = [{v: i for i, v in enumerate(voc)} for voc in BOND_VOCABULARIES]

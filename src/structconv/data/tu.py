@@ -23,10 +23,10 @@ from .registry import DatasetError, register_dataset
 
 __all__ = ["load_tu", "stratified_folds", "TU_DATASETS"]
 
-#: name -> (folder / file prefix, Errica et al.'s split file or None)
 TU_DATASETS = {"MUTAG": ("MUTAG", None),
                "PROTEINS": ("PROTEINS", "PROTEINS_full_splits.json"),
                "NCI1": ("NCI1", "NCI1_splits.json")}
+"""Name -> (folder / file prefix, Errica et al.'s split file or None)."""
 
 
 def _read(path: Path, dtype) -> np.ndarray:
