@@ -228,3 +228,12 @@ def test_a_pair_without_targets_equals_pyg():
     torch.testing.assert_close(gin((xs, None), ei[:, :3]), gin_theirs((xs, None), ei[:, :3]))
     with pytest.raises(ValueError, match="target ids"):
         gin((xs, None), ei)
+
+
+@pytest.mark.parametrize("kwargs", [{"aggr": "mean"}, {"aggr": "max"},
+                                    {"flow": "target_to_source"}])
+def test_from_pyg_refuses_other_aggregations_and_flows(kwargs):
+    for layer in (pnn.GINConv(nn.Identity(), **kwargs), pnn.GINEConv(nn.Identity(), **kwargs)):
+        with pytest.raises(ValueError, match="only"):
+            sc.nn.from_pyg(layer)
+    assert isinstance(sc.nn.from_pyg(pnn.GINConv(nn.Identity(), aggr="sum")), sc.nn.GINConv)

@@ -203,8 +203,21 @@ def _eps_of(m, out):
     return out.train(m.training)
 
 
+def _check_pyg_options(m) -> None:
+    """Refuse a PyG layer built with an aggregation or flow other than GIN's (sum, source to
+    target): converting it as GIN would silently compute something else."""
+    aggr, flow = getattr(m, "aggr", "add"), getattr(m, "flow", "source_to_target")
+    if not isinstance(aggr, str) or aggr not in ("add", "sum"):
+        raise ValueError(f"from_pyg: {type(m).__name__} with aggr={aggr!r} is not GIN's sum "
+                         "aggregation; only aggr='add' converts")
+    if flow != "source_to_target":
+        raise ValueError(f"from_pyg: {type(m).__name__} with flow={flow!r}: only "
+                         "'source_to_target' converts (flip edge_index instead)")
+
+
 @register_pyg("GINConv")
 def _from_gin(m):
+    _check_pyg_options(m)
     # built around a placeholder, then given the PyG layer's nn (a constructor would reset it)
     out = GINConv(nn.Identity(), eps=m.initial_eps,
                   train_eps=isinstance(m.eps, torch.nn.Parameter))
@@ -214,6 +227,7 @@ def _from_gin(m):
 
 @register_pyg("GINEConv")
 def _from_gine(m):
+    _check_pyg_options(m)
     lin = getattr(m, "lin", None)
     out = GINEConv(nn.Identity(), eps=m.initial_eps,
                    train_eps=isinstance(m.eps, torch.nn.Parameter))
