@@ -237,3 +237,24 @@ def test_from_pyg_refuses_other_aggregations_and_flows(kwargs):
         with pytest.raises(ValueError, match="only"):
             sc.nn.from_pyg(layer)
     assert isinstance(sc.nn.from_pyg(pnn.GINConv(nn.Identity(), aggr="sum")), sc.nn.GINConv)
+
+
+def test_gine_model_equals_pyg_gine_with_the_same_weights():
+    torch.manual_seed(6)
+    model = GIN(4, 8, 2, layers=2, edge_dim=3, train_eps=True).double().eval()
+    twins = []
+    for conv in model.convs:
+        twin = pnn.GINEConv(copy.deepcopy(conv.nn), train_eps=True, edge_dim=3).double()
+        twin.load_state_dict(conv.state_dict())
+        twins.append(twin)
+    g = torch.Generator().manual_seed(1)
+    graphs = [{"x": torch.randn(n, 4, generator=g), "edge_index": torch.randint(0, n, (2, 2 * n),
+                                                                                 generator=g),
+               "edge_attr": torch.randn(2 * n, 3, generator=g)} for n in (3, 6, 4)]
+    b = GraphDataset.from_graphs(graphs).batch().to(dtype=torch.float64)
+    h = b.x
+    for t in twins:
+        h = t(h, b.edge_index, b.edge_attr)
+    want = model.head(pnn.global_add_pool(h, b.batch))
+    got = model(b.x, b.edge_index, b.batch, b.num_graphs, b.edge_attr)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

@@ -124,3 +124,12 @@ def test_readout_of_a_graph_batch_object():
     A = sc.basis.readout(b).to_dense()
     assert A.shape == (1, b.num_nodes, b.num_graphs)
     assert torch.equal(A[0].sum(0), (b.ptr[1:] - b.ptr[:-1]).to(A.dtype))
+
+
+def test_loader_moves_batches_and_a_moved_dataset_collates_there():
+    ds = GraphDataset.from_graphs(_graphs(4, n_graphs=6))
+    b = next(iter(GraphLoader(ds, batch_size=3, dtype=torch.float32)))
+    assert b.x.dtype == torch.float32 and b.edge_attr.dtype == torch.float32
+    moved = ds.to("cpu", torch.float16)
+    assert moved.batch([1, 0]).x.dtype == torch.float16
+    assert torch.equal(moved.batch([1, 0]).edge_index, ds.batch([1, 0]).edge_index)
