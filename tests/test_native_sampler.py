@@ -14,7 +14,7 @@ from structconv.kernels import native
 
 D = torch.float64
 compiled = pytest.mark.skipif(native.sampler() is None,
-                              reason="the compiled sampler could not be built here (no compiler)")
+                              reason="no compiled sampler here (no compiler, or STRUCTCONV_NATIVE=0)")
 
 
 def both(ei, n, w=None):
@@ -74,7 +74,7 @@ def test_a_nodes_draws_depend_on_its_position_and_the_seed_only(path):
     # the counter keys: (base seed, hop, index in the frontier, slot); other seeds of the
     # batch do not change a seed's neighbours, another generator seed does
     if path and native.sampler() is None:
-        pytest.skip("no compiler")
+        pytest.skip("no compiled sampler here")
     ei, w, et, x, g = graph(200, 3000, 2)
     smp = S.NeighborSampler(ei, 200, native=path)
 
@@ -126,7 +126,7 @@ def test_compiled_csr_is_the_sparse_products_own():
 @pytest.mark.parametrize("kind", ["gcn", "cheb", "tag", "sgc", "rgcn", "gat", "mixed"])
 def test_fanout_all_equals_full_batch_on_both_paths(kind, path):
     if path and native.sampler() is None:
-        pytest.skip("no compiler")
+        pytest.skip("no compiled sampler here")
     n = 16
     ei, w, et, x, g = graph(n, 40, 3)
     layers = [m.double() for m in two_layers(kind)]
@@ -152,7 +152,7 @@ def test_fanout_all_equals_full_batch_on_both_paths(kind, path):
 @pytest.mark.parametrize("path", [False, True])
 def test_draws_with_replacement(path):
     if path and native.sampler() is None:
-        pytest.skip("no compiler")
+        pytest.skip("no compiled sampler here")
     ei, _ = star()
     ei = torch.cat([ei, torch.tensor([[3], [5]])], 1)  # node 5: one edge; others none
     smp = S.NeighborSampler(ei, 11, native=path)
@@ -230,3 +230,16 @@ def test_the_compiled_sampler_is_optional(monkeypatch):
     smp = S.NeighborSampler(ei, 30)
     assert native.sampler() is None and smp.compiled() is None
     same_sample(smp.sample([2, 9], [3, 3], generator=torch.Generator().manual_seed(3)), want)
+
+
+@pytest.mark.parametrize("path", [False, True])
+def test_fanout_all_consumes_no_random_state(path):
+    # layer-wise evaluation samples whole neighbourhoods: the global RNG (dropout) is untouched
+    ei, w, et, x, g = graph(20, 60, 6)
+    smp = S.NeighborSampler(ei, 20, native=path)
+    torch.manual_seed(0)
+    want = torch.rand(3)
+    torch.manual_seed(0)
+    smp.sample([1, 2], [-1, "all"])
+    smp.sample_neighbors(torch.tensor([4]), -1)
+    assert torch.equal(torch.rand(3), want)

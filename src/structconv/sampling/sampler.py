@@ -86,7 +86,8 @@ def _units(keys: Tensor, slots: Tensor) -> Tensor:
 
 
 def base_seed(generator: torch.Generator | None) -> int:
-    """A sample's base seed, one draw from ``generator`` (torch's global one when None)."""
+    """A sample's base seed, one draw from ``generator`` (torch's global one when None): the
+    only state a sample consumes."""
     return int(torch.randint(0, 2 ** 62, (1,), generator=generator))
 
 
@@ -295,7 +296,7 @@ class NeighborSampler:
         (draws no random numbers); ``fanout`` -1 / "all" keeps every edge.
         """
         f = check_fanout(fanout)
-        key = hop_key(base_seed(generator), 0)
+        key = hop_key(base_seed(generator) if f != ALL else 0, 0)
         pos, seg = self._draw(nodes, f, weighted, replace, key)
         return self.perm[pos], seg
 
@@ -390,7 +391,8 @@ class NeighborSampler:
         seeds = check_seeds(seeds, self.num_nodes).to(self.rowptr.device)
         fs = [check_fanout(f, f"fanouts[{i}]") for i, f in enumerate(fanouts)]
         self._check_mode(weighted, replace)
-        base = base_seed(generator)
+        # fanout "all" draws nothing: no random state is consumed (as before the counters)
+        base = base_seed(generator) if any(f != ALL for f in fs) else 0
         keys = [hop_key(base, h) for h in range(len(fs))]
         ext = self.compiled()
         if ext is not None:
