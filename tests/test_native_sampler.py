@@ -14,7 +14,7 @@ from structconv.kernels import native
 
 D = torch.float64
 compiled = pytest.mark.skipif(native.sampler() is None,
-                              reason="no compiled sampler here (no compiler, or STRUCTCONV_NATIVE=0)")
+                              reason="no compiled sampler (no compiler, or STRUCTCONV_NATIVE=0)")
 
 
 def both(ei, n, w=None):
@@ -243,3 +243,15 @@ def test_fanout_all_consumes_no_random_state(path):
     smp.sample([1, 2], [-1, "all"])
     smp.sample_neighbors(torch.tensor([4]), -1)
     assert torch.equal(torch.rand(3), want)
+
+
+@compiled
+def test_compiled_row_gather_equals_indexing():
+    ext = native.sampler()
+    g = torch.Generator().manual_seed(0)
+    for x in (torch.randn(50, 7, generator=g), torch.randn(40, 3, 5, generator=g).half(),
+              torch.randint(0, 9, (30,), generator=g)):
+        idx = torch.randint(0, x.shape[0], (100,), generator=g)
+        assert torch.equal(ext.gather_rows(x, idx), x[idx])
+    with pytest.raises(RuntimeError, match=r"index 50 out of \[0, 50\)"):
+        ext.gather_rows(torch.randn(50, 2), torch.tensor([3, 50]))

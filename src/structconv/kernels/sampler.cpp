@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -48,9 +49,13 @@ inline double unit(uint64_t key, int64_t slot) {
   return static_cast<double>(mix(key + static_cast<uint64_t>(slot)) >> 11) * 0x1.0p-53;
 }
 
-// Open addressing global id -> local id (keys >= 0; -1 marks an empty slot).
+// Open addressing global id -> local id (keys >= 0; key -1 marks an empty slot); key and value
+// side by side, so that a probe is one cache line.
 struct IdMap {
-  std::vector<int64_t> keys, vals;
+  struct Slot {
+    int64_t key, val;
+  };
+  std::vector<Slot> slots;
   uint64_t mask = 0;
   int shift = 64;
   int64_t size = 0;
@@ -59,37 +64,33 @@ struct IdMap {
     uint64_t cap = 16;
     int bits = 4;
     while (cap < static_cast<uint64_t>(2 * n + 16)) cap <<= 1, ++bits;
-    if (cap <= keys.size()) return;
-    std::vector<int64_t> ok = std::move(keys), ov = std::move(vals);
-    keys.assign(cap, -1);
-    vals.assign(cap, -1);
+    if (cap <= slots.size()) return;
+    std::vector<Slot> old = std::move(slots);
+    slots.assign(cap, Slot{-1, -1});
     mask = cap - 1;
     shift = 64 - bits;
     size = 0;
-    for (size_t i = 0; i < ok.size(); ++i)
-      if (ok[i] >= 0) *slot(ok[i]) = ov[i], ++size;
+    for (const Slot& s : old)
+      if (s.key >= 0) slots[index(s.key)].val = s.val;
   }
   inline uint64_t home(int64_t k) const {
     return (static_cast<uint64_t>(k) * kGolden) >> shift;
   }
-  // the value slot of k, inserted (value -1) when absent
-  int64_t* slot(int64_t k) {
+  inline void prefetch(int64_t k) const { __builtin_prefetch(&slots[home(k)]); }
+  // the slot index of k, inserted (value -1) when absent
+  uint64_t index(int64_t k) {
     uint64_t i = home(k);
-    while (keys[i] != k) {
-      if (keys[i] < 0) {
-        keys[i] = k;
+    while (slots[i].key != k) {
+      if (slots[i].key < 0) {
+        slots[i].key = k;
         ++size;
-        return &vals[i];
+        return i;
       }
       i = (i + 1) & mask;
     }
-    return &vals[i];
+    return i;
   }
-  inline int64_t find(int64_t k) const {  // read only: safe from many threads
-    uint64_t i = home(k);
-    while (keys[i] != k) i = (i + 1) & mask;
-    return vals[i];
-  }
+  int64_t* slot(int64_t k) { return &slots[index(k)].val; }
 };
 
 struct Graph {
@@ -137,6 +138,24 @@ void draw(int64_t deg, int64_t f, bool replace, const double* w, int64_t floyd_m
   std::sort(out.begin(), out.end());
 }
 
+// Non-negative ids in increasing order: LSD radix sort, 11 bits a pass, as many passes as the
+// largest id needs (three for 2^33 nodes), O(n) rather than std::sort's O(n log n).
+void sort_ids(std::vector<int64_t>& v) {
+  if (v.size() < 256) {
+    std::sort(v.begin(), v.end());
+    return;
+  }
+  const int64_t top = *std::max_element(v.begin(), v.end());
+  std::vector<int64_t> tmp(v.size());
+  for (int shift = 0; shift < 64 && (top >> shift) > 0; shift += 11) {
+    size_t count[2049] = {0};
+    for (int64_t x : v) ++count[((x >> shift) & 2047) + 1];
+    for (int k = 0; k < 2048; ++k) count[k + 1] += count[k];
+    for (int64_t x : v) tmp[count[(x >> shift) & 2047]++] = x;
+    v.swap(tmp);
+  }
+}
+
 // One hop: the frontier node_ids[lo, hi) draws its edges; appends the new nodes and edges.
 void hop(const Graph& g, std::vector<int64_t>& nodes, IdMap& map, int64_t lo, int64_t f,
          bool replace, uint64_t hop_key, int64_t floyd_max, std::vector<int64_t>& esrc,
@@ -162,6 +181,15 @@ void hop(const Graph& g, std::vector<int64_t>& nodes, IdMap& map, int64_t lo, in
     std::vector<int64_t> pos;
     std::vector<std::pair<double, int64_t>> tmp;
     for (int64_t q = a; q < b; ++q) {
+      // the rows ahead: their pointers, then their sources and edge ids (random reads: fetched
+      // while this node draws)
+      if (q + 16 < b) __builtin_prefetch(&g.rowptr[fr[order[q + 16]]]);
+      if (q + 8 < b) {
+        const int64_t s8 = g.rowptr[fr[order[q + 8]]];
+        __builtin_prefetch(&g.sources[s8]);
+        __builtin_prefetch(&g.perm[s8]);
+        if (g.weight) __builtin_prefetch(&g.weight[s8]);
+      }
       const int64_t i = order[q], v = fr[i], start = g.rowptr[v];
       const uint64_t key = mix(hop_key ^ static_cast<uint64_t>(i));
       draw(g.rowptr[v + 1] - start, f, replace, g.weight ? g.weight + start : nullptr,
@@ -177,15 +205,18 @@ void hop(const Graph& g, std::vector<int64_t>& nodes, IdMap& map, int64_t lo, in
   // relabel: seen nodes keep their ids, new ones follow in increasing id
   map.reserve(map.size + P);
   std::vector<int64_t> fresh;
+  std::vector<uint64_t> at(P);  // each edge's slot: its local id once the new ones are numbered
   for (int64_t p = 0; p < P; ++p) {
-    int64_t* s = map.slot(src[p]);
-    if (*s == -1) *s = -2, fresh.push_back(src[p]);
+    if (p + 16 < P) map.prefetch(src[p + 16]);
+    const uint64_t i = map.index(src[p]);
+    at[p] = i;
+    if (map.slots[i].val == -1) map.slots[i].val = -2, fresh.push_back(src[p]);
   }
-  std::sort(fresh.begin(), fresh.end());
+  sort_ids(fresh);
   for (size_t r = 0; r < fresh.size(); ++r) *map.slot(fresh[r]) = hi + static_cast<int64_t>(r);
   nodes.insert(nodes.end(), fresh.begin(), fresh.end());
   at::parallel_for(0, P, 4096, [&](int64_t a, int64_t b) {
-    for (int64_t p = a; p < b; ++p) esrc[E0 + p] = map.find(src[p]);
+    for (int64_t p = a; p < b; ++p) esrc[E0 + p] = map.slots[at[p]].val;
   });
 }
 
@@ -245,6 +276,10 @@ std::vector<torch::Tensor> restrict_impl(const int64_t* es, const int64_t* ed, c
   std::vector<int64_t> cnt(G * R + 1, 0);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t id = eid[e];
+    if (e + 16 < E) {
+      if (keep != nullptr) __builtin_prefetch(&keep[eid[e + 16]]);
+      if (group != nullptr) __builtin_prefetch(&group[eid[e + 16]]);
+    }
     int64_t k = -1;
     if (keep == nullptr || keep[id]) k = group == nullptr ? 0 : gmap[group[id]];
     gi[e] = k;
@@ -258,6 +293,7 @@ std::vector<torch::Tensor> restrict_impl(const int64_t* es, const int64_t* ed, c
   std::vector<T> val(total);
   std::vector<int64_t> fill(cnt.begin(), cnt.end() - 1);
   for (int64_t e = 0; e < E; ++e) {
+    if (e + 16 < E) __builtin_prefetch(&value[eid[e + 16]]);  // random reads by edge id
     if (gi[e] < 0) continue;
     const int64_t at = fill[gi[e] * R + ed[e]]++;
     col[at] = es[e], val[at] = value[eid[e]];
@@ -267,27 +303,35 @@ std::vector<torch::Tensor> restrict_impl(const int64_t* es, const int64_t* ed, c
       const int64_t at = fill[r]++;
       col[at] = r, val[at] = diag[nid[r]];
     }
-  // each row: columns sorted (stable: duplicates summed in edge order), duplicates merged
+  // each row: columns sorted (an insertion sort: rows are short; stable, so duplicates are
+  // summed in edge order), duplicates merged in place
   std::vector<int64_t> len(G * R);
   at::parallel_for(0, G * R, 256, [&](int64_t a, int64_t b) {
-    std::vector<int64_t> o;
-    std::vector<int64_t> c2;
-    std::vector<T> v2;
+    std::vector<std::pair<int64_t, T>> long_row;
     for (int64_t i = a; i < b; ++i) {
       const int64_t s = cnt[i], n = cnt[i + 1] - s;
-      o.resize(n);
-      std::iota(o.begin(), o.end(), int64_t(0));
-      std::stable_sort(o.begin(), o.end(),
-                       [&](int64_t x, int64_t y) { return col[s + x] < col[s + y]; });
-      c2.clear(), v2.clear();
-      for (int64_t k = 0; k < n; ++k) {
-        const int64_t c = col[s + o[k]];
-        if (!c2.empty() && c2.back() == c) v2.back() += val[s + o[k]];
-        else c2.push_back(c), v2.push_back(val[s + o[k]]);
+      int64_t* c = col.data() + s;
+      T* v = val.data() + s;
+      if (n > 32) {  // a hub's whole neighbourhood: O(n log n)
+        long_row.resize(n);
+        for (int64_t k = 0; k < n; ++k) long_row[k] = {c[k], v[k]};
+        std::stable_sort(long_row.begin(), long_row.end(),
+                         [](const auto& x, const auto& y) { return x.first < y.first; });
+        for (int64_t k = 0; k < n; ++k) c[k] = long_row[k].first, v[k] = long_row[k].second;
       }
-      std::copy(c2.begin(), c2.end(), col.begin() + s);
-      std::copy(v2.begin(), v2.end(), val.begin() + s);
-      len[i] = static_cast<int64_t>(c2.size());
+      for (int64_t k = 1; k < n; ++k) {
+        const int64_t ck = c[k];
+        const T vk = v[k];
+        int64_t j = k;
+        for (; j > 0 && c[j - 1] > ck; --j) c[j] = c[j - 1], v[j] = v[j - 1];
+        c[j] = ck, v[j] = vk;
+      }
+      int64_t m = 0;
+      for (int64_t k = 0; k < n; ++k) {
+        if (m > 0 && c[m - 1] == c[k]) v[m - 1] += v[k];
+        else c[m] = c[k], v[m] = v[k], ++m;
+      }
+      len[i] = m;
     }
   });
   std::vector<torch::Tensor> out;
@@ -344,10 +388,41 @@ std::vector<torch::Tensor> restrict_csr(torch::Tensor edge_index, torch::Tensor 
   return out;
 }
 
+// x[index] for a contiguous x (n, ...) on CPU: the rows of a mini-batch's input nodes, copied
+// with the rows a few places ahead prefetched (they are random reads over the whole graph).
+torch::Tensor gather_rows(torch::Tensor x, torch::Tensor index) {
+  TORCH_CHECK(x.dim() >= 1 && x.is_contiguous() && x.device().is_cpu(),
+              "gather_rows: x must be a contiguous CPU tensor");
+  TORCH_CHECK(index.dtype() == torch::kLong && index.dim() == 1, "gather_rows: int64 index");
+  index = index.contiguous();
+  std::vector<int64_t> shape = x.sizes().vec();
+  const int64_t n = shape[0], L = index.numel();
+  shape[0] = L;
+  auto out = torch::empty(shape, x.options());
+  const int64_t row = n ? x.numel() / n * x.element_size() : 0;
+  const char* src = static_cast<const char*>(x.data_ptr());
+  char* dst = static_cast<char*>(out.data_ptr());
+  const int64_t* idx = index.data_ptr<int64_t>();
+  for (int64_t q = 0; q < L; ++q)
+    TORCH_CHECK(idx[q] >= 0 && idx[q] < n, "gather_rows: index ", idx[q], " out of [0, ", n, ")");
+  at::parallel_for(0, L, 1024, [&](int64_t a, int64_t b) {
+    for (int64_t q = a; q < b; ++q) {
+      if (q + 8 < b) {
+        const char* ahead = src + idx[q + 8] * row;
+        for (int64_t o = 0; o < row; o += 64) __builtin_prefetch(ahead + o);
+      }
+      std::memcpy(dst + q * row, src + idx[q] * row, row);
+    }
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // the GIL is released: a loader's background thread samples while the model steps
   m.def("sample", &sample, "nested neighbour sampling over a CSR of incoming edges",
         py::call_guard<py::gil_scoped_release>());
   m.def("restrict", &restrict_csr, "the coalesced CSR per group of a sample's restricted operator",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("gather_rows", &gather_rows, "x[index] along the first dimension, rows prefetched",
         py::call_guard<py::gil_scoped_release>());
 }

@@ -194,9 +194,17 @@ class _BatchMaker(torch.utils.data.Dataset):
             items.reverse()
         # a graph-attention block carries its edges' features, gathered by their ids
         items = [b.with_features(self.edge_attr) if isinstance(b, Block) else b for b in items]
-        x = None if self.x is None else self.x[s.node_ids.to(self.x.device)]
+        x = None if self.x is None else self._rows(self.x, s.node_ids)
         y = None if self.y is None else self.y[s.seeds.to(self.y.device)]
         return MiniBatch(s.seeds, s.node_ids, x, y, items, s)
+
+    def _rows(self, x: Tensor, ids: Tensor) -> Tensor:
+        """x[ids]: by the compiled gather (rows prefetched) where the sampler is compiled."""
+        ext = self.sampler.compiled()
+        if ext is not None and x.device.type == "cpu" and x.is_contiguous() and \
+                not (x.requires_grad and torch.is_grad_enabled()):
+            return ext.gather_rows(x, ids)
+        return x[ids.to(x.device)]
 
 
 _END = object()
