@@ -3,6 +3,8 @@ samples (the random numbers are counter based and shared), the same restricted b
 full-batch equality on both paths; thread-count determinism, draws with replacement, the
 loader's background prefetch (same batches, resume inside an epoch) and the fallback."""
 
+import gc
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -206,6 +208,14 @@ def test_prefetch_yields_the_same_batches_and_resumes_inside_an_epoch():
     it.close()
     assert not it._thread.is_alive()
     assert len(list(ahead)) == len(ahead)
+    # an iterator dropped without close: collected, its thread stops (none left at exit)
+    it = iter(ahead)
+    next(it)
+    thread = it._thread
+    del it
+    gc.collect()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
 
 
 def test_prefetch_raises_the_threads_error_and_checks_its_options():

@@ -210,6 +210,30 @@ class _BatchMaker(torch.utils.data.Dataset):
 _END = object()
 
 
+def _produce(make, items, pin: bool, q: queue.Queue, stop: threading.Event) -> None:
+    """The prefetch thread: ``make(item)`` of each item into ``q`` until ``stop``; then the end
+    marker (or the error). It holds no reference to its ``_Prefetch``, so a consumer that drops
+    the iterator early lets it be collected, which stops this thread."""
+    def put(x) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(x, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    try:
+        for item in items:
+            b = make(item)
+            if not put(b.pin_memory() if pin else b):
+                return
+    except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
+        put(e)
+        return
+    put(_END)
+
+
 class _Prefetch:
     """Iterates over ``make(item)`` of ``items`` in order, a background thread building up to
     ``depth`` batches ahead (pinned when ``pin``); an error there is raised here."""
@@ -217,34 +241,17 @@ class _Prefetch:
     def __init__(self, make, items, depth: int, pin: bool):
         self._q: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(make, list(items), pin),
-                                        daemon=True, name="structconv-prefetch")
+        self._thread = threading.Thread(target=_produce, daemon=True,
+                                        args=(make, list(items), pin, self._q, self._stop),
+                                        name="structconv-prefetch")
         self._thread.start()
-
-    def _put(self, x) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._q.put(x, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _run(self, make, items, pin):
-        try:
-            for item in items:
-                b = make(item)
-                if not self._put(b.pin_memory() if pin else b):
-                    return
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
-            self._put(e)
-            return
-        self._put(_END)
 
     def __iter__(self):
         return self
 
     def __next__(self):
+        if self._stop.is_set():
+            raise StopIteration
         x = self._q.get()
         if x is _END:
             self.close()
