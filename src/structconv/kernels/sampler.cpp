@@ -7,7 +7,9 @@
 // appended in increasing global id) and returns the Sample's arrays. ``restrict`` turns a
 // sample's edges into one coalesced CSR per edge group (relation) over the target rows, with the
 // full graph's operator values gathered by edge id and the operator's diagonal added: every
-// hop's operator is a row prefix of it (the sample's blocks are nested).
+// hop's operator is a row prefix of it (the sample's blocks are nested). ``gather_rows`` copies
+// the input nodes' feature rows. Every loop over random rows prefetches a few rows ahead: the
+// work is cache misses, not arithmetic.
 //
 // Random numbers are counter based, so a node's draws depend on (base seed, hop, the node's
 // index in the frontier, slot) and on nothing else: the same on any thread count, and the same
@@ -18,9 +20,10 @@
 // min(floor(u * deg), deg - 1) per slot with replacement. Output edges of a hop are ordered by
 // target node id, then CSR position (the torch path's canonical order).
 //
-// Typed graphs later: a per-relation fanout is a loop over relations' CSRs inside one hop (each
-// relation's rowptr / sources / perm, the same node keys with the relation mixed into the hop
-// word), feeding the same relabelling map; ``restrict``'s groups are already per relation.
+// Typed graphs later: a per-relation fanout is a loop over relations' CSRs inside ``hop`` (a
+// Graph per relation: its rowptr / sources / perm; the node key with the relation mixed into the
+// hop word; edges appended relation after relation), all feeding the one relabelling map;
+// ``restrict``'s groups are already per relation.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
