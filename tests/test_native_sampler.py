@@ -4,6 +4,7 @@ full-batch equality on both paths; thread-count determinism, draws with replacem
 loader's background prefetch (same batches, resume inside an epoch) and the fallback."""
 
 import gc
+import pickle
 
 import pytest
 import torch
@@ -265,3 +266,16 @@ def test_compiled_row_gather_equals_indexing():
         assert torch.equal(ext.gather_rows(x, idx), x[idx])
     with pytest.raises(RuntimeError, match=r"index 50 out of \[0, 50\)"):
         ext.gather_rows(torch.randn(50, 2), torch.tensor([3, 50]))
+
+
+def test_a_samples_cache_is_not_pickled():
+    # a worker process sends its batches back pickled: the restriction (whole-graph values)
+    # keying the sample's cache must not travel with them
+    ei, w, et, x, g = graph(30, 100, 2)
+    r = S.GraphRestriction("gcn", ei, 30, edge_weight=w)
+    s = S.NeighborSampler(ei, 30).sample([1, 2], [2, 2])
+    b = r.restrict(s)
+    s.cache["marker"] = r
+    back = pickle.loads(pickle.dumps(s))
+    assert back.cache == {} and torch.equal(back.edge_ids, s.edge_ids)
+    torch.testing.assert_close(r.restrict(back).to_dense(), b.to_dense())

@@ -210,6 +210,10 @@ class Sample:
                     f"[{int(e[1].min())}, {int(e[1].max())}]")
             lo_e = self.edge_counts[h - 1]
 
+    def __getstate__(self):
+        # the cache is keyed by restrictions (whole-graph values): never sent to another process
+        return {**self.__dict__, "cache": {}}
+
     @property
     def num_hops(self) -> int:
         return len(self.edge_counts)
