@@ -335,12 +335,15 @@ def _edge_form(kind: str, edge_index: Tensor, n: int, w: Tensor | None, et: Tens
     return EdgeForm(src, dst, value, None, None, n)
 
 
-def _prefix_op(csr: list, N: int, M: int) -> SparseOperator:
+def _prefix_op(csr: list, N: int, M: int, hand: bool) -> SparseOperator:
     """The operator U_h -> U_{h-1} (M sources, N targets) of the first N rows of a sample's
-    compiled CSR (crow, row, col, value), its CSR handed to the sparse product's cache."""
+    compiled CSR (crow, row, col, value), its CSR handed to the sparse product's cache when
+    ``hand`` (not in a loader worker: the batch is pickled, and the product builds it there)."""
     crow, row, col, val = csr
     k = int(crow[N])
     op = SparseOperator(col[:k], row[:k], val[:k], M, N)
+    if not hand:
+        return op
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # torch flags CSR as beta; SpMM is stable
         t = torch.sparse_csr_tensor(crow[:N + 1], col[:k], val[:k], (N, M),
@@ -488,10 +491,11 @@ class GraphRestriction:
         """``_hop_ops`` from the compiled CSR: each hop's operator a row prefix of it."""
         csr, nc = self._native_csr(sample, ext), sample.node_counts
         rels = sorted({r for s in self.options.get("sorts") or () for r in s})
+        hand = torch.utils.data.get_worker_info() is None
         ops = []
         for j in range(self.hops):  # O(1) work a hop: views of the one CSR
             N, M = nc[hop + j], nc[hop + j + 1]
-            made = [_prefix_op(c, N, M) for c in csr]
+            made = [_prefix_op(c, N, M, hand) for c in csr]
             ops.append(dict(zip(rels, made)) if self.edge_type is not None else made[0])
         return ops
 
