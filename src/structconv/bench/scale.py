@@ -8,7 +8,11 @@ share of the time spent sampling (and restricting the bases), resident memory af
 the peak (the graph is the largest resident object). The same models train full batch at a
 smaller size (default 1M / 10M) for comparison, and the sampled runs are repeated with 2
 processes (gloo, DDP; forked after setup, so the graph is shared) for the throughput gain.
-``--quick`` runs tiny sizes.
+Sampling alone (sampling and restricting, no model) is timed for the compiled path
+(``kernels/sampler.cpp``) and the torch-op path, each with the fraction of a training step it
+takes (its time over its time plus the model step's); the training runs use the compiled path
+(``--paths``: python adds a 1-process run on the torch ops; ``--prefetch`` overlaps sampling
+with the step in a background thread). ``--quick`` runs tiny sizes.
 """
 
 from __future__ import annotations
@@ -55,6 +59,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--procs", default="1,2", help="process counts to run, comma list")
     p.add_argument("--models", default="gcn,sage", help=f"comma list from {list(MODELS)}")
     p.add_argument("--no-full", action="store_true", help="skip the full-batch comparison")
+    p.add_argument("--paths", default="native,python",
+                   help="sampler paths timed alone: native (compiled) and/or python (torch "
+                        "ops); python also trains one process on the torch ops")
+    p.add_argument("--prefetch", type=int, default=0,
+                   help="batches sampled ahead in a background thread during training")
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads of the 1-process runs (default: torch's); an N-process "
                         "run gives each process cores / N")
@@ -99,6 +108,41 @@ def _train(net: nn.Module, loader, batches: int) -> dict:
                 loss=float(loss.detach()))
 
 
+def _sampling_alone(loader, batches: int) -> dict:
+    """Sampling and restricting only: ``batches`` batches after one warm-up, seeds per second."""
+    it = iter(loader)
+    seeds, t = 0, 0.0
+    for i in range(batches + 1):
+        t0 = time.perf_counter()
+        b = next(it, None)
+        if b is None:
+            it = iter(loader)
+            b = next(it)
+        if i:
+            t, seeds = t + time.perf_counter() - t0, seeds + b.batch_size
+    return dict(seeds=seeds, seconds=t, seeds_per_s=seeds / t, batch_s=t / batches)
+
+
+def _paths(kind, loader, args, steps: dict) -> dict:
+    """Sampling alone per path, and the fraction of a step (its sampling + the model step
+    measured on that path, ``steps[path]`` seconds a batch) it takes."""
+    out = {}
+    for path in [p.strip() for p in args.paths.split(",") if p.strip()]:
+        loader.use_native(path == "native")
+        loader.set_epoch(0)
+        r = _sampling_alone(loader, args.batches)
+        step_s = steps.get(path)
+        if step_s is not None:
+            r["step_fraction"] = r["batch_s"] / (r["batch_s"] + step_s)
+        out[path] = r
+        print(f"  {kind:<5} sampling alone, {path:<6}: {r['seeds_per_s']:10.0f} seeds/s"
+              + (f", {100 * r['step_fraction']:4.1f} % of a step" if step_s else ""), flush=True)
+    loader.use_native(None)
+    if "native" in out and "python" in out:
+        out["speedup"] = out["native"]["seeds_per_s"] / out["python"]["seeds_per_s"]
+    return out
+
+
 def _worker(kind, loader, dims, batches, out_dir):
     """One process of a multi-process run: its share of the batches, gradients by DDP."""
     w = D.init("cpu")
@@ -117,8 +161,9 @@ def _sampled(kind: str, data, edge_type, args, dims, procs) -> dict:
     r = _restriction(kind, data, edge_type)
     loader = NeighborLoader(data.edge_index, data.num_nodes, fan, layers=[r, r], x=data.x,
                             y=data.y, input_nodes=data.masks["train"],
-                            batch_size=args.batch_size, shuffle=True, seed=args.seed)
-    out = dict(setup_rss_mib=_mib(status_kb("VmRSS")))
+                            batch_size=args.batch_size, shuffle=True, seed=args.seed,
+                            prefetch=args.prefetch)
+    out = dict(setup_rss_mib=_mib(status_kb("VmRSS")), prefetch=args.prefetch)
     for n in procs:
         if n == 1:
             torch.manual_seed(0)
@@ -139,6 +184,19 @@ def _sampled(kind: str, data, edge_type, args, dims, procs) -> dict:
     if 1 in procs and len(procs) > 1:
         out["speedup"] = {f"procs{n}": out[f"procs{n}"]["seeds_per_s"] /
                           out["procs1"]["seeds_per_s"] for n in procs if n > 1}
+    if 1 in procs and "python" in args.paths:  # the same training on the torch-op path
+        loader.use_native(False)
+        loader.set_epoch(0)
+        torch.manual_seed(0)
+        res = _train(TwoLayerGraphNet(kind, *dims), loader, args.batches)
+        loader.use_native(None)
+        out["procs1_python"] = res
+        print(f"  {kind:<5} sampled, 1 process, torch ops: {res['seeds_per_s']:10.0f} seeds/s, "
+              f"sampler {100 * res['sampler_share']:4.1f} %", flush=True)
+    steps = {} if args.prefetch else {
+        path: out[k]["step_s"] / args.batches
+        for path, k in (("native", "procs1"), ("python", "procs1_python")) if k in out}
+    out["sampling_alone"] = _paths(kind, loader, args, steps)
     return out
 
 

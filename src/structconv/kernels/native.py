@@ -3,6 +3,8 @@
 ``causal_taps()`` is the Canon layers' causal depthwise taps in one pass over memory
 (``causal_taps.cpp``: ``apply`` with its C++ autograd node, and the bare ``forward`` /
 ``backward``); ``structconv.nn.canon.apply_taps`` calls it on CPU float32 / float64.
+``sampler()`` is the graph samplers' nested neighbour sampling and restriction
+(``sampler.cpp``: ``sample``, ``restrict``), used by ``structconv.sampling`` on CPU.
 The module is compiled on first use by torch's extension builder (``torch.utils.cpp_extension``,
 a C++ compiler and ninja; ~30-60 s once, then loaded from torch's extension cache) under a name
 that carries the source's and torch's versions, so an edit or another torch rebuilds it. Where
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["causal_taps", "enabled"]
+__all__ = ["causal_taps", "sampler", "module", "enabled"]
 
 _lock = threading.Lock()
 _built: dict = {}
@@ -35,15 +37,26 @@ def enabled() -> bool:
 def causal_taps():
     """The compiled causal-taps module (``apply``, ``forward``, ``backward``), or None where it
     cannot be had (see the module's docstring)."""
-    mod = _built.get("causal_taps", False)
+    return module("causal_taps")
+
+
+def sampler():
+    """The compiled sampler module (``sample``, ``restrict``), or None where it cannot be had."""
+    return module("sampler")
+
+
+def module(stem: str):
+    """The compiled module of ``<stem>.cpp`` beside this file, built on first use, or None
+    where it cannot be had (see the module's docstring)."""
+    mod = _built.get(stem, False)
     if mod is not False:
         return mod
     if not enabled():
         return None
     with _lock:  # one build per process; torch's builder locks its folder across processes
-        if "causal_taps" not in _built:
-            _built["causal_taps"] = _build("causal_taps")
-    return _built["causal_taps"]
+        if stem not in _built:
+            _built[stem] = _build(stem)
+    return _built[stem]
 
 
 def _vector_flags() -> list[str]:

@@ -6,6 +6,8 @@ layer (``restrict``; a ``Block`` for graph attention). A model applies its layer
 ``apply_layers(layers, batch.x, batch.bases)``; the output rows are the seeds'. Background
 workers follow ``torch.utils.data``: the epoch's plan (shuffled seed batches, one random seed
 per batch) is drawn in the main process, so a batch is the same whichever process samples it.
+``prefetch`` instead builds the next batches in a background thread of the same process while
+the model steps (the compiled sampler releases the GIL), from the same plan: the same batches.
 
 ``inference`` evaluates a stack of layers on every node, one layer at a time over batches of
 target nodes with their whole neighbourhood (as PyG's ``inference`` over a subgraph loader): exact
@@ -15,6 +17,8 @@ as full batch, holding one layer's activations for all nodes rather than every l
 from __future__ import annotations
 
 import numbers
+import queue
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -149,7 +153,7 @@ class MiniBatch:
                          None if self.y is None else fn(self.y),
                          [item(b) for b in self.bases],
                          Sample(fn(s.node_ids), fn(s.edge_index), fn(s.edge_ids),
-                                s.node_counts, s.edge_counts))
+                                s.node_counts, s.edge_counts, check=False))
 
     def to(self, device, non_blocking: bool = False) -> MiniBatch:
         """This batch on ``device`` (bases and blocks included)."""
@@ -170,14 +174,16 @@ class _BatchMaker(torch.utils.data.Dataset):
 
     def __init__(self, sampler: NeighborSampler, restrictions, hop_fanouts: list[int],
                  weighted: bool, x: Tensor | None, y: Tensor | None,
-                 edge_attr: Tensor | None = None):
+                 edge_attr: Tensor | None = None, replace: bool = False):
         self.sampler, self.restrictions, self.hop_fanouts = sampler, restrictions, hop_fanouts
         self.weighted, self.x, self.y, self.edge_attr = weighted, x, y, edge_attr
+        self.replace = replace
 
     def __getitem__(self, item) -> MiniBatch:
         ids, rng_seed = item
         g = torch.Generator(device=self.sampler.rowptr.device).manual_seed(rng_seed)
-        s = self.sampler.sample(ids, self.hop_fanouts, weighted=self.weighted, generator=g)
+        s = self.sampler.sample(ids, self.hop_fanouts, weighted=self.weighted,
+                                replace=self.replace, generator=g)
         if self.restrictions is None:
             items = [s.block(h) for h in range(s.num_hops, 0, -1)]
         else:
@@ -188,9 +194,81 @@ class _BatchMaker(torch.utils.data.Dataset):
             items.reverse()
         # a graph-attention block carries its edges' features, gathered by their ids
         items = [b.with_features(self.edge_attr) if isinstance(b, Block) else b for b in items]
-        x = None if self.x is None else self.x[s.node_ids.to(self.x.device)]
+        x = None if self.x is None else self._rows(self.x, s.node_ids)
         y = None if self.y is None else self.y[s.seeds.to(self.y.device)]
         return MiniBatch(s.seeds, s.node_ids, x, y, items, s)
+
+    def _rows(self, x: Tensor, ids: Tensor) -> Tensor:
+        """x[ids]: by the compiled gather (rows prefetched) where the sampler is compiled."""
+        ext = self.sampler.compiled()
+        if ext is not None and x.device.type == "cpu" and x.is_contiguous() and \
+                not (x.requires_grad and torch.is_grad_enabled()):
+            return ext.gather_rows(x, ids)
+        return x[ids.to(x.device)]
+
+
+_END = object()
+
+
+def _produce(make, items, pin: bool, q: queue.Queue, stop: threading.Event) -> None:
+    """The prefetch thread: ``make(item)`` of each item into ``q`` until ``stop``; then the end
+    marker (or the error). It holds no reference to its ``_Prefetch``, so a consumer that drops
+    the iterator early lets it be collected, which stops this thread."""
+    def put(x) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(x, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    try:
+        for item in items:
+            b = make(item)
+            if not put(b.pin_memory() if pin else b):
+                return
+    except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
+        put(e)
+        return
+    put(_END)
+
+
+class _Prefetch:
+    """Iterates over ``make(item)`` of ``items`` in order, a background thread building up to
+    ``depth`` batches ahead (pinned when ``pin``); an error there is raised here."""
+
+    def __init__(self, make, items, depth: int, pin: bool):
+        self._q: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=_produce, daemon=True,
+                                        args=(make, list(items), pin, self._q, self._stop),
+                                        name="structconv-prefetch")
+        self._thread.start()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._stop.is_set():
+            raise StopIteration
+        x = self._q.get()
+        if x is _END:
+            self.close()
+            raise StopIteration
+        if isinstance(x, BaseException):
+            self.close()
+            raise x
+        return x
+
+    def close(self) -> None:
+        """Stop the thread (an epoch left early) and wait for it."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def __del__(self):
+        self.close()
 
 
 class _Plan(torch.utils.data.Sampler):
@@ -223,7 +301,10 @@ class NeighborLoader:
     (see ``restrict``). Every epoch is reproducible from ``seed`` (the epoch number advances on
     each iteration; ``set_epoch`` sets it). ``rank`` / ``world_size`` deal the epoch's batches
     round robin (padded by wrapping, as ``DistributedSampler``), every rank drawing the same
-    plan.
+    plan. ``prefetch`` > 0 (with ``num_workers`` 0) builds that many batches ahead in a
+    background thread while the caller steps, pinned when ``pin_memory`` and CUDA is there; the
+    batches and their order are the same as without it. ``replace`` draws neighbours with
+    replacement; ``native`` picks the compiled sampler (None: where it can be built) or not.
     """
 
     def __init__(self, edge_index: Tensor, num_nodes: int, fanouts: Sequence, *,
@@ -234,9 +315,17 @@ class NeighborLoader:
                  edge_type: Tensor | None = None, edge_attr: Tensor | None = None,
                  degrees: str = "full", dtype: torch.dtype | None = None, num_workers: int = 0,
                  persistent_workers: bool = False, pin_memory: bool = False, rank: int = 0,
-                 world_size: int = 1):
+                 world_size: int = 1, prefetch: int = 0, replace: bool = False,
+                 native: bool | None = None):
         n = check_num_nodes(num_nodes)
         self.batch_size = _check_int(batch_size, "batch_size", 1)
+        self.prefetch = _check_int(prefetch, "prefetch", 0)
+        if self.prefetch and num_workers:
+            raise ValueError(f"prefetch={prefetch} builds batches in a thread of this process: "
+                             f"use it with num_workers=0, got num_workers={num_workers}")
+        if replace and weighted:
+            raise ValueError("weighted sampling draws without replacement: replace must be "
+                             "False with weighted=True")
         self.num_workers = _check_int(num_workers, "num_workers", 0)
         self.world_size = _check_int(world_size, "world_size", 1)
         self.rank = _check_int(rank, "rank", 0)
@@ -256,6 +345,7 @@ class NeighborLoader:
         self.shuffle, self.drop_last, self.weighted = bool(shuffle), bool(drop_last), weighted
         self.pin_memory, self.persistent_workers = bool(pin_memory), bool(persistent_workers)
         self.sampler = NeighborSampler(edge_index, n, edge_weight if weighted else None)
+        self.replace = bool(replace)
         if layers is None:
             self.restrictions = None
             self.hop_fanouts = [check_fanout(f, f"fanouts[{i}]") for i, f in enumerate(fanouts)]
@@ -288,10 +378,20 @@ class NeighborLoader:
         else:
             self.input_nodes = check_seeds(input_nodes, n, "input_nodes")
         self._maker = _BatchMaker(self.sampler, self.restrictions, self.hop_fanouts,
-                                  self.weighted, x, y, edge_attr)
+                                  self.weighted, x, y, edge_attr, self.replace)
+        if native is not None:
+            self.use_native(native)
         self._epoch, self._start = 0, 0
         self._plan = _Plan()
         self._loader = None
+
+    def use_native(self, flag: bool | None) -> None:
+        """Sample and restrict with the compiled kernel (True / None: where it can be built)
+        or with torch ops (False); the batches are the same."""
+        self.sampler.native = flag
+        for r in self.restrictions or ():
+            if isinstance(r, GraphRestriction):
+                r.native = flag
 
     # -- the epoch's plan ------------------------------------------------------------------------
     def set_epoch(self, epoch: int, start: int = 0) -> None:
@@ -329,6 +429,9 @@ class NeighborLoader:
     def __iter__(self):
         self._plan.items = self.plan(self._epoch)[self._start:]
         self._epoch, self._start = self._epoch + 1, 0
+        if self.num_workers == 0 and self.prefetch:
+            pin = self.pin_memory and torch.cuda.is_available()
+            return _Prefetch(self._maker.__getitem__, self._plan.items, self.prefetch, pin)
         if self.num_workers == 0:
             return (self._maker[item] for item in self._plan.items)
         if self._loader is None or not self.persistent_workers:

@@ -19,11 +19,17 @@ applies the layer to the sampled subgraph as if it were the graph).
 Because the per-hop blocks of a ``Sample`` are nested (hop h's block restricted to U_{h-2} is hop
 h-1's block), every way of evaluating the polynomial (recurrence from the input side, Horner or
 Clenshaw from the output side, per head) gives the same restricted basis.
+
+On CPU with ``degrees="full"`` the compiled kernel (``kernels/sampler.cpp``: ``restrict``) builds
+the sample's operator in one pass: a coalesced CSR over every target row per relation, values
+gathered by edge id, the diagonal added; each hop's operator is a row prefix of it (the blocks
+are nested), built once per sample and restriction and handed to the sparse product ready made.
 """
 
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -329,6 +335,23 @@ def _edge_form(kind: str, edge_index: Tensor, n: int, w: Tensor | None, et: Tens
     return EdgeForm(src, dst, value, None, None, n)
 
 
+def _prefix_op(csr: list, N: int, M: int, hand: bool) -> SparseOperator:
+    """The operator U_h -> U_{h-1} (M sources, N targets) of the first N rows of a sample's
+    compiled CSR (crow, row, col, value), its CSR handed to the sparse product's cache when
+    ``hand`` (not in a loader worker: the batch is pickled, and the product builds it there)."""
+    crow, row, col, val = csr
+    k = int(crow[N])
+    op = SparseOperator(col[:k], row[:k], val[:k], M, N)
+    if not hand:
+        return op
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch flags CSR as beta; SpMM is stable
+        t = torch.sparse_csr_tensor(crow[:N + 1], col[:k], val[:k], (N, M),
+                                    check_invariants=False)
+    op.t._csr[(val.dtype, val.device, False)] = t  # what SparseMatrix.csr would build
+    return op
+
+
 class GraphRestriction:
     """A graph basis kind over a full graph, ready to be restricted to samples.
 
@@ -340,6 +363,9 @@ class GraphRestriction:
     weights are constants here (detached): the values are computed once, not on every call
     as a full-batch layer does.
     """
+
+    #: the compiled restriction on CPU (None: where it can be built; False: torch ops)
+    native: bool | None = None
 
     def __init__(self, kind: str, edge_index: Tensor, num_nodes: int, *,
                  edge_weight: Tensor | None = None, edge_type: Tensor | None = None,
@@ -429,6 +455,50 @@ class GraphRestriction:
             ops.append(SparseOperator(src, dst, v, nc[h], nc[h - 1]))
         return ops
 
+    def _compiled(self, sample: Sample):
+        """The compiled module where this restriction can use it on ``sample``, else None."""
+        f = self._full
+        if self.native is False or f is None or self.hops == 0 or \
+                f.value.dtype not in (torch.float32, torch.float64) or \
+                sample.edge_index.device.type != "cpu" or f.value.device.type != "cpu":
+            return None
+        from ..kernels import native
+
+        return native.sampler()
+
+    def _native_csr(self, sample: Sample, ext) -> list:
+        """Per relation (one for the other kinds) the sample's (crow, row, col, value) over all
+        its target rows, built once per sample."""
+        got = sample.cache.get(self)
+        if got is not None:
+            return got
+        f, none = self._full, torch.empty(0)
+        rels = sorted({r for s in self.options.get("sorts") or () for r in s})
+        group = gmap = none
+        if self.edge_type is not None:
+            group = self.edge_type
+            gmap = torch.full((self.options["num_relations"],), -1, dtype=torch.long)
+            gmap[torch.tensor(rels, dtype=torch.long)] = torch.arange(len(rels))
+        out = ext.restrict(sample.edge_index, sample.edge_ids, sample.node_ids,
+                           sample.node_counts[-2], f.value.detach(),
+                           none if f.keep is None else f.keep, group, gmap,
+                           max(len(rels), 1) if self.edge_type is not None else 1,
+                           none if f.diag is None else f.diag.detach())
+        got = sample.cache[self] = [out[i:i + 4] for i in range(0, len(out), 4)]
+        return got
+
+    def _native_ops(self, sample: Sample, hop: int, ext) -> list:
+        """``_hop_ops`` from the compiled CSR: each hop's operator a row prefix of it."""
+        csr, nc = self._native_csr(sample, ext), sample.node_counts
+        rels = sorted({r for s in self.options.get("sorts") or () for r in s})
+        hand = torch.utils.data.get_worker_info() is None
+        ops = []
+        for j in range(self.hops):  # O(1) work a hop: views of the one CSR
+            N, M = nc[hop + j], nc[hop + j + 1]
+            made = [_prefix_op(c, N, M, hand) for c in csr]
+            ops.append(dict(zip(rels, made)) if self.edge_type is not None else made[0])
+        return ops
+
     def restrict(self, sample: Sample, hop: int = 0) -> Basis:
         """The restricted basis of this kind with outputs on U_hop and inputs on U_{hop+hops}:
         (K, node_counts[hop + hops], node_counts[hop])."""
@@ -436,7 +506,9 @@ class GraphRestriction:
             raise ValueError(f"a {self.kind} restriction consumes {self.hops} hops: from hop "
                              f"{hop} it needs a sample of at least {hop + self.hops} hops, got "
                              f"{sample.num_hops}")
-        ops = self._hop_ops(sample, hop, *self._form(sample))
+        ext = self._compiled(sample)
+        ops = self._native_ops(sample, hop, ext) if ext is not None else \
+            self._hop_ops(sample, hop, *self._form(sample))
         sizes = sample.node_counts[hop:hop + self.hops + 1]
         o = self.options
         if self.kind == "gcn":

@@ -7,7 +7,12 @@ ops over all frontier nodes at once. Uniform draws use Floyd's algorithm (a loop
 slots, O(fanout²) per node whatever its degree, so hubs cost no more than other nodes); weighted
 draws (and fanouts above ``floyd_max_fanout``) keep the f smallest random keys of each node, one
 segmented sort: Efraimidis-Spirakis keys E/w with E ~ Exp(1) draw f edges without replacement
-with probabilities proportional to w.
+with probabilities proportional to w. ``replace=True`` draws f uniform slots per node instead.
+
+Random numbers are counter based (SplitMix64 of a base seed drawn from the generator, the hop,
+the node's index in the frontier and the slot), so the compiled sampler (``kernels/sampler.cpp``,
+used on CPU where it can be built) computes the very same draws, in parallel over the frontier
+and the same on any thread count: both paths give identical samples for a given generator state.
 
 A ``Sample`` holds the result in the DGL / PyG layout: node ids with the seeds first and every
 hop's node set a prefix of the next (``node_counts`` cumulative), the sampled edges with local ids
@@ -32,6 +37,58 @@ __all__ = ["NeighborSampler", "Sample", "Block", "check_fanout", "check_seeds"]
 
 #: the fanout meaning "every neighbour" (also spelt "all")
 ALL = -1
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def _signed(v: int) -> int:
+    v &= _MASK64
+    return v - (1 << 64) if v >> 63 else v
+
+
+def _mix_int(x: int) -> int:
+    """SplitMix64's output of x + golden (Python ints, 64-bit wrap)."""
+    x = (x + _GOLDEN) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _lsr(x: Tensor, k: int) -> Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic)."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+_C1, _C2, _G = _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB), _signed(_GOLDEN)
+
+
+def _mix(x: Tensor) -> Tensor:
+    """``_mix_int`` elementwise on int64 tensors (torch's int64 products wrap as uint64's)."""
+    x = x + _G
+    x = (x ^ _lsr(x, 30)) * _C1
+    x = (x ^ _lsr(x, 27)) * _C2
+    return x ^ _lsr(x, 31)
+
+
+def hop_key(base: int, hop: int) -> int:
+    """The counter key of hop ``hop`` of a sample drawn from ``base`` (signed int64)."""
+    return _signed(_mix_int(_mix_int(base) ^ (hop << 40)))
+
+
+def _node_keys(key: int, index: Tensor) -> Tensor:
+    """Each frontier node's key from its index in the frontier."""
+    return _mix(index ^ key)
+
+
+def _units(keys: Tensor, slots: Tensor) -> Tensor:
+    """Uniform float64 in [0, 1) of (node key, slot) pairs: the top 53 bits of SplitMix64."""
+    return _lsr(_mix(keys + slots), 11).to(torch.float64) * 2.0 ** -53
+
+
+def base_seed(generator: torch.Generator | None) -> int:
+    """A sample's base seed, one draw from ``generator`` (torch's global one when None): the
+    only state a sample consumes."""
+    return int(torch.randint(0, 2 ** 62, (1,), generator=generator))
 
 
 def check_fanout(f, what: str = "fanout") -> int:
@@ -120,8 +177,9 @@ class Sample:
     """
 
     def __init__(self, node_ids: Tensor, edge_index: Tensor, edge_ids: Tensor,
-                 node_counts: Sequence[int], edge_counts: Sequence[int]):
+                 node_counts: Sequence[int], edge_counts: Sequence[int], *, check: bool = True):
         self.node_ids, self.edge_index, self.edge_ids = node_ids, edge_index, edge_ids
+        self.cache: dict = {}  # per-sample results of restrictions (the compiled CSR)
         self.node_counts = tuple(int(c) for c in node_counts)
         self.edge_counts = tuple(int(c) for c in edge_counts)
         H = len(self.edge_counts)
@@ -135,7 +193,11 @@ class Sample:
                 list(self.edge_counts) != sorted(self.edge_counts):
             raise ValueError(f"Sample node_counts {self.node_counts} and edge_counts "
                              f"{self.edge_counts} must be cumulative (non-decreasing)")
-        lo_e = 0
+        if check:  # the compiled sampler's samples are nested by construction
+            self._check_hops()
+
+    def _check_hops(self) -> None:
+        H, edge_index, lo_e = self.num_hops, self.edge_index, 0
         for h in range(1, H + 1):  # hop h's new edges: targets in the frontier U_{h-1} \ U_{h-2}
             e = edge_index[:, lo_e:self.edge_counts[h - 1]]
             t_lo = self.node_counts[h - 2] if h >= 2 else 0
@@ -147,6 +209,10 @@ class Sample:
                     f"[{int(e[0].min())}, {int(e[0].max())}] and targets in "
                     f"[{int(e[1].min())}, {int(e[1].max())}]")
             lo_e = self.edge_counts[h - 1]
+
+    def __getstate__(self):
+        # the cache is keyed by restrictions (whole-graph values): never sent to another process
+        return {**self.__dict__, "cache": {}}
 
     @property
     def num_hops(self) -> int:
@@ -182,19 +248,22 @@ class NeighborSampler:
     Built once from ``edge_index`` (2, E) [source; target] over ``num_nodes`` nodes;
     ``edge_weight`` (E,) non-negative is needed only for weighted draws. Memory: two (E,) int64
     tensors (edge ids and sources in CSR order), the (num_nodes + 1,) row pointer, and the
-    weights in CSR order when given.
+    weights in CSR order when given. ``native``: the compiled sampler on CPU (None: where it can
+    be built; False: the torch ops); both give the same samples.
     """
 
     #: uniform draws of at most this many neighbours use Floyd's algorithm (O(fanout²) work per
     #: node); larger fanouts, and weighted draws, sort random keys over whole neighbourhoods
     floyd_max_fanout = 64
 
-    def __init__(self, edge_index: Tensor, num_nodes: int, edge_weight: Tensor | None = None):
+    def __init__(self, edge_index: Tensor, num_nodes: int, edge_weight: Tensor | None = None,
+                 *, native: bool | None = None):
         n = check_num_nodes(num_nodes)
         check_edges(edge_index, n, edge_weight=edge_weight)
         src, dst = edge_index[0].long(), edge_index[1].long()
         perm = torch.argsort(dst, stable=True)
         self.num_nodes, self.num_edges = n, int(src.shape[0])
+        self.native = native
         self.rowptr = torch.zeros(n + 1, dtype=torch.long, device=src.device)
         torch.cumsum(torch.bincount(dst, minlength=n), 0, out=self.rowptr[1:])
         self.perm = perm  # CSR position -> edge id
@@ -212,46 +281,72 @@ class NeighborSampler:
         """(S,) the in-degrees of ``nodes``."""
         return self.rowptr[nodes + 1] - self.rowptr[nodes]
 
+    def compiled(self):
+        """The compiled sampler module when this sampler uses it (CPU, built), else None."""
+        if self.native is False or self.rowptr.device.type != "cpu":
+            return None
+        from ..kernels import native
+
+        return native.sampler()
+
     def sample_neighbors(self, nodes: Tensor, fanout, *, weighted: bool = False,
+                         replace: bool = False,
                          generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        """Up to ``fanout`` incoming edges of each of ``nodes`` (S,), without replacement.
+        """Up to ``fanout`` incoming edges of each of ``nodes`` (S,), without replacement
+        (``replace``: exactly ``fanout`` uniform draws of each node with edges).
 
         Returns (edge ids (P,), index into ``nodes`` of each edge's target (P,)), ordered by
         target node then CSR position. A node with at most ``fanout`` edges keeps them all
         (draws no random numbers); ``fanout`` -1 / "all" keeps every edge.
         """
-        pos, seg = self._draw(nodes, check_fanout(fanout), weighted, generator)
+        f = check_fanout(fanout)
+        key = hop_key(base_seed(generator) if f != ALL else 0, 0)
+        pos, seg = self._draw(nodes, f, weighted, replace, key)
         return self.perm[pos], seg
 
-    def _draw(self, nodes: Tensor, f: int, weighted: bool, generator) -> tuple[Tensor, Tensor]:
+    def _draw(self, nodes: Tensor, f: int, weighted: bool, replace: bool,
+              key: int) -> tuple[Tensor, Tensor]:
         """(CSR positions (P,), index into ``nodes`` (P,)) of the drawn edges."""
-        if weighted and self.weight is None:
-            raise ValueError("weighted sampling needs the sampler built with edge_weight")
+        self._check_mode(weighted, replace)
         start, deg = self.rowptr[nodes], self.degree(nodes)
-        every = torch.ones_like(deg, dtype=torch.bool) if f == ALL else deg <= f
+        keys = _node_keys(key, torch.arange(nodes.shape[0], device=nodes.device))
+        every = torch.ones_like(deg, dtype=torch.bool) if f == ALL else \
+            (deg == 0 if replace else deg <= f)
         pos_a, seg_a = _ranges(start[every], deg[every])
         seg_a = every.nonzero().squeeze(1)[seg_a]
         idx = (~every).nonzero().squeeze(1)  # the nodes that draw
-        if idx.numel() and not weighted and f <= self.floyd_max_fanout:
-            pos_b, seg_b = self._floyd(start[idx], deg[idx], f, generator)
-            pos, seg = torch.cat([pos_a, pos_b]), torch.cat([seg_a, idx[seg_b]])
+        if idx.numel() and replace:
+            pos_b, seg_b = self._replace(start[idx], deg[idx], f, keys[idx])
+        elif idx.numel() and not weighted and f <= self.floyd_max_fanout:
+            pos_b, seg_b = self._floyd(start[idx], deg[idx], f, keys[idx])
         elif idx.numel():
-            pos_b, seg_b = self._keys(start[idx], deg[idx], f, weighted, generator)
-            pos, seg = torch.cat([pos_a, pos_b]), torch.cat([seg_a, idx[seg_b]])
+            pos_b, seg_b = self._keys(start[idx], deg[idx], f, weighted, keys[idx])
         else:
-            pos, seg = pos_a, seg_a
-        # canonical order: CSR position (targets are distinct, so grouped by target)
-        pos, order = torch.sort(pos)
+            return self._canonical(pos_a, seg_a)
+        return self._canonical(torch.cat([pos_a, pos_b]), torch.cat([seg_a, idx[seg_b]]))
+
+    def _check_mode(self, weighted: bool, replace: bool) -> None:
+        if weighted and self.weight is None:
+            raise ValueError("weighted sampling needs the sampler built with edge_weight")
+        if weighted and replace:
+            raise ValueError("weighted sampling draws without replacement: replace must be "
+                             "False with weighted=True")
+
+    @staticmethod
+    def _canonical(pos: Tensor, seg: Tensor) -> tuple[Tensor, Tensor]:
+        # canonical order: CSR position (targets are distinct, so grouped by target; a
+        # position drawn twice with replacement is one target's)
+        pos, order = torch.sort(pos, stable=True)
         return pos, seg[order]
 
     @staticmethod
-    def _floyd(start: Tensor, deg: Tensor, f: int, generator) -> tuple[Tensor, Tensor]:
+    def _floyd(start: Tensor, deg: Tensor, f: int, keys: Tensor) -> tuple[Tensor, Tensor]:
         """f distinct positions of each range [start, start + deg) (deg > f), uniformly: Floyd's
         algorithm, vectorised over the ranges (a loop over the f slots): slot j draws t in
         [0, J], J = deg - f + j, and takes J instead when t was drawn before. O(f²) per node,
         independent of its degree."""
         S = start.shape[0]
-        r = torch.rand(S, f, generator=generator, dtype=torch.float64, device=start.device)
+        r = _units(keys.unsqueeze(1), torch.arange(f, device=start.device))
         chosen = torch.empty(S, f, dtype=torch.long, device=start.device)
         for j in range(f):
             J = deg - f + j
@@ -262,14 +357,21 @@ class NeighborSampler:
         seg = torch.arange(S, device=start.device).repeat_interleave(f)
         return (start.unsqueeze(1) + chosen).reshape(-1), seg
 
+    @staticmethod
+    def _replace(start: Tensor, deg: Tensor, f: int, keys: Tensor) -> tuple[Tensor, Tensor]:
+        """f uniform positions of each range [start, start + deg) (deg > 0), with replacement."""
+        r = _units(keys.unsqueeze(1), torch.arange(f, device=start.device))
+        t = torch.minimum((r * deg.unsqueeze(1)).long(), (deg - 1).unsqueeze(1))
+        seg = torch.arange(start.shape[0], device=start.device).repeat_interleave(f)
+        return (start.unsqueeze(1) + t).reshape(-1), seg
+
     def _keys(self, start: Tensor, deg: Tensor, f: int, weighted: bool,
-              generator) -> tuple[Tensor, Tensor]:
+              keys: Tensor) -> tuple[Tensor, Tensor]:
         """The f smallest random keys of each range [start, start + deg) (deg > f): uniform keys,
         or Efraimidis-Spirakis keys E/w (E ~ Exp(1)) for draws proportional to the weights.
         O(deg log) per node: one segmented sort over every candidate."""
         pos, seg = _ranges(start, deg)
-        u = torch.rand(pos.shape[0], generator=generator, dtype=torch.float64,
-                       device=pos.device)
+        u = _units(keys[seg], pos - start[seg])
         if weighted:
             # a weight 0 never wins against a positive one (key inf)
             e = -torch.log1p(-u)
@@ -284,22 +386,47 @@ class NeighborSampler:
         keep = o[rank < f]
         return pos[keep], seg[keep]
 
-    def sample(self, seeds, fanouts: Sequence, *, weighted: bool = False,
+    def sample(self, seeds, fanouts: Sequence, *, weighted: bool = False, replace: bool = False,
                generator: torch.Generator | None = None) -> Sample:
         """The nested neighbourhood of ``seeds`` over ``len(fanouts)`` hops (``fanouts[0]`` for
         the seeds, as PyG's ``num_neighbors``); every node is sampled once, at the first hop
-        that reaches it. New nodes of a hop are appended in increasing id order."""
+        that reaches it. New nodes of a hop are appended in increasing id order. ``replace``:
+        f uniform draws per node with replacement (an edge may be drawn twice)."""
         seeds = check_seeds(seeds, self.num_nodes).to(self.rowptr.device)
         fs = [check_fanout(f, f"fanouts[{i}]") for i, f in enumerate(fanouts)]
+        self._check_mode(weighted, replace)
+        # fanout "all" draws nothing: no random state is consumed (as before the counters)
+        base = base_seed(generator) if any(f != ALL for f in fs) else 0
+        keys = [hop_key(base, h) for h in range(len(fs))]
+        ext = self.compiled()
+        if ext is not None:
+            return self._sample_native(ext, seeds, fs, keys, weighted, replace)
+        return self._sample_torch(seeds, fs, keys, weighted, replace)
+
+    def _weight64(self) -> Tensor:
+        """The CSR-ordered weights in float64, converted once (the compiled path reads them)."""
+        w = getattr(self, "_w64", None)
+        if w is None:
+            w = self._w64 = self.weight.to(torch.float64).contiguous()
+        return w
+
+    def _sample_native(self, ext, seeds, fs, keys, weighted, replace) -> Sample:
+        empty = torch.empty(0, dtype=torch.float64)
+        w = self._weight64() if weighted else empty
+        ids, ei, eid, nc, ec = ext.sample(self.rowptr, self.sources, self.perm, w, seeds, fs,
+                                          keys, replace, self.floyd_max_fanout)
+        return Sample(ids, ei, eid, nc.tolist(), ec.tolist(), check=False)
+
+    def _sample_torch(self, seeds, fs, keys, weighted, replace) -> Sample:
         dev = seeds.device
         sorted_ids, order = torch.sort(seeds)  # the nodes so far, sorted, and their local ids
         local_of = order
         parts, frontier = [seeds], seeds
         counts = [seeds.shape[0]]
         edges, eids, ecounts = [], [], []
-        for f in fs:
+        for f, key in zip(fs, keys):
             lo = counts[-1] - frontier.shape[0]
-            pos, seg = self._draw(frontier, f, weighted, generator)
+            pos, seg = self._draw(frontier, f, weighted, replace, key)
             src, eid = self.sources[pos], self.perm[pos]
             # local ids: an already-seen node keeps its id, new ones are appended
             at = torch.searchsorted(sorted_ids, src).clamp(max=max(sorted_ids.shape[0] - 1, 0))
