@@ -12,11 +12,14 @@ from .dropout import SparseDropout, sparse_dropout
 from .graph import ChebConv, GCNConv, RGCNConv, SGConv, TAGConv
 from .graph_attention import GATConv, GATv2Conv, TransformerConv
 from .grid import GridAvgPool, GridConv
+from .hetero import HeteroConv
+from .hgt import HGTConv
 from .layers import Convolution
 from .lm import CausalSelfAttention, TransformerLM
 from .pervasive import AttentionPooling, PervasiveAttention, SourcePooling
 from .sage import SAGEConv
 from .seq2seq import CrossAttention, SelfAttention, Seq2Seq
+from .typed import TypedGraphConv, TypedModel, to_hetero
 
 __all__ = ["Convolution", "from_torch", "from_pyg", "to_torch", "register_torch", "register_pyg",
            "GCNConv", "ChebConv", "TAGConv", "SGConv", "RGCNConv",
@@ -25,4 +28,5 @@ __all__ = ["Convolution", "from_torch", "from_pyg", "to_torch", "register_torch"
            "MixedAttention", "GridConv", "GridAvgPool", "CausalSelfAttention", "TransformerLM",
            "SparseDropout", "sparse_dropout", "Canon",
            "Seq2Seq", "SelfAttention", "CrossAttention",
-           "PervasiveAttention", "AttentionPooling", "SourcePooling", "SAGEConv"]
+           "PervasiveAttention", "AttentionPooling", "SourcePooling", "SAGEConv",
+           "HeteroConv", "TypedGraphConv", "TypedModel", "to_hetero", "HGTConv"]
