@@ -31,13 +31,13 @@ from ..basis.typed import segment_matmul, typed_basis, typed_convolve
 from ..params import Parameterization, build, glorot_, make_param
 from .hetero import HeteroConv, edge_key
 
-__all__ = ["TypedGraphConv", "to_hetero", "TypedModel"]
+__all__ = ["TypedGraphConv", "to_hetero", "TypedModel", "check_metadata"]
 
 _ABSENT = object()
 _NORMS = {"mean": "mean", "sum": None, "add": None, "sym": "sym"}
 
 
-def _metadata(metadata):
+def check_metadata(metadata):
     if not isinstance(metadata, (tuple, list)) or len(metadata) != 2:
         raise ValueError("metadata must be (node_types, edge_types), as HeteroGraph.metadata() "
                          f"or PyG's HeteroData.metadata(), got {metadata!r}")
@@ -65,7 +65,7 @@ class TypedGraphConv(nn.Module):
                  aggr: str = "mean", root_weight: bool = True, bias: bool = True, *,
                  cached: bool = True):
         super().__init__()
-        self.node_types, self.edge_types = _metadata(metadata)
+        self.node_types, self.edge_types = check_metadata(metadata)
         if isinstance(in_channels, dict):
             missing = [t for t in self.node_types if t not in in_channels]
             if missing:
@@ -253,7 +253,7 @@ class TypedModel(nn.Module):
 
     def __init__(self, model: nn.Module, metadata, aggr: str = "sum", param="full"):
         super().__init__()
-        meta = _metadata(metadata)
+        meta = check_metadata(metadata)
         self.metadata = meta
         self.graph = _Tracer().trace(model)
         self.layers = nn.ModuleDict()
