@@ -25,10 +25,12 @@ from .kinds import (
 )
 from .mining import MinedSort, mine_sorts, single_and_mined_sorts
 from .sorts import INVERSE, inverse_name, parse_sorts, sort_name
+from .typed import TypedBasis, metapath_basis, parse_metapath, typed_basis
 
 __all__ = ["Basis", "Dense", "Sparse", "Stack", "Product", "as_basis", "density",
            *_grid_all, *_graph_all,
            "register", "build", "check", "Structure", "BASES", "KindError", "Sampled", "as_spec",
            "with_defaults", "sampled", "identity",
            "mine_sorts", "MinedSort", "single_and_mined_sorts", "parse_sorts", "sort_name",
-           "inverse_name", "INVERSE"]
+           "inverse_name", "INVERSE", "TypedBasis", "typed_basis", "metapath_basis",
+           "parse_metapath"]

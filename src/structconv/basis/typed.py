@@ -15,6 +15,7 @@ sparse-sparse products (never dense) or, with ``materialize=False``, as a lazy `
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -311,7 +312,9 @@ def metapath_basis(graph, sorts, normalization: str | None = "mean", *,
     for k, p in enumerate(paths):
         A = _coo(ops[p[0]])
         for e in p[1:]:
-            A = torch.sparse.mm(A, _coo(ops[e])).coalesce()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # CSR "beta": the product is stable
+                A = torch.sparse.mm(A, _coo(ops[e])).coalesce()
         i = A.indices()
         idx.append(torch.cat([torch.full_like(i[:1], k), i]))
         vals.append(A.values())
