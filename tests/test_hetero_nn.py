@@ -84,9 +84,10 @@ def _dense_typed(x_dict, ei, theta, widths, aggr="mean"):
 
 @pytest.mark.parametrize("param", ["full", "grouped", "separable"])
 @pytest.mark.parametrize("aggr", ["mean", "sum"])
-def test_typed_conv_equals_definition(param, aggr):
+@pytest.mark.parametrize("widths", [{"a": 4, "b": 6, "c": 2}, {"a": 6, "b": 6, "c": 6}],
+                         ids=["per-relation", "one-segment-product"])
+def test_typed_conv_equals_definition(param, aggr, widths):
     torch.manual_seed(0)
-    widths = {"a": 4, "b": 6, "c": 2}
     R = len(META[1])
     form = {"full": "full", "grouped": Grouped(R, 6, 4, 2),
             "separable": ControlledSeparable(R, 6, 4, 2)}[param]

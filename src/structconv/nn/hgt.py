@@ -109,10 +109,14 @@ class HGTConv(nn.Module):
             xs.append(F.pad(x, (0, P - x.shape[1])))
             ws.append(F.pad(self.kqv_weight[t], (0, 0, 0, P - x.shape[1])))
             counts.append(x.shape[0])
-        x = torch.cat(xs)
-        b = torch.stack([self.kqv_bias[t] for t in types]).to(x.dtype)
-        reps = torch.tensor(counts, device=x.device)
-        kqv = segment_matmul(x, counts, torch.stack(ws)) + b.repeat_interleave(reps, 0)
+        b = torch.stack([self.kqv_bias[t] for t in types]).to(xs[0].dtype)
+        if len({self.in_channels[t] for t in types}) == 1:  # one width: one segment product
+            reps = torch.tensor(counts, device=xs[0].device)
+            kqv = segment_matmul(torch.cat(xs), counts, torch.stack(ws)) + \
+                b.repeat_interleave(reps, 0)
+        else:  # per-type widths: a product per type (padding to the widest would cost more)
+            kqv = torch.cat([torch.addmm(b[i], x_dict[t], self.kqv_weight[t].to(b.dtype))
+                             for i, t in enumerate(types)])
         H, D = self.heads, self.out_channels // self.heads
         k, q, v = (t.reshape(-1, H, D) for t in kqv.tensor_split(3, dim=1))
         offs, acc = {}, 0

@@ -27,7 +27,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..basis.cache import cached
-from ..basis.typed import segment_matmul, typed_basis, typed_convolve
+from ..basis.graph import PowerBasis
+from ..basis.typed import relation_operator, segment_matmul, typed_basis, typed_convolve
+from ..engine import convolve
 from ..params import Parameterization, build, glorot_, make_param
 from .hetero import HeteroConv, edge_key
 
@@ -54,6 +56,14 @@ def _param(param, K: int, P: int, Q: int) -> Parameterization:
     if isinstance(param, dict):
         return build(param, K, P, Q)
     return make_param(param, K, P, Q)
+
+
+def relation_basis(edge_index: Tensor, M: int, N: int, normalization, dtype,
+                   cache: bool = True) -> PowerBasis:
+    """One relation's rectangular (1, M, N) basis, cached per graph."""
+    return cached(cache, (edge_index,), ("relation", M, N, normalization, dtype),
+                  lambda: PowerBasis(relation_operator(edge_index, M, N, normalization,
+                                                       dtype=dtype), (1,)))
 
 
 class TypedGraphConv(nn.Module):
@@ -151,6 +161,9 @@ class TypedGraphConv(nn.Module):
         if unknown:
             raise ValueError(f"TypedGraphConv: edge types {unknown} are not in its metadata "
                              f"{self.edge_types}")
+        present = {self.widths[t] for t in self.node_types if t in x_dict}
+        if len(present) > 1:
+            return self._per_relation(x_dict, edge_index_dict)
         x, counts = self._features(x_dict)
         b = self.basis(counts, edge_index_dict, x.dtype)
         theta = self.param().to(x.dtype)
@@ -161,6 +174,36 @@ class TypedGraphConv(nn.Module):
             reps = torch.tensor(counts, device=x.device)
             y = y + self.bias.to(x.dtype).repeat_interleave(reps, 0, output_size=x.shape[0])
         return {t: v for t, v in zip(self.node_types, y.split(counts)) if t in x_dict}
+
+    def _per_relation(self, x_dict: dict, edge_index_dict: dict) -> dict[str, Tensor]:
+        """Types of different widths (an input layer): each relation's rectangular convolution
+        in its cheaper order (the planner's), each type's root once. The shapes differ per
+        relation, so this is a product per relation; one width runs as one segment product."""
+        x_dict = {t: x for t, x in x_dict.items() if t in self.widths}
+        self._features(x_dict)  # checks
+        theta = self.param()
+        out = {t: None for t in x_dict}
+        for r, e in enumerate(self.edge_types):
+            s, _, d = e
+            if s not in x_dict or d not in x_dict or e not in edge_index_dict:
+                continue
+            xs = x_dict[s]
+            M, N = xs.shape[0], x_dict[d].shape[0]
+            if not M or not N:
+                continue
+            b = relation_basis(edge_index_dict[e], M, N, _NORMS[self.aggr], xs.dtype,
+                               self.cached)
+            y = convolve(xs, b, theta[r:r + 1, :xs.shape[1]].to(xs.dtype))
+            out[d] = y if out[d] is None else out[d] + y
+        for i, t in enumerate(self.node_types):
+            if t not in x_dict:
+                continue
+            x = x_dict[t]
+            y = out[t] if out[t] is not None else x.new_zeros(x.shape[0], self.out_channels)
+            if self.root is not None:
+                y = y + x @ self.root[i, :x.shape[1]].to(x.dtype)
+            out[t] = y if self.bias is None else y + self.bias[i].to(x.dtype)
+        return out
 
     @torch.no_grad()
     def load_relation_layers(self, layers: dict) -> TypedGraphConv:
