@@ -139,6 +139,13 @@ def synthetic(T: int, n: int, E: int, P: int, seed: int):
     return (types, list(ei)), x, ei
 
 
+def _nograd(m, x, ei):
+    def run():
+        with torch.no_grad():
+            return m(x, ei)
+    return run
+
+
 def type_scaling(args) -> list[dict]:
     import structconv as sc
 
@@ -149,16 +156,9 @@ def type_scaling(args) -> list[dict]:
         ref = _pyg_sage(meta, P, P, layers=1, in_channels=P).eval()
         ours = sc.nn.TypedGraphConv(P, P, meta)
         ours.load_relation_layers(dict(ref.convs[0].items()))
-
-        def nograd(f):
-            def g():
-                with torch.no_grad():
-                    return f()
-            return g
         with torch.no_grad():
             err = max(float((ref(x, ei)[t] - v).abs().max()) for t, v in ours(x, ei).items())
-        t = interleaved_times({"pyg": nograd(lambda: ref(x, ei)),
-                               "ours": nograd(lambda: ours(x, ei))},
+        t = interleaved_times({"pyg": _nograd(ref, x, ei), "ours": _nograd(ours, x, ei)},
                               repeats=args.repeats, warmup=1)
         rows.append(dict(types=T, relations=len(meta[1]), n=n, E=E, P=P, max_abs_err=err,
                          fwd_s=t, ratio=t["ours"] / t["pyg"]))
