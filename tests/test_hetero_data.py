@@ -75,3 +75,22 @@ def test_loader_equals_pyg(name, cls, tmp_path):
     for s in ("train", "val", "test"):
         assert torch.equal(ours.masks[target][s], ref[target][f"{s}_mask"])
     assert int(ours.masks[target]["train"].sum()) == 400
+
+
+def test_datasets_command_lists_them(capsys):
+    from structconv.cli import main
+
+    assert main(["datasets"]) == 0
+    out = capsys.readouterr().out
+    assert "dblp" in out and "imdb" in out and "hetero/DBLP" in out
+
+
+def test_missing_or_corrupt_files_say_which(tmp_path):
+    from structconv.data.registry import DatasetError
+
+    with pytest.raises(DatasetError, match="adjM.npz is missing"):
+        sc.data.load_dataset("dblp", root=tmp_path)
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "adjM.npz").write_bytes(b"not a zip")
+    with pytest.raises(DatasetError, match="node_types.npy is missing"):
+        sc.data.load_dataset("imdb", root=tmp_path)
