@@ -87,3 +87,20 @@ def test_sage_project_first_when_narrow():
     assert b.shape == (1, 30, 10)
     p = sc.plan(torch.randn(1, 30, 64), b, m.param)
     assert p.route in ("input", "input_side", "theta_first") or "input" in p.route
+
+
+@pytest.mark.parametrize("aggr", ["mean", "max"])
+def test_sage_compiles_whole_and_equals_eager(aggr):
+    torch.manual_seed(0)
+    layer = sc.nn.SAGEConv((6, 3), 4, aggr=aggr)
+    xs = torch.randn(24, 6, requires_grad=True)
+    xd = torch.randn(10, 3, requires_grad=True)
+    ei = torch.stack([torch.randint(0, 24, (50,)), torch.randint(0, 10, (50,))])
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, fullgraph=True)
+    y, yc = layer((xs, xd), ei), compiled((xs, xd), ei)
+    torch.testing.assert_close(yc, y, rtol=1e-4, atol=1e-5)
+    g = torch.randn_like(y)
+    wrt = [xs, xd, *layer.parameters()]
+    for a, b in zip(torch.autograd.grad(yc, wrt, g), torch.autograd.grad(y, wrt, g)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
