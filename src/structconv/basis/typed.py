@@ -27,7 +27,7 @@ from .edges import check_edges, check_norm, relation_values
 from .graph import PowerBasis, SparseOperator
 
 __all__ = ["TypedBasis", "typed_basis", "typed_convolve", "segment_matmul", "metapath_basis",
-           "parse_metapath", "relation_operator"]
+           "metapath_edges", "parse_metapath", "relation_operator"]
 
 EdgeType = tuple[str, str, str]
 
@@ -319,3 +319,11 @@ def metapath_basis(graph, sorts, normalization: str | None = "mean", *,
         idx.append(torch.cat([torch.full_like(i[:1], k), i]))
         vals.append(A.values())
     return Sparse(torch.cat(idx, 1), torch.cat(vals), (len(paths), num[s0], num[s1]))
+
+
+def metapath_edges(graph, sort) -> Tensor:
+    """The edges (2, E) of a metapath's graph: the nonzero pattern of the product of its
+    relations' rectangular bases (start-type rows -> end-type rows, sorted), the input of a
+    metapath layer such as ``sc.nn.HANConv``."""
+    b = metapath_basis(graph, [sort], None, dtype=torch.float64)
+    return b.indices[1:].clone()

@@ -12,6 +12,7 @@ from .dropout import SparseDropout, sparse_dropout
 from .graph import ChebConv, GCNConv, RGCNConv, SGConv, TAGConv
 from .graph_attention import GATConv, GATv2Conv, TransformerConv
 from .grid import GridAvgPool, GridConv
+from .han import HANConv
 from .hetero import HeteroConv
 from .hgt import HGTConv
 from .layers import Convolution
@@ -29,4 +30,4 @@ __all__ = ["Convolution", "from_torch", "from_pyg", "to_torch", "register_torch"
            "SparseDropout", "sparse_dropout", "Canon",
            "Seq2Seq", "SelfAttention", "CrossAttention",
            "PervasiveAttention", "AttentionPooling", "SourcePooling", "SAGEConv",
-           "HeteroConv", "TypedGraphConv", "TypedModel", "to_hetero", "HGTConv"]
+           "HeteroConv", "TypedGraphConv", "TypedModel", "to_hetero", "HGTConv", "HANConv"]
