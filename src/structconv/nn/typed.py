@@ -220,14 +220,13 @@ class TypedGraphConv(nn.Module):
         for r, et in enumerate(self.edge_types):
             m = layers[et] if et in layers else layers[edge_key(et)]
             w_l, b_l, w_r = _sage_weights(m)
-            s, d = self.node_types.index(et[0]), self.node_types.index(et[2])
+            d = self.node_types.index(et[2])
             self.param.weight[r].zero_()
             self.param.weight[r, :w_l.shape[0]].copy_(w_l)
             if self.root is not None and w_r is not None:
                 self.root[d, :w_r.shape[0]] += w_r
             if self.bias is not None and b_l is not None:
                 self.bias[d] += b_l
-            del s
         return self
 
 
