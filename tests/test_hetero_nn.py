@@ -185,3 +185,16 @@ def test_to_hetero_other_layers_and_unreached_types():
     y = m(x, _edges(meta))
     assert set(y) == {"a", "b"} and y["b"].shape == (7, 2)
     assert len(m.layers["lin"]) == 3  # a Linear per node type
+
+
+def test_to_hetero_with_bases_trains():
+    # ControlledSeparable across relations: PyG's to_hetero_with_bases's parameter form
+    torch.manual_seed(0)
+    m = sc.nn.to_hetero(_Two(sc.nn.SAGEConv), META, param={"param": "separable", "H": 2})
+    conv = m.layers["c1"]
+    assert isinstance(conv.param, ControlledSeparable) and conv.param.K == len(META[1])
+    x = {t: v.float() for t, v in _x().items()}
+    y = m(x, _edges())
+    sum(v.square().sum() for v in y.values()).backward()
+    assert conv.param.basis_coef.grad is not None and conv.param.basis_coef.grad.abs().sum() > 0
+    assert m.double()(_x(), _edges())["a"].dtype == torch.float64
