@@ -20,6 +20,7 @@ one (see its docstring for how it differs from PyG's).
 from __future__ import annotations
 
 import copy
+import inspect
 import operator
 
 import torch
@@ -241,11 +242,16 @@ def _sage_weights(m):
 # ------------------------------------------------------------------------------------------------
 # to_hetero
 def _graph_layer(m: nn.Module) -> bool:
-    from .graph import GraphConvolution, RGCNConv
-    from .graph_attention import GATConv, GATv2Conv, TransformerConv
-    from .sage import SAGEConv
-    return isinstance(m, (SAGEConv, GATConv, GATv2Conv, TransformerConv, GraphConvolution,
-                          RGCNConv, TypedGraphConv, HeteroConv))
+    """A structconv graph layer: a module of ``structconv`` whose forward takes ``edge_index``
+    (every homogeneous graph layer, present and future), or a typed layer already."""
+    if isinstance(m, (TypedGraphConv, HeteroConv)):
+        return True
+    if not type(m).__module__.startswith("structconv."):
+        return False
+    try:
+        return "edge_index" in inspect.signature(type(m).forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _typed_layer(m: nn.Module, metadata, aggr, param):
