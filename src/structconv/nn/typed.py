@@ -115,16 +115,14 @@ class TypedGraphConv(nn.Module):
         return (f"{self.in_channels}, {self.out_channels}, types={len(self.node_types)}, "
                 f"relations={len(self.edge_types)}, aggr={self.aggr!r}")
 
-    def _features(self, x_dict) -> tuple[Tensor, list[int]]:
-        """The features of every node type concatenated (padded to the widest), and the
-        counts; a type absent from ``x_dict`` (one that an earlier layer's relations did not
-        reach) has no rows."""
+    def _checked(self, x_dict) -> dict[str, Tensor]:
+        """Every node type's features (n_t, P_t); a type absent from ``x_dict`` (one that an
+        earlier layer's relations did not reach) gets no rows."""
         if not isinstance(x_dict, dict) or not any(t in x_dict for t in self.node_types):
             raise ValueError(f"TypedGraphConv: x_dict must map node types {self.node_types} "
                              f"to features, got {type(x_dict).__name__}")
-        P = self.param.P
         like = next(x_dict[t] for t in self.node_types if t in x_dict)
-        xs, counts = [], []
+        out = {}
         for t in self.node_types:
             x = x_dict.get(t, _ABSENT)
             if x is _ABSENT:
@@ -134,9 +132,16 @@ class TypedGraphConv(nn.Module):
                 got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
                 raise ValueError(f"TypedGraphConv: x_dict[{t!r}] must be floating "
                                  f"(n, {self.widths[t]}), got {got}")
-            xs.append(x if x.shape[1] == P else F.pad(x, (0, P - x.shape[1])))
-            counts.append(x.shape[0])
-        return (torch.cat(xs) if len(xs) > 1 else xs[0]), counts
+            out[t] = x
+        return out
+
+    def _features(self, x_dict) -> tuple[Tensor, list[int]]:
+        """The features of every node type concatenated (padded to the widest: used where
+        the widths agree), and the counts."""
+        P = self.param.P
+        xs = [x if x.shape[1] == P else F.pad(x, (0, P - x.shape[1]))
+              for x in self._checked(x_dict).values()]
+        return (torch.cat(xs) if len(xs) > 1 else xs[0]), [x.shape[0] for x in xs]
 
     def basis(self, counts: list[int], edge_index_dict, dtype):
         """The ``TypedBasis`` of this call's graph (cached per graph and dtype)."""
@@ -180,8 +185,8 @@ class TypedGraphConv(nn.Module):
         """Types of different widths (an input layer): each relation's rectangular convolution
         in its cheaper order (the planner's), each type's root once. The shapes differ per
         relation, so this is a product per relation; one width runs as one segment product."""
-        x_dict = {t: x for t, x in x_dict.items() if t in self.widths}
-        self._features(x_dict)  # checks
+        given = self._checked(x_dict)
+        x_dict = {t: given[t] for t in self.node_types if t in x_dict}
         theta = self.param()
         out = {t: None for t in x_dict}
         for r, e in enumerate(self.edge_types):
