@@ -173,7 +173,8 @@ def _from_sage(m):
     out = SAGEConv((P_src, P_dst), m.out_channels, aggr=aggr, normalize=m.normalize,
                    root_weight=m.root_weight, project=m.project,
                    bias=m.lin_l.bias is not None)
-    out.in_channels = m.in_channels
+    if m.in_channels == P_src and P_src == P_dst:
+        out.in_channels = P_src  # as PyG's was given (an int), so that repr and copies agree
     out = out.to(device=p.device, dtype=p.dtype).train(m.training)
     with torch.no_grad():
         out.param.weight.copy_(m.lin_l.weight.detach().t().unsqueeze(0))
