@@ -75,3 +75,17 @@ def test_hgt_errors_and_reset():
         m(x, {("a", "zz", "b"): torch.zeros(2, 0, dtype=torch.long)})
     with pytest.raises(ValueError, match=r"x_dict\['a'\]"):
         m({**x, "a": torch.randn(5, 3)}, {})
+
+
+def test_hgt_lazy_pyg_converts_once_run():
+    torch.manual_seed(0)
+    widths = {"a": 4, "b": 9, "c": 6, "d": 3}
+    ref = pnn.HGTConv(-1, 6, META, heads=2).double()
+    x, ei = _inputs(widths)
+    with pytest.raises(ValueError, match="lazy"):
+        sc.nn.from_pyg(ref)
+    want = ref(x, ei)
+    ours = sc.nn.from_pyg(ref)
+    assert ours.in_channels == widths
+    for t, v in ours(x, ei).items():
+        torch.testing.assert_close(v, want[t], rtol=1e-12, atol=1e-12)

@@ -115,15 +115,15 @@ class HANConv(nn.Module):
 @register_pyg("HANConv")
 def _from_han(m):
     meta = (list(m.metadata[0]), [tuple(e) for e in m.metadata[1]])
-    out = HANConv(dict(m.in_channels), m.out_channels, meta, heads=m.heads,
+    if any(isinstance(m.proj[t].weight, nn.parameter.UninitializedParameter) for t in meta[0]):
+        raise ValueError("HANConv has lazy (uninitialised) weights: run it once or give "
+                         "in_channels before converting")
+    widths = {t: int(m.proj[t].weight.shape[1]) for t in meta[0]}  # lazy -1 resolved
+    out = HANConv(widths, m.out_channels, meta, heads=m.heads,
                   negative_slope=m.negative_slope, dropout=m.dropout)
-    p = m.q
-    out = out.to(device=p.device, dtype=p.dtype).train(m.training)
+    out = out.to(device=m.q.device, dtype=m.q.dtype).train(m.training)
     with torch.no_grad():
         for t in out.node_types:
-            if isinstance(m.proj[t].weight, nn.parameter.UninitializedParameter):
-                raise ValueError("HANConv has lazy (uninitialised) weights: run it once or "
-                                 "give in_channels before converting")
             out.proj[t].weight.copy_(m.proj[t].weight)
             out.proj[t].bias.copy_(m.proj[t].bias)
         for r, et in enumerate(out.edge_types):

@@ -199,11 +199,13 @@ class HGTConv(nn.Module):
 @register_pyg("HGTConv")
 def _from_hgt(m):
     meta = (list(m.node_types), [tuple(e) for e in m.edge_types])
-    out = HGTConv(dict(m.in_channels), m.out_channels, meta, heads=m.heads)
-    p = next(m.parameters())
-    if isinstance(p, nn.parameter.UninitializedParameter):
+    lins = {t: m.kqv_lin.lins[t] for t in m.node_types}
+    if any(isinstance(lin.weight, nn.parameter.UninitializedParameter) for lin in lins.values()):
         raise ValueError("HGTConv has lazy (uninitialised) weights: run it once or give "
                          "in_channels before converting")
+    widths = {t: int(lin.weight.shape[1]) for t, lin in lins.items()}  # lazy -1 resolved
+    out = HGTConv(widths, m.out_channels, meta, heads=m.heads)
+    p = m.k_rel.weight
     out = out.to(device=p.device, dtype=p.dtype).train(m.training)
     with torch.no_grad():
         for i, t in enumerate(out.node_types):
