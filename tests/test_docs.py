@@ -34,9 +34,10 @@ EXAMPLES = {
     "sampled_graph": r"test accuracy \(exact layer-wise inference\): [01]\.\d+",
     "train_config": r"gcn_karate_dict on karate: val acc \d\.\d+, test acc \d\.\d+",
     "gin_tu": r"best validation accuracy [01]\.\d+ at epoch \d+: test accuracy [01]\.\d+",
+    "hetero_dblp": r"test authors: Macro-F1 [01]\.\d+  Micro-F1 [01]\.\d+",
 }
 #: examples that read a dataset from the data home
-NEEDS = {"gcn_cora": "cora", "gin_tu": "tu-mutag"}
+NEEDS = {"gcn_cora": "cora", "gin_tu": "tu-mutag", "hetero_dblp": "dblp"}
 #: the packages whose every public name must have an API entry (more: any ``::: module`` line)
 PACKAGES = ["structconv", "structconv.basis", "structconv.params", "structconv.attention",
             "structconv.nn", "structconv.kg", "structconv.sampling", "structconv.data"]

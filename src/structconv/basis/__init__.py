@@ -26,6 +26,7 @@ from .kinds import (
 )
 from .mining import MinedSort, mine_sorts, single_and_mined_sorts
 from .sorts import INVERSE, inverse_name, parse_sorts, sort_name
+from .typed import TypedBasis, metapath_basis, metapath_edges, parse_metapath, typed_basis
 
 __all__ = ["Basis", "Dense", "Sparse", "Stack", "Product", "as_basis", "density",
            *_grid_all, *_graph_all,
@@ -33,4 +34,5 @@ __all__ = ["Basis", "Dense", "Sparse", "Stack", "Product", "as_basis", "density"
            "with_defaults", "sampled", "identity",
            "mine_sorts", "MinedSort", "single_and_mined_sorts", "parse_sorts", "sort_name",
            "inverse_name", "INVERSE",
-           "readout", "Readout", "adjacency", "READOUTS"]
+           "readout", "Readout", "adjacency", "READOUTS",
+           "TypedBasis", "typed_basis", "metapath_basis", "metapath_edges", "parse_metapath"]

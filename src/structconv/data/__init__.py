@@ -7,6 +7,7 @@ imports them all, so the registry (the floor below them) never imports a loader.
 from . import (  # noqa: F401  (the loader modules, imported for their registrations)
     g2p,
     graphs_nx,
+    hetero,
     images,
     kg,
     molecules,
@@ -18,7 +19,8 @@ from . import (  # noqa: F401  (the loader modules, imported for their registrat
     tu,
 )
 from .batch import GraphBatch, GraphDataset, GraphLoader
+from .hetero import HeteroGraph
 from .registry import DATASETS, dataset_names, load_dataset, register_dataset
 
 __all__ = ["DATASETS", "dataset_names", "load_dataset", "register_dataset", "GraphBatch",
-           "GraphDataset", "GraphLoader"]
+           "GraphDataset", "GraphLoader", "HeteroGraph"]

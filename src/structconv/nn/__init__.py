@@ -13,6 +13,9 @@ from .gin import GINConv, GINEConv, gin_conv, gine_conv
 from .graph import ChebConv, GCNConv, RGCNConv, SGConv, TAGConv
 from .graph_attention import GATConv, GATv2Conv, TransformerConv
 from .grid import GridAvgPool, GridConv
+from .han import HANConv
+from .hetero import HeteroConv
+from .hgt import HGTConv
 from .layers import Convolution
 from .lm import CausalSelfAttention, TransformerLM
 from .pervasive import AttentionPooling, PervasiveAttention, SourcePooling
@@ -23,7 +26,9 @@ from .pool import (
                         global_max_pool,
                         global_mean_pool,
 )
+from .sage import SAGEConv
 from .seq2seq import CrossAttention, SelfAttention, Seq2Seq
+from .typed import TypedGraphConv, TypedModel, to_hetero
 
 __all__ = ["Convolution", "from_torch", "from_pyg", "to_torch", "register_torch", "register_pyg",
            "GCNConv", "ChebConv", "TAGConv", "SGConv", "RGCNConv",
@@ -34,4 +39,5 @@ __all__ = ["Convolution", "from_torch", "from_pyg", "to_torch", "register_torch"
            "Seq2Seq", "SelfAttention", "CrossAttention",
            "PervasiveAttention", "AttentionPooling", "SourcePooling",
            "GINConv", "GINEConv", "gin_conv", "gine_conv", "global_add_pool", "global_mean_pool",
-           "global_max_pool", "AttentionalAggregation", "NodeGate"]
+           "global_max_pool", "AttentionalAggregation", "NodeGate", "SAGEConv",
+           "HeteroConv", "TypedGraphConv", "TypedModel", "to_hetero", "HGTConv", "HANConv"]

@@ -17,7 +17,9 @@ _PYG: dict[str, object] = {}
 _TO_TORCH: list = []
 # modules whose import registers converters (loaded lazily: PyG is optional)
 _PROVIDERS = ("structconv.nn.grid", "structconv.nn.attention", "structconv.nn.graph",
-              "structconv.nn.gin", "structconv.nn.pool")
+              "structconv.nn.gin", "structconv.nn.pool",
+              "structconv.nn.sage", "structconv.nn.hetero", "structconv.nn.hgt",
+              "structconv.nn.han")
 
 
 def _load():

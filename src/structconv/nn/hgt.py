@@ -1,0 +1,223 @@
+"""The Heterogeneous Graph Transformer (Hu et al., WWW 2020) with PyG's signature: ``HGTConv``.
+
+Per node type t: keys, queries, values k, q, v = x_t W_t (H heads of D = Q/H channels). Per
+relation e = (s, rel, d) and head h, the keys and values of s's nodes are mapped by D x D
+matrices K_{e,h}, V_{e,h}; every edge m -e-> n scores
+
+    score = (q_n,h · k_m,h K_{e,h}) · p_{e,h} / sqrt(D)
+
+and each target's scores are softmaxed over ALL its incoming edges, whatever their relation. The
+attention is a basis on the typed graph: the relations' edges joined into one bipartite graph
+from (relation, source) rows to the concatenated node sets, scored by ``HeadDot`` (structconv's
+attention algebra), normalised by ``edge_softmax`` and applied by ``GraphAttention``. Then
+gelu, a linear map per type, and a gated skip sigmoid(s_t) y + (1 - sigmoid(s_t)) x_t where the
+widths agree. As PyG, a node type that is the target of no relation in ``metadata`` is absent
+from the output, and one that is, but receives no edge in this call, gets its value from zero
+messages (never None). The per-type and per-relation products run as segment products
+(``segment_matmul``), one call each, whatever the number of types.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..attention.basis import GraphAttention
+from ..attention.masks import edge_softmax
+from ..attention.mechanisms import HeadDot
+from ..basis.typed import segment_matmul
+from .convert import register_pyg
+from .typed import check_metadata
+
+__all__ = ["HGTConv"]
+
+
+def _key(et) -> str:
+    return "__".join(et)
+
+
+class HGTConv(nn.Module):
+    """PyG's HGTConv: x_dict {type: (n_t, P_t)}, edge_index_dict -> {target type: (n_t, Q)}."""
+
+    def __init__(self, in_channels, out_channels: int, metadata, heads: int = 1):
+        super().__init__()
+        self.node_types, self.edge_types = check_metadata(metadata)
+        if isinstance(out_channels, bool) or not isinstance(out_channels, int) or \
+                out_channels < 1 or isinstance(heads, bool) or not isinstance(heads, int) or \
+                heads < 1 or out_channels % heads:
+            raise ValueError(f"HGTConv: out_channels ({out_channels!r}) must be a positive int "
+                             f"divisible by heads ({heads!r})")
+        if not isinstance(in_channels, dict):
+            in_channels = {t: in_channels for t in self.node_types}
+        bad = {t: in_channels.get(t) for t in self.node_types
+               if not isinstance(in_channels.get(t), int) or in_channels.get(t) < 1}
+        if bad:
+            raise ValueError(f"HGTConv: in_channels must be a positive int per node type, got "
+                             f"{bad}")
+        self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
+        Q, D, R = out_channels, out_channels // heads, len(self.edge_types)
+        self.dst_types = {e[2] for e in self.edge_types}
+        self.kqv_weight = nn.ParameterDict({t: nn.Parameter(torch.empty(in_channels[t], 3 * Q))
+                                            for t in self.node_types})
+        self.kqv_bias = nn.ParameterDict({t: nn.Parameter(torch.empty(3 * Q))
+                                          for t in self.node_types})
+        self.out_weight = nn.Parameter(torch.empty(len(self.node_types), Q, Q))
+        self.out_bias = nn.Parameter(torch.empty(len(self.node_types), Q))
+        # (head, relation) -> D x D, PyG's HeteroLinear order: index h * R + r
+        self.k_rel = nn.Parameter(torch.empty(heads * R, D, D))
+        self.v_rel = nn.Parameter(torch.empty(heads * R, D, D))
+        self.skip = nn.Parameter(torch.empty(len(self.node_types)))
+        self.p_rel = nn.Parameter(torch.empty(R, heads))
+        self.score = HeadDot(heads, D)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """torch.nn.Linear's uniform bounds for the maps, ones for the skips and priors."""
+        def unif(t, fan):
+            b = 1.0 / math.sqrt(fan)
+            t.uniform_(-b, b)
+        with torch.no_grad():
+            for t in self.node_types:
+                unif(self.kqv_weight[t], self.in_channels[t])
+                unif(self.kqv_bias[t], self.in_channels[t])
+            for p in (self.out_weight, self.out_bias):
+                unif(p, self.out_channels)
+            for p in (self.k_rel, self.v_rel):
+                unif(p, p.shape[1])
+            self.skip.fill_(1.0)
+            self.p_rel.fill_(1.0)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, heads={self.heads}, "
+                f"types={len(self.node_types)}, relations={len(self.edge_types)}")
+
+    def _kqv(self, x_dict):
+        """k, q, v (N, H, D) of the node types of x_dict, concatenated; their (type, offset,
+        count)."""
+        types = [t for t in x_dict if t in self.kqv_weight]
+        P = max(self.in_channels[t] for t in types)
+        xs, ws, counts = [], [], []
+        for t in types:
+            x = x_dict[t]
+            if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != self.in_channels[t]:
+                got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+                raise ValueError(f"HGTConv: x_dict[{t!r}] must be (n, {self.in_channels[t]}), "
+                                 f"got {got}")
+            xs.append(F.pad(x, (0, P - x.shape[1])))
+            ws.append(F.pad(self.kqv_weight[t], (0, 0, 0, P - x.shape[1])))
+            counts.append(x.shape[0])
+        b = torch.stack([self.kqv_bias[t] for t in types]).to(xs[0].dtype)
+        if len({self.in_channels[t] for t in types}) == 1:  # one width: one segment product
+            reps = torch.tensor(counts, device=xs[0].device)
+            kqv = segment_matmul(torch.cat(xs), counts, torch.stack(ws)) + \
+                b.repeat_interleave(reps, 0)
+        else:  # per-type widths: a product per type (padding to the widest would cost more)
+            kqv = torch.cat([torch.addmm(b[i], x_dict[t], self.kqv_weight[t].to(b.dtype))
+                             for i, t in enumerate(types)])
+        H, D = self.heads, self.out_channels // self.heads
+        k, q, v = (t.reshape(-1, H, D) for t in kqv.tensor_split(3, dim=1))
+        offs, acc = {}, 0
+        for t, c in zip(types, counts):
+            offs[t], acc = (acc, c), acc + c
+        return k, q, v, offs
+
+    def _relations(self, edge_index_dict, offs):
+        """The relations given, in edge_index_dict's order: their ids, source rows (into the
+        concatenated nodes) and the joined bipartite edges ((relation, source) row -> node)."""
+        rels, rows, src, dst, ids = [], [], [], [], []
+        n_rows = 0
+        for et, ei in edge_index_dict.items():
+            et = tuple(et)
+            if et not in self.edge_types:
+                raise ValueError(f"HGTConv: edge type {et} is not in its metadata")
+            s, _, d = et
+            if s not in offs or d not in offs:
+                continue
+            r = self.edge_types.index(et)
+            o, c = offs[s]
+            rels.append(r)
+            rows.append(torch.arange(o, o + c, device=ei.device))
+            src.append(ei[0].long() + n_rows)
+            dst.append(ei[1].long() + offs[d][0])
+            ids.append(torch.full_like(ei[0], r, dtype=torch.long))
+            n_rows += c
+        return rels, rows, src, dst, ids, n_rows
+
+    def _rel_map(self, z: Tensor, weight: Tensor, rels, counts) -> Tensor:
+        """z (rows, H, D) grouped by relation -> each (relation, head) block times its D x D
+        matrix, as one segment product over (head, relation) groups."""
+        H, R = self.heads, len(self.edge_types)
+        idx = torch.tensor([h * R + r for h in range(H) for r in rels], device=z.device)
+        zt = z.transpose(0, 1).reshape(-1, z.shape[-1])  # (H*rows, D), head-major
+        out = segment_matmul(zt, counts * H, weight.index_select(0, idx))
+        return out.reshape(H, -1, z.shape[-1]).transpose(0, 1)
+
+    def forward(self, x_dict: dict, edge_index_dict: dict) -> dict[str, Tensor]:
+        """{type: (n_t, P_t)}, {(s, rel, d): (2, E)} -> {type: (n_t, Q)} for each node type
+        of x_dict that is a relation's target in ``metadata``."""
+        k, q, v, offs = self._kqv(x_dict)
+        rels, rows, src, dst, ids, M = self._relations(edge_index_dict, offs)
+        N, H, D = q.shape[0], self.heads, self.out_channels // self.heads
+        if rels:
+            row = torch.cat(rows)
+            counts = [len(r) for r in rows]
+            kr = self._rel_map(k.index_select(0, row), self.k_rel.to(k.dtype), rels, counts)
+            vr = self._rel_map(v.index_select(0, row), self.v_rel.to(v.dtype), rels, counts)
+            ei = torch.stack([torch.cat(src), torch.cat(dst)])
+            scores = self.score.edge_scores(kr, q, ei) * self.p_rel.to(q.dtype)[torch.cat(ids)]
+            alpha = edge_softmax(scores, ei[1], N)
+            out = GraphAttention(ei, alpha, max(M, 1), N).propagate_heads(
+                vr.unsqueeze(0) if M else vr.new_zeros(1, 1, H, D))[0]
+        else:
+            out = q.new_zeros(N, H, D)
+        return self._outputs(out.reshape(N, H * D), x_dict, offs)
+
+    def _outputs(self, out: Tensor, x_dict, offs) -> dict[str, Tensor]:
+        keep = [t for t in offs if t in self.dst_types]
+        if not keep:
+            return {}
+        parts = [out[offs[t][0]:offs[t][0] + offs[t][1]] for t in keep]
+        counts = [offs[t][1] for t in keep]
+        ti = [self.node_types.index(t) for t in keep]
+        a = F.gelu(torch.cat(parts))
+        w, b = self.out_weight[ti].to(a.dtype), self.out_bias[ti].to(a.dtype)
+        y = segment_matmul(a, counts, w) + b.repeat_interleave(
+            torch.tensor(counts, device=a.device), 0)
+        res = {}
+        for t, i, yt in zip(keep, ti, y.split(counts)):
+            x = x_dict[t]
+            if yt.shape[-1] == x.shape[-1]:
+                g = self.skip[i].sigmoid().to(yt.dtype)
+                yt = g * yt + (1 - g) * x
+            res[t] = yt
+        return res
+
+
+@register_pyg("HGTConv")
+def _from_hgt(m):
+    meta = (list(m.node_types), [tuple(e) for e in m.edge_types])
+    lins = {t: m.kqv_lin.lins[t] for t in m.node_types}
+    if any(isinstance(lin.weight, nn.parameter.UninitializedParameter) for lin in lins.values()):
+        raise ValueError("HGTConv has lazy (uninitialised) weights: run it once or give "
+                         "in_channels before converting")
+    widths = {t: int(lin.weight.shape[1]) for t, lin in lins.items()}  # lazy -1 resolved
+    out = HGTConv(widths, m.out_channels, meta, heads=m.heads)
+    p = m.k_rel.weight
+    out = out.to(device=p.device, dtype=p.dtype).train(m.training)
+    with torch.no_grad():
+        for i, t in enumerate(out.node_types):
+            lin = m.kqv_lin.lins[t]
+            out.kqv_weight[t].copy_(lin.weight.t())
+            out.kqv_bias[t].copy_(lin.bias)
+            ol = m.out_lin.lins[t]
+            out.out_weight[i].copy_(ol.weight.t())
+            out.out_bias[i].copy_(ol.bias)
+            out.skip[i].copy_(m.skip[t].reshape(()))
+        out.k_rel.copy_(m.k_rel.weight)
+        out.v_rel.copy_(m.v_rel.weight)
+        for r, et in enumerate(out.edge_types):
+            out.p_rel[r].copy_(m.p_rel[_key(et)].reshape(-1))
+    return out
