@@ -15,8 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "structconv"
 
 #: the floors, lowest first; a module may import its own floor (no circles) and those below
 FLOORS = [
-    ("_checks", "_paths", "io", "registry", "costs", "sparse", "_extras", "kernels",
-     "checkpoint", "distributed", "optim", "interrupt"),
+    ("_checks", "_paths", "io", "registry", "costs", "sparse", "_extras", "kernels", "seeds"),
     ("basis",),
     ("algebra", "params"),
     ("engine",),
@@ -25,9 +24,7 @@ FLOORS = [
     ("kg", "data", "plots", "sampling"),
     ("config",),  # the schema: names and validates components, builds nothing
     ("models",),
-    ("minibatch",),
-    ("runlog",),
-    ("train", "verify"),
+    ("training", "verify"),  # everything that trains: above the models it trains
     ("demo", "bench", "experiments"),
     ("cli", "__main__"),
 ]

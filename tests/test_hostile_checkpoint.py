@@ -11,8 +11,13 @@ import json
 import pytest
 import torch
 
-from structconv.checkpoint import CHECKPOINT_JSON, CheckpointError, load_checkpoint, save_checkpoint
 from structconv.cli import main
+from structconv.training.checkpoint import (
+    CHECKPOINT_JSON,
+    CheckpointError,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 
 @pytest.fixture

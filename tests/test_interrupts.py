@@ -22,12 +22,12 @@ from test_link_train import _config as _link_config
 from test_link_train import kg  # noqa: F401  (the tiny knowledge-graph fixture)
 
 import structconv as sc
-from structconv.checkpoint import CheckpointError
 from structconv.cli import main
 from structconv.config import ConfigError, apply_overrides, load_config
-from structconv.interrupt import StopRequest, TrainingInterrupted
 from structconv.io import RunLock
-from structconv.train import check_train_split, load_run, train
+from structconv.training import check_train_split, load_run, train
+from structconv.training.checkpoint import CheckpointError
+from structconv.training.interrupt import StopRequest, TrainingInterrupted
 
 
 def _stop_at(monkeypatch, k: int) -> None:
@@ -274,5 +274,5 @@ def test_image_data_has_no_relations():
     sc.basis.register("_probe_structure", lambda spec, s: seen.append(s) or
                       sc.basis.identity(s.entries))
     cfg = load_config("cnn_digits", ['model.layers.0.basis.kind="_probe_structure"'])
-    sc.models.build_model(cfg, sc.train.load_data(cfg))
+    sc.models.build_model(cfg, sc.training.load_data(cfg))
     assert seen and seen[0].num_relations is None and seen[0].edge_index is None
