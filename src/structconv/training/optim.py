@@ -8,6 +8,7 @@ from collections.abc import Iterable
 
 import torch
 
+from ..config import NO_DECAY, SCHEDULES
 from ..seeds import epoch_generator
 
 __all__ = ["OPTIMIZERS", "NO_DECAY", "SCHEDULES", "make_optimizer", "epoch_generator",
@@ -34,12 +35,6 @@ def make_optimizer(name: str, params: Iterable, lr: float, weight_decay: float =
         cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
         return cls(params, lr=lr, weight_decay=weight_decay)
     raise ValueError(f"unknown optimizer {name!r}: use one of {', '.join(OPTIMIZERS)}")
-
-
-#: parameters that ``no_decay`` may exempt from weight decay, by what names them
-NO_DECAY = ("bias", "norm", "embedding")
-#: learning-rate schedules over optimizer steps
-SCHEDULES = ("constant", "linear", "cosine")
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float, no_decay=()) -> list:
@@ -71,14 +66,14 @@ def param_groups(model: torch.nn.Module, weight_decay: float, no_decay=()) -> li
 def lr_factor(schedule: str, step: int, warmup: int = 0, total: int = 0) -> float:
     """The learning rate's factor at optimizer step ``step`` (0-based): a linear warm-up over
     ``warmup`` steps, then constant, or linear / cosine decay to 0 at step ``total``."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
+    if schedule != "constant" and total <= warmup:
+        raise ValueError(f"a {schedule} schedule needs a step budget beyond the warm-up "
+                         f"({warmup} steps), got {total}")
     if warmup and step < warmup:
         return (step + 1) / warmup
     if schedule == "constant":
         return 1.0
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
-    if total <= warmup:
-        raise ValueError(f"a {schedule} schedule needs a step budget beyond the warm-up "
-                         f"({warmup} steps), got {total}")
     done = min(1.0, (step - warmup) / (total - warmup))
     return 1.0 - done if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * done))
