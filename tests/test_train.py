@@ -230,6 +230,7 @@ def test_ddp_two_processes_match_single_process(tmp_path):
     single = train(cfg, tmp_path / "one")
     ddp = json.loads((tmp_path / "ddp" / "result.json").read_text())
     assert ddp["world_size"] == 2 and single["world_size"] == 1
+    assert not (tmp_path / "ddp" / ".lock").exists()  # a finished run holds no lock
     a = [json.loads(x) for x in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
     b = [json.loads(x) for x in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
     for x, y in zip(a, b, strict=True):

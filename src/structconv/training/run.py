@@ -129,9 +129,10 @@ def _run(cfg: dict | None, run: Path, device: str, resume: bool, progress, stop_
         if out is not None:
             return out
         result = loop.finish(n_params)
-        if run_lock is not None:
-            # a finished run is no longer written: its lock file goes (under the lock)
-            run_lock.path.unlink(missing_ok=True)
+        if main and (run_lock is not None or not lock):
+            # a finished run is no longer written: its lock file goes while the lock is held
+            # (here, or by the caller: ``structconv train --nproc``'s parent)
+            (run / ".lock").unlink(missing_ok=True)
         return result
 
 
