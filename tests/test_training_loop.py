@@ -42,6 +42,8 @@ def test_a_step_budget_ends_the_run_inside_an_epoch(tmp_path):
                    overrides=IMAGE + ["train.epochs=5", "data.batch_size=50", "train.max_steps=7"])
     ck = json.loads((tmp_path / "run" / "checkpoint.json").read_text())
     assert ck["trainer"]["steps"] == 7 and res["epochs"] == 2  # 5 steps an epoch: 5 + 2
+    again = sc.train(out=tmp_path / "run", resume=True)  # a spent budget trains no more
+    assert again["epochs"] == 2 and again["test_acc"] == res["test_acc"]
 
 
 def test_schedule_with_warmup_sets_each_steps_rate_and_resumes_exactly(tmp_path):

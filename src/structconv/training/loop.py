@@ -149,6 +149,7 @@ class Loop:
         self.state, self.best_state, self.start = ck["trainer"], ck["best"], ck["epoch"]
         self.state.setdefault("steps", 0)
         self.extra = ck["extra"]
+        self.spent = bool(self.t["max_steps"]) and self.state["steps"] >= self.t["max_steps"]
 
     # -- the run: epochs until the last, a stop or ``stop_after`` -------------------------------
     def fit(self, stop_after: int = 0, time_limit: float | None = None) -> dict | None:

@@ -68,7 +68,7 @@ class TripleTask(Task):
         self.triples, self.objective, self.batch, self.seed = triples, objective, batch_size, seed
         self.valid, self.eval_every, self.name = valid, eval_every, name
         self.gen: torch.Generator | None = None
-        self.queries = None
+        self.queries, self.n = None, 0  # the queries; the items of the step being taken
 
     def setup(self, model, dev, world) -> None:
         super().setup(model, dev, world)
