@@ -79,9 +79,12 @@ class Task:
         raise NotImplementedError
 
     def row(self, epoch: int, totals: list, dt: float, val: dict | None, lr: float) -> dict:
+        """The epoch's metrics row from the summed (loss, correct, items), its seconds, the
+        validation metrics and the learning rate."""
         raise NotImplementedError
 
     def line(self, row: dict) -> str:
+        """The row as one progress line."""
         raise NotImplementedError
 
     def result(self, model, main: bool) -> dict:
@@ -99,6 +102,7 @@ class ItemTask(Task):
         raise NotImplementedError
 
     def eval_batches(self, split: str):
+        """A split's batches in order: (inputs, targets) on CPU."""
         raise NotImplementedError
 
     def losses(self, model, inputs, targets, device, dtype,
