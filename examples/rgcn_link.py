@@ -82,7 +82,7 @@ def link_prediction(triples, n: int, epochs: int) -> None:
     model = sc.kg.LinkPredictor(n, R, 32, "distmult", init_std=0.1, encoder_layers=1,
                                 graph=sc.kg.inverse_graph(train, R), block=4, sorts=sorts,
                                 relations=names, edge_dropout=0.0, self_dropout=0.0)
-    sc.kg.train_link(model, train, mode="1vsall", epochs=epochs, batch_size=128, lr=0.02)
+    sc.training.train_link(model, train, mode="1vsall", epochs=epochs, batch_size=128, lr=0.02)
     model.eval()
     with torch.no_grad():
         m = sc.kg.evaluate(model.score_tails, test, triples, n, R)

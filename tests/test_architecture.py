@@ -15,8 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "structconv"
 
 #: the floors, lowest first; a module may import its own floor (no circles) and those below
 FLOORS = [
-    ("_checks", "_paths", "io", "registry", "costs", "sparse", "_extras", "kernels",
-     "checkpoint", "distributed", "optim", "interrupt"),
+    ("_checks", "_paths", "io", "registry", "costs", "sparse", "_extras", "kernels", "seeds"),
     ("basis",),
     ("algebra", "params"),
     ("engine",),
@@ -25,9 +24,7 @@ FLOORS = [
     ("kg", "data", "plots", "sampling"),
     ("config",),  # the schema: names and validates components, builds nothing
     ("models",),
-    ("minibatch",),
-    ("runlog",),
-    ("train", "verify"),
+    ("training", "verify"),  # everything that trains: above the models it trains
     ("demo", "bench", "experiments"),
     ("cli", "__main__"),
 ]
@@ -205,3 +202,82 @@ def test_layers_are_built_in_nn_and_models():
                 bad.append(f"{rel}:{n.lineno} class {n.name}")
     assert not bad, ("define these in sc.nn or models/ (or list a benchmark's reference "
                      "model with a reason):\n" + "\n".join(sorted(bad)))
+
+
+# -- one training loop; configs are configs ----------------------------------------------------
+#: the one backward pass of all training
+TRAINING_LOOP = {"training/loop.py": 1}
+#: the other training loops that remain, by file, with how many backward calls each holds and
+#: why: this list may only shrink (move a recipe onto the engine, then delete its line)
+OTHER_LOOPS = {
+    "experiments/relational_attention.py": (1, "recipe not yet on the engine"),
+    "experiments/planetoid.py": (1, "recipe not yet on the engine"),
+    "experiments/mixed_heads.py": (1, "recipe not yet on the engine"),
+    "experiments/tsp.py": (1, "recipe not yet on the engine"),
+    "experiments/separability.py": (2, "recipe not yet on the engine"),
+    "experiments/fashion.py": (1, "recipe not yet on the engine"),
+    "experiments/rgcn.py": (1, "recipe not yet on the engine"),
+    "experiments/shift_heads.py": (1, "recipe not yet on the engine"),
+    "experiments/forecast.py": (1, "recipe not yet on the engine"),
+    "experiments/g2p.py": (1, "recipe not yet on the engine"),
+}
+#: the most backward sites src/ may hold outside bench/ and kernels/ (the target: 2)
+MAX_BACKWARD_SITES = 12
+
+
+def _calls(path: Path, test) -> list[int]:
+    """Lines of the calls in ``path`` whose function ``test(func)`` accepts."""
+    return [n.lineno for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(n, ast.Call) and test(n.func)]
+
+
+def _backward(func) -> bool:
+    return isinstance(func, ast.Attribute) and func.attr == "backward"
+
+
+def test_one_training_loop():
+    sites = {}
+    for p in SRC.rglob("*.py"):
+        rel = str(p.relative_to(SRC))
+        if rel.startswith(("bench/", "kernels/")):
+            continue
+        lines = _calls(p, _backward)
+        if lines:
+            sites[rel] = lines
+    allowed = {**TRAINING_LOOP, **{k: n for k, (n, _) in OTHER_LOOPS.items()}}
+    bad = [f"{rel}:{','.join(map(str, lines))} ({len(lines)} backward calls, allowed "
+           f"{allowed.get(rel, 0)})" for rel, lines in sorted(sites.items())
+           if len(lines) > allowed.get(rel, 0)]
+    assert not bad, ("a second training loop: train through structconv.training's Loop (a "
+                     "Task says how batches are made and scored):\n" + "\n".join(bad))
+    total = sum(len(v) for v in sites.values())
+    assert total <= MAX_BACKWARD_SITES, f"{total} backward sites, more than {MAX_BACKWARD_SITES}"
+    gone = sorted(k for k in OTHER_LOOPS if k not in sites)
+    assert not gone, f"these loops are gone: delete their OTHER_LOOPS lines: {gone}"
+
+
+def _namespace(func) -> bool:
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    return name in ("Namespace", "SimpleNamespace")
+
+
+#: modules that build a namespace as a config, by file with how many times and why (may only
+#: shrink); cli.py builds the command line's namespaces by definition
+NAMESPACE_CONFIGS = {
+    "experiments/canon.py": (1, "recipe not yet configs"),
+    "experiments/tsp.py": (2, "recipe not yet configs"),
+    "experiments/shift_heads.py": (2, "recipe not yet configs"),
+    "experiments/forecast.py": (1, "recipe not yet configs"),
+    "experiments/g2p.py": (2, "recipe not yet configs"),
+}
+
+
+def test_no_namespace_built_as_a_config():
+    bad = []
+    for p in SRC.rglob("*.py"):
+        rel = str(p.relative_to(SRC))
+        lines = _calls(p, _namespace)
+        if rel != "cli.py" and len(lines) > NAMESPACE_CONFIGS.get(rel, (0, ""))[0]:
+            bad.append(f"{rel}:{','.join(map(str, lines))}")
+    assert not bad, ("a namespace built as a config: pass a validated config dict (see "
+                     "structconv.config) instead:\n" + "\n".join(sorted(bad)))

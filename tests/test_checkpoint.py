@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from structconv.checkpoint import (
+from structconv.training.checkpoint import (
     CHECKPOINT_JSON,
     CheckpointError,
     load_checkpoint,

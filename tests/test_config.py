@@ -119,7 +119,7 @@ def test_content_kinds_are_built_by_their_layer():
 def test_lm_config_takes_canon_layers():
     """[model.lm] canon / canon_kernel reach TransformerLM; bad places are one ConfigError."""
     from structconv.models import build_model
-    from structconv.train import load_data
+    from structconv.training import load_data
 
     base = ('[data]\nname = "python-text"\noptions = { limit = 4000 }\nseq_len = 16\n'
             '[model.lm]\nwidth = 16\nlayers = 1\nheads = 2\nposition = "none"\n')

@@ -13,7 +13,7 @@ from structconv.config import ConfigError, parse_config
 from structconv.models import build_model
 from structconv.models.declared import GraphAttentionConv
 from structconv.sampling import Block
-from structconv.train import load_data
+from structconv.training import load_data
 
 pyg = pytest.importorskip("torch_geometric.nn", reason="PyG is the reference of these layers")
 

@@ -41,8 +41,8 @@ NEEDS = {"gcn_cora": "cora", "gin_tu": "tu-mutag", "hetero_dblp": "dblp"}
 #: the packages whose every public name must have an API entry (more: any ``::: module`` line)
 PACKAGES = ["structconv", "structconv.basis", "structconv.params", "structconv.attention",
             "structconv.nn", "structconv.kg", "structconv.sampling", "structconv.data"]
-#: top-level names documented under another path (sc.train is structconv.train's train())
-ALIASES = {"structconv.train": "structconv.train.train"}
+#: top-level names documented under another path (sc.train is structconv.training.train)
+ALIASES = {"structconv.train": "structconv.training.train"}
 
 
 def _env() -> dict:

@@ -37,7 +37,7 @@ def test_a_missing_extra_exits_2_with_one_line(monkeypatch, capsys, tmp_path):
 
 
 def test_training_without_the_plots_extra_skips_only_the_picture(monkeypatch, tmp_path):
-    from structconv.train import plot_curves
+    from structconv.training import plot_curves
 
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.warns(UserWarning, match="curves.png skipped"):

@@ -330,7 +330,7 @@ def test_pool_may_be_named_by_its_kind(tmp_path, capsys, pool):
 def test_memory_estimate_counts_parameters_and_activations():
     from structconv.config import load_config, validate
     from structconv.models import memory_estimate
-    from structconv.train import load_data
+    from structconv.training import load_data
 
     cfg = validate(load_config("cnn_digits"))
     est = memory_estimate(cfg, load_data(cfg))

@@ -11,8 +11,13 @@ import json
 import pytest
 import torch
 
-from structconv.checkpoint import CHECKPOINT_JSON, CheckpointError, load_checkpoint, save_checkpoint
 from structconv.cli import main
+from structconv.training.checkpoint import (
+    CHECKPOINT_JSON,
+    CheckpointError,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 
 @pytest.fixture
@@ -108,3 +113,43 @@ def test_a_negative_epoch_does_not_resume(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err
     assert "epoch must be an int >= 0, got -5" in err[0]
+
+
+# -- the trainer state: every field checked on resume ------------------------------------------
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """A gcn_karate run stopped after 2 of its 4 epochs (checkpoint each epoch)."""
+    run = tmp_path_factory.mktemp("stopped") / "run"
+    assert main(["train", "--config", "gcn_karate", "train.epochs=4", "train.checkpoint_every=1",
+                 "--stop-after", "2", "--out", str(run)]) == 0
+    return run
+
+
+TRAINER_EDITS = [
+    (_set("trainer", "stopped", "no"), r"trainer\.stopped \(must be true or false, got 'no'\)"),
+    (_set("trainer", "history", 5), r"trainer\.history \(must be a list of 2 rows"),
+    (_set("trainer", "history", [{}, {}, {}]), r"trainer\.history \(must be a list of 2 rows"),
+    (_set("trainer", "best", "high"), r"trainer\.best \(must be null or a finite number"),
+    (_set("trainer", "best_epoch", 7), r"trainer\.best_epoch \(must be an int in \[0, 2\]"),
+    (_set("trainer", "bad_epochs", -1), r"trainer\.bad_epochs \(must be an int in \[0, 2\]"),
+    (_set("trainer", "steps", "many"), r"trainer\.steps \(must be an int >= 0"),
+    (lambda m: m["trainer"].pop("best"), r"trainer\.best \(missing\)"),
+    (_set("trainer", "oops", 1), r"trainer\.oops \(not a field the trainer writes\)"),
+    (_set("trainer", "partial", {"epoch": 3}), r"trainer\.partial \(must have the keys"),
+]
+
+
+@pytest.mark.parametrize("edit,match", TRAINER_EDITS)
+def test_edited_trainer_state_is_refused_by_field(stopped_run, tmp_path, capsys, edit, match):
+    import re
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    (run / ".lock").unlink(missing_ok=True)
+    _edit(run, edit)
+    capsys.readouterr()
+    rc = main(["train", "--resume", str(run)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert re.search(match, err[0]) and "corrupt trainer." in err[0], err[0]

@@ -32,7 +32,7 @@ from structconv.registry import (
     imports_allowed,
     untrusted,
 )
-from structconv.train import load_run, prepare_run, train
+from structconv.training import load_run, prepare_run, train
 
 TINY = """
 name = "tiny"
@@ -442,7 +442,7 @@ def test_printed_resume_commands_allow_the_runs_imports(tmp_path, side, monkeypa
     from test_interrupts import _stop_at
 
     from structconv.cli import main
-    from structconv.interrupt import TrainingInterrupted
+    from structconv.training.interrupt import TrainingInterrupted
 
     cfg = tmp_path / "cfg.toml"
     cfg.write_text(TINY.replace('basis = "gcn"\nchannels = 8',
@@ -460,4 +460,4 @@ def test_printed_resume_commands_allow_the_runs_imports(tmp_path, side, monkeypa
     assert main(["train", "--resume", str(run), "--allow-imports"]) == 0
     assert json.loads((run / "result.json").read_text())["epochs"] == 3
     # a run without imports is told no more than before
-    assert "--allow-imports" not in sc.train.resume_command(run, parse_config(TINY))
+    assert "--allow-imports" not in sc.training.resume_command(run, parse_config(TINY))

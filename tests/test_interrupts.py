@@ -22,12 +22,12 @@ from test_link_train import _config as _link_config
 from test_link_train import kg  # noqa: F401  (the tiny knowledge-graph fixture)
 
 import structconv as sc
-from structconv.checkpoint import CheckpointError
 from structconv.cli import main
 from structconv.config import ConfigError, apply_overrides, load_config
-from structconv.interrupt import StopRequest, TrainingInterrupted
 from structconv.io import RunLock
-from structconv.train import check_train_split, load_run, train
+from structconv.training import check_train_split, load_run, train
+from structconv.training.checkpoint import CheckpointError
+from structconv.training.interrupt import StopRequest, TrainingInterrupted
 
 
 def _stop_at(monkeypatch, k: int) -> None:
@@ -230,7 +230,7 @@ def test_checkpoint_files_load_as_weights_and_mismatches_name_keys(tmp_path, cap
     ckpt = sorted(run.glob("ckpt-*.safetensors"))[-1]
     assert main(["eval", str(run), "--weights", str(ckpt)]) == 0
     _, _, model = load_run(run, str(ckpt))
-    ck = sc.checkpoint.load_checkpoint(run)["model"]
+    ck = sc.training.checkpoint.load_checkpoint(run)["model"]
     assert all(torch.equal(model.state_dict()[k], ck[k]) for k in ck)
     other = tmp_path / "other"
     assert main(["train", "--config", "gcn_karate", "train.epochs=1",
@@ -274,5 +274,22 @@ def test_image_data_has_no_relations():
     sc.basis.register("_probe_structure", lambda spec, s: seen.append(s) or
                       sc.basis.identity(s.entries))
     cfg = load_config("cnn_digits", ['model.layers.0.basis.kind="_probe_structure"'])
-    sc.models.build_model(cfg, sc.train.load_data(cfg))
+    sc.models.build_model(cfg, sc.training.load_data(cfg))
     assert seen and seen[0].num_relations is None and seen[0].edge_index is None
+
+
+def test_a_finished_run_leaves_no_lock_and_no_stale_mid_epoch_checkpoint(monkeypatch, tmp_path):
+    cfg = apply_overrides(load_config("cnn_digits"), IMAGE[:3] + ["train.epochs=1"])
+    cfg["name"] = "cnn_digits"
+    run = tmp_path / "run"
+    with pytest.raises(TrainingInterrupted):
+        with pytest.MonkeyPatch.context() as m:
+            _stop_at(m, 3)
+            train(cfg, run)
+    assert list(run.glob("ckpt-*-*.safetensors"))  # stopped inside the epoch
+    train(None, run, resume=True)
+    left = sorted(p.name for p in run.iterdir())
+    assert ".lock" not in left, left
+    assert not [n for n in left if n.startswith("ckpt-") and n.count("-") == 2], left
+    ck = json.loads((run / "checkpoint.json").read_text())
+    assert ck["file"] in left and "partial" not in ck["trainer"]

@@ -281,7 +281,7 @@ def test_tiny_training_beats_a_random_scorer_by_far(decoder, mode, layers):
     model = sc.kg.LinkPredictor(E, R, 32, decoder, init_std=0.1, encoder_layers=layers,
                                 graph=sc.kg.inverse_graph(train, R), block=4,
                                 edge_dropout=0.0, self_dropout=0.0)
-    sc.kg.train_link(model, train, mode=mode, epochs=30, batch_size=64, lr=0.05, negatives=8,
+    sc.training.train_link(model, train, mode=mode, epochs=30, batch_size=64, lr=0.05, negatives=8,
                      reg="n3", reg_weight=1e-3)
     m = sc.kg.link_metrics(model, test, known)
     torch.manual_seed(1)
@@ -356,11 +356,11 @@ def test_training_resumes_from_its_checkpoint_exactly(tmp_path):
 
     kw = dict(mode="negative", batch_size=64, lr=0.05, negatives=2, seed=3)
     whole = fresh()
-    h_whole = sc.kg.train_link(whole, train, epochs=4, **kw)
+    h_whole = sc.training.train_link(whole, train, epochs=4, **kw)
     part = fresh()
-    sc.kg.train_link(part, train, epochs=2, checkpoint_dir=tmp_path, **kw)
+    sc.training.train_link(part, train, epochs=2, checkpoint_dir=tmp_path, **kw)
     resumed = fresh()  # a new process: the checkpoint carries model, optimizer and RNG
-    h_res = sc.kg.train_link(resumed, train, epochs=4, checkpoint_dir=tmp_path, **kw)
+    h_res = sc.training.train_link(resumed, train, epochs=4, checkpoint_dir=tmp_path, **kw)
     assert [h["loss"] for h in h_res] == [h["loss"] for h in h_whole]
     for k, v in whole.state_dict().items():
         torch.testing.assert_close(resumed.state_dict()[k], v, rtol=0, atol=0)

@@ -14,7 +14,7 @@ import structconv as sc
 from structconv.cli import main
 from structconv.config import load_config, shipped_configs
 from structconv.models import build_model, memory_estimate
-from structconv.train import count_parameters, load_data, train
+from structconv.training import count_parameters, load_data, train
 
 
 def _tiny_kg(groups=8, size=5, R=3, seed=0):

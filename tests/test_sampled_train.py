@@ -17,9 +17,15 @@ from structconv.cli import main
 from structconv.config import ConfigError, load_config, parse_config
 from structconv.data.registry import DatasetError, load_dataset, split_options
 from structconv.data.synthetic import synthetic_graph
-from structconv.minibatch import SampledEval, StepLoader, batch_inputs, make_loader, restrictions
 from structconv.models import build_model
-from structconv.train import load_data, train
+from structconv.training import load_data, train
+from structconv.training.minibatch import (
+    SampledEval,
+    StepLoader,
+    batch_inputs,
+    make_loader,
+    restrictions,
+)
 
 MIXED = """
 [data]

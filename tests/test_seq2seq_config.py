@@ -18,7 +18,8 @@ from structconv.models.build import build_model, check_memory, memory_estimate  
 from structconv.models.seq2seq import decode_words, pair_tensors, token_losses  # noqa: E402
 from structconv.nn.pervasive import PervasiveAttention  # noqa: E402
 from structconv.nn.seq2seq import Seq2Seq  # noqa: E402
-from structconv.train import _rows, _train_batches, load_data, train  # noqa: E402
+from structconv.training import load_data, task_for, train  # noqa: E402
+from structconv.training.tasks.base import rows_of  # noqa: E402
 
 TINY_T = ["data.options={limit=300}", "model.seq2seq.width=16", "model.seq2seq.layers=1",
           "model.seq2seq.heads=2", "train.epochs=2", "data.batches_per_epoch=4",
@@ -114,17 +115,17 @@ def test_training_batches_are_the_epochs_pairs_and_a_share_splits_every_input():
     cfg = config_from("g2p_transformer", TINY_T + ["data.batches_per_epoch=0"])
     data = load_data(cfg)
     seen = []
-    for (src, tin), tout in _train_batches(data, cfg, 1):
+    for (src, tin), tout in task_for(cfg, data).train_batches(1):
         assert src.shape[0] == tin.shape[0] == tout.shape[0] <= 16
         assert (tin[:, 0] == 1).all()  # every decoder input starts with <s>
         seen += [data.graphemes[i] for row in src.tolist() for i in row if i]
     # one epoch is every pronunciation of every training word once
     assert len(seen) == sum(len(w) for w, _ in data.pairs("train"))
-    again = [t for _, t in _train_batches(data, cfg, 1)]
+    again = [t for _, t in task_for(cfg, data).train_batches(1)]
     assert all(torch.equal(a, b) for a, b in zip(again, (t for _, t in
-                                                          _train_batches(data, cfg, 1))))
+                                                          task_for(cfg, data).train_batches(1))))
     x = (torch.arange(6).view(3, 2), torch.arange(9).view(3, 3))
-    rows = _rows(x, torch.tensor([1, 2]))
+    rows = rows_of(x, torch.tensor([1, 2]))
     assert torch.equal(rows[0], x[0][1:]) and torch.equal(rows[1], x[1][1:])
 
 

@@ -25,7 +25,7 @@ from structconv.config import (
     shipped_configs,
 )
 from structconv.models import build_model
-from structconv.train import TrainingError, _eval_batches, _losses, load_data, train
+from structconv.training import TrainingError, load_data, task_for, train
 
 
 def _absent(cfg) -> str | None:
@@ -66,9 +66,10 @@ def test_every_shipped_config_builds_and_runs_forward(name):
         assert s.shape == (4, data.num_entities) and torch.isfinite(s).all()
         return
     cfg["data"]["eval_batch_size"] = 4
-    inputs, targets = next(_eval_batches(data, cfg, "val"))
+    task = task_for(cfg, data)
+    inputs, targets = next(task.eval_batches("val"))
     with torch.no_grad():
-        loss, ok = _losses(model, data, inputs, targets, "cpu", torch.float32)
+        loss, ok = task.losses(model, inputs, targets, "cpu", torch.float32)
     assert torch.isfinite(loss).all() and loss.numel() == ok.numel() > 0
 
 
@@ -161,7 +162,7 @@ def test_nan_loss_stops_without_half_written_checkpoint(tmp_path):
     run = tmp_path / "run"
     if (run / "checkpoint.json").exists():
         # whatever was committed is complete and loadable
-        from structconv.checkpoint import load_checkpoint
+        from structconv.training.checkpoint import load_checkpoint
 
         load_checkpoint(run)
     assert not list(run.glob("*.tmp")) and not list(run.glob(".*.tmp"))
@@ -229,6 +230,7 @@ def test_ddp_two_processes_match_single_process(tmp_path):
     single = train(cfg, tmp_path / "one")
     ddp = json.loads((tmp_path / "ddp" / "result.json").read_text())
     assert ddp["world_size"] == 2 and single["world_size"] == 1
+    assert not (tmp_path / "ddp" / ".lock").exists()  # a finished run holds no lock
     a = [json.loads(x) for x in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
     b = [json.loads(x) for x in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
     for x, y in zip(a, b, strict=True):

@@ -105,6 +105,16 @@ MEANINGS = {
                               "always after the last epoch",
     "train.checkpoint_seconds": "with `checkpoint_every = 0`, a checkpoint once this many "
                                 "seconds have passed since the last, inside an epoch too",
+    "train.max_steps": "a step budget: the run ends after this many optimizer steps, inside an "
+                       "epoch too (0: `epochs` alone; `epochs` stays the upper bound)",
+    "train.accumulate": "global batches per optimizer step, their gradients summed (image, "
+                        "text, node and seq2seq tasks; `[train.sampler]` has its own)",
+    "train.schedule": "the learning rate over optimizer steps: `constant`, or `linear` / "
+                      "`cosine` decay to 0 at `max_steps`",
+    "train.warmup_steps": "a linear learning-rate warm-up over this many first steps",
+    "train.no_decay": "parameters without weight decay: a list of `bias`, `norm` (normalisation "
+                      "layers), `embedding`",
+    "train.amp": "bfloat16 autocast on CUDA devices (ignored on CPU)",
     "train.sampler": "the `[train.sampler]` table: sampled mini-batches for node tasks",
     "train.link": "the `[train.link]` table: how a link predictor trains",
     "model.lm.width": "the model's width (embedding and residual stream)",

@@ -19,10 +19,10 @@ __all__ = ["convolve", "plan", "explain", "ROUTES", "mixed_product", "materializ
 
 def __getattr__(name):
     # nn and attention import torch.nn machinery and optional extras: load them on first use
-    if name in ("nn", "attention", "data", "kg", "sampling", "train"):
-        import importlib
+    import importlib
 
-        # ``train`` is the module structconv.train, which is callable: sc.train(config, ...)
-        # calls its train() (see structconv.train._EntryPoint)
+    if name in ("nn", "attention", "data", "kg", "sampling", "training"):
         return importlib.import_module(f".{name}", __name__)
+    if name == "train":  # the function structconv.training.train
+        return importlib.import_module(".training", __name__).train
     raise AttributeError(f"module 'structconv' has no attribute {name!r}")

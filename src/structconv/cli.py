@@ -161,8 +161,8 @@ def _cmd_demo(args) -> int:
 def _train_worker(cfg, out, device, resume, progress, stop_after, allow_imports=False):
     # rank 0 writes result.json into the run directory, which the parent then reads; the parent
     # holds the run's lock
-    from .interrupt import TrainingInterrupted
-    from .train import train
+    from .training import train
+    from .training.interrupt import TrainingInterrupted
 
     try:
         train(cfg, out, device=device, resume=resume, progress=progress, stop_after=stop_after,
@@ -181,7 +181,7 @@ def _ranking_rows(prefix: str, m: dict) -> list[tuple[str, str]]:
 def _resume_hint(args, cfg, out) -> str:
     """The command that continues run ``out`` (``cfg`` None: a resumed run, whose
     imports, if any, this command was allowed)."""
-    from .train import resume_command
+    from .training import resume_command
 
     cmd = resume_command(out, cfg or {}, args.nproc)
     return cmd + (" --allow-imports" if args.allow_imports and cfg is None else "")
@@ -235,7 +235,7 @@ def _train_target(args) -> tuple[dict | None, Path]:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not args.out:
         # torchrun's processes would each pick their own timestamped directory
         raise UsageError("under torchrun, give the run directory with --out DIR")
-    from .train import default_run_dir
+    from .training import default_run_dir
 
     return cfg, Path(args.out) if args.out else default_run_dir(name)
 
@@ -258,10 +258,10 @@ def _train_processes(args, cfg, out: Path, progress) -> dict:
     """``--nproc N``: N data-parallel worker processes; their result from the run directory.
     The parent holds the run's lock; on SIGINT / SIGTERM the workers stop at a batch boundary
     after a checkpoint and the parent raises ``TrainingInterrupted``."""
-    from .distributed import SpawnError, spawn
-    from .interrupt import StopRequest, TrainingInterrupted
     from .io import RunLock
-    from .train import prepare_run
+    from .training import prepare_run
+    from .training.distributed import SpawnError, spawn
+    from .training.interrupt import StopRequest, TrainingInterrupted
 
     with RunLock(out, f"structconv train --nproc {args.nproc}") as lock, \
             StopRequest() as stop:
@@ -293,7 +293,7 @@ def _train_processes(args, cfg, out: Path, progress) -> dict:
 def _cmd_train(args) -> int:
     cfg, out = _train_target(args)
     _check_nproc(args)
-    from .train import check_world_size, prepare_run, resolve_device
+    from .training import check_world_size, prepare_run, resolve_device
 
     resolve_device(args.device)
     if args.nproc > 1:  # refused here, before any worker starts
@@ -304,8 +304,8 @@ def _cmd_train(args) -> int:
     if args.nproc > 1:
         res = _train_processes(args, cfg, out, progress)
     else:
-        from .distributed import cleanup, world
-        from .train import train
+        from .training import train
+        from .training.distributed import cleanup, world
 
         res = train(cfg, out, device=args.device, resume=bool(args.resume), progress=progress,
                     stop_after=args.stop_after, allow_imports=args.allow_imports)
@@ -320,7 +320,7 @@ def _cmd_train(args) -> int:
 def _cmd_eval(args) -> int:
     from .config import is_link
     from .io import atomic_write_json
-    from .train import count_parameters, decode_result, evaluate, load_run
+    from .training import count_parameters, decode_result, evaluate, load_run
 
     if args.split not in ("train", "val", "test"):
         raise UsageError(f"--split must be train, val or test, got {args.split!r}")
@@ -350,7 +350,7 @@ def _eval_link(args, cfg: dict, data, model) -> int:
     """``eval`` of a link-prediction run: filtered and raw MRR / Hits@1/3/10 of the whole
     split, both directions, filtered by train + valid + test."""
     from .io import atomic_write_json
-    from .train import count_parameters, evaluate_link
+    from .training import count_parameters, evaluate_link
 
     t0 = time.perf_counter()
     m = evaluate_link(model, data, cfg, args.split)
@@ -409,7 +409,7 @@ def _run_suites(package: str, names, rest, args, out_default) -> int:
             if v is not None and f"--{k}" not in rest:
                 setattr(ns, k, v)
         if getattr(ns, "device", "cpu") != "cpu":
-            from .train import resolve_device
+            from .training import resolve_device
 
             resolve_device(ns.device)
         if package == "bench":
@@ -602,8 +602,8 @@ _COMMANDS = {"demo": _cmd_demo, "train": _cmd_train, "eval": _cmd_eval, "bench":
 
 def _user_errors() -> tuple:
     from ._extras import MissingExtra
-    from .checkpoint import CheckpointError
-    from .distributed import SpawnError
+    from .training.checkpoint import CheckpointError
+    from .training.distributed import SpawnError
 
     # ValueError covers ConfigError, DatasetError, TrainingError, CheckpointError, UsageError
     # and KindError; MissingExtra names the extra to install
@@ -624,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help / --version, and suites that call sys.exit
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     except KeyboardInterrupt as e:
-        from .interrupt import TrainingInterrupted
+        from .training.interrupt import TrainingInterrupted
 
         if isinstance(e, TrainingInterrupted):  # stopped cleanly: what was saved, how to go on
             print(f"{PROG}: {e}", file=sys.stderr)

@@ -56,7 +56,8 @@ DEFAULTS = {
     "train": {"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "momentum": 0.9,
               "epochs": 10, "patience": 0, "monitor": "val_acc", "grad_clip": 0.0,
               "checkpoint_every": 0, "checkpoint_seconds": 10.0, "sampler": {}, "link": {},
-              "label_smoothing": 0.0},
+              "label_smoothing": 0.0, "max_steps": 0, "accumulate": 1, "schedule": "constant",
+              "warmup_steps": 0, "no_decay": [], "amp": False},
 }
 """Defaults merged under every config (the file's values win)."""
 
@@ -227,6 +228,37 @@ def _need(cond: bool, msg: str):
         raise ConfigError(msg)
 
 
+#: ``train`` keys added after runs were first written (a saved config may lack them)
+_LATER_KEYS = ("label_smoothing", "max_steps", "accumulate", "schedule", "warmup_steps",
+               "no_decay", "amp")
+#: what ``train.no_decay`` may exempt from weight decay; ``train.schedule``'s schedules
+NO_DECAY = ("bias", "norm", "embedding")
+SCHEDULES = ("constant", "linear", "cosine")
+
+
+def _check_loop(cfg: dict, source: str) -> None:
+    """The training loop's keys: step budget, accumulation, schedule, decay groups, AMP."""
+    t = cfg["train"]
+    for k, lo in (("max_steps", 0), ("accumulate", 1), ("warmup_steps", 0)):
+        v = t.get(k, DEFAULTS["train"][k])
+        _need(int_in(v, lo, math.inf), f"{source}: train.{k} must be an int >= {lo}, got {v!r}")
+    sched = t.get("schedule", "constant")
+    _need(sched in SCHEDULES, f"{source}: train.schedule must be one of "
+                              f"{', '.join(SCHEDULES)}, got {sched!r}")
+    if sched != "constant":
+        _need(t.get("max_steps", 0) > t.get("warmup_steps", 0),
+              f"{source}: train.schedule = {sched!r} decays over the step budget: set "
+              f"train.max_steps above train.warmup_steps ({t.get('warmup_steps', 0)})")
+    nd = t.get("no_decay", [])
+    _need(isinstance(nd, list) and all(isinstance(x, str) and x in NO_DECAY for x in nd),
+          f"{source}: train.no_decay must be a list of {', '.join(NO_DECAY)}, got {nd!r}")
+    _need(t.get("accumulate", 1) == 1 or not (t.get("sampler") or cfg["model"].get("link")),
+          f"{source}: train.accumulate is for batches a task cuts itself: [train.sampler] has "
+          "its own accumulate, and a [model.link] run steps once per batch of queries")
+    _need(isinstance(t.get("amp", False), bool),
+          f"{source}: train.amp must be true or false, got {t.get('amp')!r}")
+
+
 def validate(cfg: dict, source: str = "<config>") -> dict:
     """Check sections, keys and value types; returns ``cfg``."""
     for k in cfg:
@@ -241,7 +273,7 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
                                       f"{', '.join(sorted(DEFAULTS[sec]))})")
         # (a run directory written before these keys existed has none of them)
         missing = [f"{sec}.{k}" for k in DEFAULTS[sec]
-                   if k not in {*cfg[sec], "sampler", "link", "seq2seq", "label_smoothing"}]
+                   if k not in {*cfg[sec], "sampler", "link", "seq2seq", *_LATER_KEYS}]
         _need(not missing, f"{source}: missing key(s) {', '.join(missing)}")
     t = cfg["train"]
     for k in ("epochs", "patience", "checkpoint_every"):
@@ -260,6 +292,7 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
     _need(t["optimizer"] in ("adam", "adamw", "sgd", "adagrad"),
           f"{source}: train.optimizer must be adam, adamw, sgd or adagrad, got "
           f"{t['optimizer']!r}")
+    _check_loop(cfg, source)
     d = cfg["data"]
     _need(isinstance(d["name"], str), f"{source}: data.name must be a string")
     _need(isinstance(d["options"], dict), f"{source}: data.options must be a table")

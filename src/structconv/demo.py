@@ -64,7 +64,7 @@ def describe_basis(cfg: dict) -> str:
 def run_demo(args) -> int:
     """Train the demo jobs and print the table; ``args`` has quick, only, seed, device, out."""
     from .config import load_config
-    from .train import resolve_device, train
+    from .training import resolve_device, train
 
     resolve_device(args.device)
     families = {s.strip() for s in args.only.split(",") if s.strip()}

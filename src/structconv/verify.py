@@ -324,7 +324,7 @@ def run_checks(seed: int = 0, trials: int = 3, device: str = "cpu") -> list[Chec
 
 def run_verify(seed: int = 0, quick: bool = False, device: str = "cpu", out=None) -> int:
     """Print the pass/fail table; exit status 0 when nothing failed, 1 otherwise."""
-    from .train import resolve_device
+    from .training import resolve_device
 
     resolve_device(device)
     t0 = time.perf_counter()

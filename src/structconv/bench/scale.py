@@ -29,11 +29,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .. import distributed as D
 from ..data.synthetic import synthetic_bytes, synthetic_graph
 from ..io import atomic_write_json
 from ..models.graph import TwoLayerGraphNet
 from ..sampling import GraphRestriction, NeighborLoader
+from ..training import distributed as D
 from ._util import ALLOCATOR, peak_memory, record, status_kb
 
 __all__ = ["run", "add_arguments", "NAME"]

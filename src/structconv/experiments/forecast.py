@@ -38,10 +38,10 @@ import torch
 import torch.nn.functional as F
 
 from .._extras import require
-from ..checkpoint import load_weights, save_weights
 from ..data.series import load_series, rolling_origins, windows
 from ..io import atomic_write_json
 from ..models.forecast import FORMS, Forecaster, forecast_at
+from ..training.checkpoint import load_weights, save_weights
 from ._common import (
     finished,
     hardware,

@@ -40,13 +40,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..checkpoint import CHECKPOINT_JSON, resume_training, save_checkpoint
 from ..data.g2p import PAD, G2PData, edit_distance, load_cmudict
 from ..io import atomic_write_json
 from ..models.seq2seq import decode_words, epoch_batches, pair_tensors, score
 from ..nn.decoding import strip
 from ..nn.pervasive import PervasiveAttention
 from ..nn.seq2seq import Seq2Seq
+from ..training.checkpoint import CHECKPOINT_JSON, resume_training, save_checkpoint
 from ._common import (
     finished,
     hardware,

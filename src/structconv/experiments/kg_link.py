@@ -31,12 +31,13 @@ import torch
 from torch import Tensor
 
 from ..basis.mining import single_and_mined_sorts
-from ..checkpoint import CHECKPOINT_JSON
 from ..config import DEFAULTS, ConfigError, validate
 from ..data.kg import load_kg
 from ..data.registry import data_root
 from ..io import atomic_write_json
-from ..kg import LinkPredictor, link_metrics, train_link
+from ..kg import LinkPredictor, link_metrics
+from ..training import train_link
+from ..training.checkpoint import CHECKPOINT_JSON
 from ._common import hardware, param_count, set_threads
 
 __all__ = ["add_arguments", "run", "PUBLISHED", "KEYED", "check_arguments", "run_settings",

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..config import load_config
 from ..io import atomic_write_json
-from ..train import train
+from ..training import train
 from ._common import fmt_pm, hardware, mean_std, set_threads
 
 __all__ = ["VARIANTS", "add_arguments", "run"]

@@ -37,11 +37,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..checkpoint import CHECKPOINT_JSON, resume_training, save_checkpoint
 from ..data.registry import DatasetError, data_root
 from ..data.text import encode_text, load_text_file
 from ..io import atomic_write_bytes, atomic_write_json
 from ..nn.lm import POSITIONS, TransformerLM, equalised_ffn, split_kind
+from ..training.checkpoint import CHECKPOINT_JSON, resume_training, save_checkpoint
 from ._common import (
     device,
     hardware,

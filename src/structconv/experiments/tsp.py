@@ -30,16 +30,16 @@ from pathlib import Path
 import torch
 
 from .._extras import require
-from ..checkpoint import (
+from ..models.routing import AttentionModel, check_tours, tour_length
+from ..training import resolve_device
+from ..training.checkpoint import (
     CHECKPOINT_JSON,
     load_weights,
     resume_training,
     save_checkpoint,
     save_weights,
 )
-from ..models.routing import AttentionModel, check_tours, tour_length
-from ..optim import epoch_generator
-from ..train import resolve_device
+from ..training.optim import epoch_generator
 from ._common import hardware, param_count, pyplot, run_lock, save_figure, write_result
 
 __all__ = ["add_arguments", "run", "uniform_instances", "lkh_tours", "reference",

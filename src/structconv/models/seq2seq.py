@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from ..config import SEQ2SEQ_KINDS
 from ..data.g2p import PAD, error_rates
 from ..nn.decoding import strip
-from ..optim import epoch_generator
+from ..seeds import epoch_generator
 
 __all__ = ["build_seq2seq", "epoch_batches", "pair_tensors", "token_losses",
            "decode_words", "score", "decode_scores"]

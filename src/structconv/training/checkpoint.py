@@ -22,7 +22,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from .io import atomic_write_bytes, atomic_write_json
+from ..io import atomic_write_bytes, atomic_write_json
 
 __all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "save_weights",
            "load_weights", "tensors_digest", "optimizer_split", "optimizer_join", "rng_state",

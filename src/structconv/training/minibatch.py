@@ -16,12 +16,12 @@ import os
 import torch
 from torch import Tensor, nn
 
-from . import basis as B
-from ._checks import available_memory
-from .config import ConfigError, sampler_spec
-from .models.build import memory_estimate
-from .nn.layers import Convolution
-from .sampling import (
+from .. import basis as B
+from .._checks import available_memory
+from ..config import ConfigError, sampler_spec
+from ..models.build import memory_estimate
+from ..nn.layers import Convolution
+from ..sampling import (
     BlockRestriction,
     GraphRestriction,
     MiniBatch,

@@ -16,8 +16,8 @@ import time
 import warnings
 from pathlib import Path
 
-from ._extras import MissingExtra, require
-from .io import atomic_write_bytes, atomic_write_text
+from .._extras import MissingExtra, require
+from ..io import atomic_write_bytes, atomic_write_text
 
 __all__ = ["write_metrics", "plot_curves", "tensorboard", "Progress", "progress_mode",
            "CLASSIFICATION_PANELS", "LINK_PANELS", "PROGRESS_SECONDS"]

@@ -1,0 +1,88 @@
+"""The tasks a run trains, one file each; ``task_for`` picks a run's task once, from its data.
+
+A dataset says what it is (``data.task``) and the config what model it describes: ``load_data``
+refuses a pair that cannot train together, ``task_for`` returns the task object (a
+``[train.sampler]`` node run samples its batches). A new task is one new file and one entry in
+``TASKS``.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ...config import ConfigError, is_link, is_seq2seq, sampler_spec
+from ...data.registry import load_dataset
+from ..minibatch import SampledEval
+from .base import ItemTask, Task
+from .image import ImageTask
+from .link import LinkTask, TripleTask, evaluate_link, train_link
+from .node import NodeTask, SampledNodeTask
+from .seq2seq import Seq2SeqTask, decode_result
+from .text import TextTask
+
+__all__ = ["TASKS", "Task", "ItemTask", "ImageTask", "NodeTask", "SampledNodeTask", "TextTask",
+           "LinkTask", "TripleTask", "Seq2SeqTask", "task_for", "load_data", "check_train_split",
+           "evaluate", "evaluate_link", "decode_result", "train_link"]
+
+#: a dataset's ``task`` -> the task that trains on it
+TASKS: dict[str, type[Task]] = {"image": ImageTask, "node": NodeTask, "text": TextTask,
+                                "link": LinkTask, "g2p": Seq2SeqTask}
+
+
+def load_data(cfg: dict):
+    """The dataset named by ``cfg['data']`` (image, node, text, link or g2p task), refused
+    (ConfigError) where the config's model cannot train on it."""
+    d = cfg["data"]
+    try:
+        data = load_dataset(d["name"], d.get("root"), **d.get("options", {}))
+    except TypeError as e:  # an option the loader does not take
+        raise ConfigError(f"data.options for {d['name']!r}: {e}") from None
+    task = getattr(data, "task", None)
+    if is_link(cfg) and task != "link":
+        raise ConfigError(f"model.link predicts links: it needs a knowledge-graph dataset "
+                          f"(fb15k-237, wn18rr or a folder of train/valid/test.txt triples), but "
+                          f"dataset {d['name']!r} is a {task} task")
+    if task == "link" and not is_link(cfg):
+        raise ConfigError(f"dataset {d['name']!r} is a link-prediction task: describe the model "
+                          "with a [model.link] table (decoder, dim, ...), not layers")
+    if task == "g2p" and not is_seq2seq(cfg):
+        raise ConfigError(f"dataset {d['name']!r} maps words to pronunciations: describe the "
+                          "model with a [model.seq2seq] table (kind, width, ...), not layers")
+    if is_seq2seq(cfg) and task != "g2p":
+        raise ConfigError(f"model.seq2seq maps a sequence to a sequence: it needs a "
+                          f"grapheme-to-phoneme dataset (cmudict), but dataset {d['name']!r} is "
+                          f"a {task} task")
+    if task not in TASKS:
+        raise ConfigError(f"dataset {d['name']!r} is a {task or '?'} task; train handles "
+                          "image, node, text, link and g2p tasks")
+    if sampler_spec(cfg) and TASKS[task] is not NodeTask:
+        raise ConfigError(f"train.sampler samples graph neighbourhoods, but dataset "
+                          f"{d['name']!r} is a {task} task: use a node-classification "
+                          "(graph) dataset or remove [train.sampler]")
+    return data
+
+
+def task_for(cfg: dict, data) -> Task:
+    """The task of a run of ``cfg`` on ``data`` (as ``load_data`` returns it)."""
+    cls = TASKS[data.task]
+    if cls is NodeTask and sampler_spec(cfg):
+        cls = SampledNodeTask
+    return cls(cfg, data)
+
+
+def check_train_split(data) -> None:
+    """Refuse (ConfigError) a dataset whose training split is empty: nothing can train."""
+    if TASKS[data.task].train_size(data) == 0:
+        raise ConfigError(f"the train split of {data.name} is empty: there is nothing to train "
+                          "on (check data.options: the split sizes or the limit)")
+
+
+def evaluate(model: nn.Module, data, cfg: dict, split: str, device=None,
+             sampled: SampledEval | None = None) -> dict:
+    """``{loss, acc, n}`` of a model on a split (mean cross-entropy, accuracy). A model
+    trained on sampled mini-batches is evaluated exactly by ``sampled`` (a ``SampledEval``,
+    made here when not given)."""
+    task = task_for(cfg, data)
+    if isinstance(task, SampledNodeTask):
+        task.sampled = sampled
+    return task.evaluate(model, split, device)
