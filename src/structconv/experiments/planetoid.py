@@ -136,6 +136,10 @@ def train_seed(model: str, data, s: dict, seed: int) -> dict:
     return out
 
 
+#: the defaults of ``--quick`` (a value given on the command line is kept)
+QUICK = dict(seeds=2, epochs=20)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=sorted(RECIPES), default="gcn")
     parser.add_argument("--dataset", choices=PLANETOID_NAMES, default="cora")
@@ -156,11 +160,9 @@ def run(args) -> int:
         raise FileNotFoundError(f"no Planetoid folder in the data home ({data_root()}): pass "
                                 "--data DIR or set STRUCTCONV_DATA (see `structconv datasets`)")
     data = load_planetoid(root, args.dataset, normalize_features=True).to(device(args))
-    quick = getattr(args, "quick", False)
-    s = settings(args.model, args.dataset,
-                 epochs=args.epochs if args.epochs else (20 if quick else None),
+    s = settings(args.model, args.dataset, epochs=args.epochs or None,
                  stopping=getattr(args, "stopping", None))
-    n_seeds = min(args.seeds, 2) if quick else args.seeds
+    n_seeds = args.seeds
     seed0 = getattr(args, "seed", 0) or 0
     t0 = time.perf_counter()
     runs = []

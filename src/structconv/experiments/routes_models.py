@@ -23,7 +23,12 @@ from ..basis.base import Stack
 from ..bench._util import fwd_bwd, interleaved_times
 from ..data.registry import data_root
 from ..params import ControlledSeparable, DepthwiseSeparable, Full, LowRank
-from ._common import hardware, set_threads, write_result
+from ._common import (
+    THREADS,  # argument types
+    hardware,
+    set_threads,
+    write_result,
+)
 
 __all__ = ["cases", "time_case", "add_arguments", "run"]
 
@@ -155,7 +160,7 @@ def time_case(name: str, make: Callable, repeats: int) -> dict:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None, help="datasets folder (default: the data "
                         "home, see `structconv datasets`)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--threads", type=THREADS, default=0, help="torch threads (0: default)")
 
 
 def run(args) -> int:

@@ -19,7 +19,7 @@ from pathlib import Path
 from ..config import load_config
 from ..io import atomic_write_json
 from ..train import train
-from ._common import fmt_pm, hardware, mean_std, set_threads
+from ._common import COUNT, THREADS, fmt_pm, hardware, mean_std, set_threads  # argument types
 
 __all__ = ["VARIANTS", "add_arguments", "run"]
 
@@ -31,21 +31,23 @@ VARIANTS = {
 }
 
 
+#: the defaults of ``--quick`` (a value given on the command line is kept)
+QUICK = dict(seeds=2, epochs=20)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seeds", type=int, default=10, help="number of seeds (runs)")
+    parser.add_argument("--seeds", type=COUNT, default=10, help="number of seeds (runs)")
     parser.add_argument("--data", default=None, help="folder with Cora's ind.cora.* files "
                                                      "(default: planetoid/ in the data home, see "
                                                      "`structconv datasets`)")
-    parser.add_argument("--epochs", type=int, default=None, help="override the 200 epochs")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's)")
+    parser.add_argument("--epochs", type=COUNT, default=None, help="override the 200 epochs")
+    parser.add_argument("--threads", type=THREADS, default=1, help="torch threads (0: torch's)")
 
 
 def _run_one(variant: str, seed: int, args, tmp: Path) -> dict:
     over = [*VARIANTS[variant], f"seed={seed}"]
     if args.epochs:
         over.append(f"train.epochs={args.epochs}")
-    elif args.quick:
-        over.append("train.epochs=20")
     if args.data:
         over.append(f"data.root={json.dumps(str(args.data))}")
     cfg = load_config("gcn_cora", over)
@@ -59,7 +61,7 @@ def _run_one(variant: str, seed: int, args, tmp: Path) -> dict:
 def run(args) -> int:
     """Train every variant for every seed, print a table and write the JSON."""
     set_threads(args)
-    n_seeds = min(args.seeds, 2) if args.quick else args.seeds
+    n_seeds = args.seeds
     seed0 = args.seed or 0
     t0 = time.perf_counter()
     runs: dict[str, list] = {v: [] for v in VARIANTS}
