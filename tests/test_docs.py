@@ -205,3 +205,27 @@ def test_readme_keeps_the_two_commands():
                  "and the tests"):
         assert line in readme
     assert len(readme.splitlines()) < 120, "the README is the pitch; the guide holds the rest"
+
+
+#: how the work was organised, which a user cannot look up: issue numbers, sessions, lent machines
+PROCESS = re.compile(r"\bissues? #?\d+|\bthis session\b|\blent (?:GPU|H\d+|machine)|a lent\b|"
+                     r"\bthe lead\b|\bthe issue(?:'s)?\b|\bno GPU was lent\b", re.I)
+
+
+def _user_facing() -> list[Path]:
+    files = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "mkdocs.yml"]
+    files += sorted(DOCS.rglob("*.md")) + sorted((ROOT / "examples").glob("*.*"))
+    return files + sorted((ROOT / "src" / "structconv").rglob("*.py"))
+
+
+def test_docs_and_help_name_the_feature_not_the_process():
+    """Docs, help texts, module headers and comments name the feature, the hardware and the
+    command, never an issue number or how the work was organised."""
+    found = []
+    for path in _user_facing():
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if PROCESS.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
+    assert not found, "\n".join(found)
+    assert PROCESS.search("Relation-aware attention (issue 24, item 5)")  # the check can fail
+    assert PROCESS.search("run on a lent GPU")

@@ -1,4 +1,4 @@
-"""Shift heads against Canon layers on a multi-hop task (issue 26): accuracy per number of hops.
+"""Shift heads against Canon layers on a multi-hop task: accuracy per number of hops.
 
 ``structconv reproduce canon --out runs`` trains ``sc.nn.TransformerLM`` of every model kind of
 ``--kinds`` (default ``STUDY_KINDS``: none, rotary and shift with and without Canon-ABCD,
@@ -72,7 +72,7 @@ from .shift_heads import (
 __all__ = ["add_arguments", "run", "STUDY_KINDS", "task_of", "build", "answer_loss",
            "eval_sets", "accuracy_per_k", "train_one", "depth"]
 
-#: the issue's arms: none, rotary and shift with and without Canon-ABCD, ALiBi, the learned
+#: the study's arms: none, rotary and shift with and without Canon-ABCD, ALiBi, the learned
 #: T5-style relative bias, and each Canon place alone on none
 STUDY_KINDS = ("none", "none+Canon-ABCD", "rotary", "rotary+Canon-ABCD", "shift",
                "shift+Canon-ABCD", "alibi", "relative", "none+Canon-A", "none+Canon-B",

@@ -176,10 +176,11 @@ def run(args) -> int:
     anchor = rows.get("torch")
     print(f"{'variant':<18} {'params':>7} {'test acc (%)':>12} {'s/epoch':>8} {'vs torch':>9}")
     for name, r in rows.items():
-        ratio = r["seconds_per_epoch"] / anchor["seconds_per_epoch"] if anchor else float("nan")
+        # no ratio without the torch anchor (null in the JSON, "-" in the table)
+        ratio = r["seconds_per_epoch"] / anchor["seconds_per_epoch"] if anchor else None
         r["time_vs_torch"] = ratio
         print(f"{name:<18} {r['params']:>7} {r['test_acc']:>12.2f} "
-              f"{r['seconds_per_epoch']:>8.1f} {ratio:>8.2f}x")
+              f"{r['seconds_per_epoch']:>8.1f} " + (f"{ratio:>8.2f}x" if ratio else f"{'-':>9}"))
     result = dict(experiment="fashion", train_size=int(xtr.shape[0]), test_size=int(xte.shape[0]),
                   epochs=args.epochs, batch=args.batch, lr=args.lr, seed=args.seed,
                   initial_output_gap=gap, variants=rows, wall_seconds=wall, hardware=hardware())

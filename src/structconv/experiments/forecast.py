@@ -1,4 +1,4 @@
-"""Position- and period-aware attention for forecasting (issue 28): four statsmodels series.
+"""Position- and period-aware attention for forecasting: four statsmodels series.
 
 ``structconv reproduce forecast --out runs`` trains ``structconv.models.forecast.Forecaster``
 with each attention form (``content``: dot-product attention alone; ``position``: plus a

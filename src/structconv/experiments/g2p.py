@@ -1,4 +1,4 @@
-"""Grapheme-to-phoneme conversion on CMUdict (issue 27): two of the paper's cited attention
+"""Grapheme-to-phoneme conversion on CMUdict: two of the paper's cited attention
 models on one task, beside a baseline that reads spellings only.
 
 ``structconv reproduce g2p --out runs`` trains, for ``--seeds`` model seeds on one split

@@ -37,7 +37,7 @@ from ..data.kg import load_kg
 from ..data.registry import data_root
 from ..io import atomic_write_json
 from ..kg import LinkPredictor, link_metrics, train_link
-from ._common import hardware, param_count, set_threads
+from ._common import hardware, param_count, publish, set_threads
 
 __all__ = ["add_arguments", "run", "PUBLISHED", "KEYED", "check_arguments", "run_settings",
            "check_settings", "SETTINGS_JSON"]
@@ -318,7 +318,7 @@ def _train_and_test(args, data, model, folder: Path, tag: str, epochs: int, mine
                   torch=torch.__version__)
     if model.layers:
         result["sort_usage"] = _sort_usage(model, init, data.relation_names, mined)
-    atomic_write_json(folder / "result.json", result)
+    publish(folder / "result.json", result)
     print(f"test (filtered, {2 * len(data.test)} rankings, {eval_wall:.1f} s): "
           f"MRR {test['mrr']:.4f}  H@1 {test['hits@1']:.4f}  H@3 {test['hits@3']:.4f}  "
           f"H@10 {test['hits@10']:.4f}  (raw MRR {test['raw_mrr']:.4f}); published "

@@ -20,8 +20,7 @@ import torch.nn.functional as F
 
 from ..data.planetoid import PLANETOID_NAMES, load_planetoid, shared_dir
 from ..data.registry import data_root
-from ..io import atomic_write_json
-from ._common import add_recipe_arguments, device, set_threads
+from ._common import add_recipe_arguments, device, publish, set_threads
 
 __all__ = ["RECIPES", "PUBLISHED", "add_arguments", "run", "train_seed", "build_model"]
 
@@ -190,5 +189,5 @@ def run(args) -> int:
     print(f"{'model':<6} {'dataset':<9} {'test acc (%)':>16} {'published':>9} {'wall':>8}")
     print(f"{args.model:<6} {data.name:<9} {mean:>9.2f} ± {std:<4.2f} {pub:>9.1f} {wall:>7.1f}s")
     out = Path(args.out)
-    atomic_write_json(out / f"planetoid-{args.model}-{args.dataset}.json", result)
+    publish(out / f"planetoid-{args.model}-{args.dataset}.json", result)
     return 0

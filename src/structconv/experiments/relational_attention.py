@@ -33,7 +33,6 @@ import torch.nn.functional as F
 
 from ..config import load_config
 from ..data.registry import load_dataset
-from ..io import atomic_write_json
 from ..models import build_model
 from ..models.relational_attention import ATTENTIONS, RGAT
 from ._common import (  # argument types
@@ -43,6 +42,7 @@ from ._common import (  # argument types
     add_recipe_arguments,
     device,
     hardware,
+    publish,
     set_threads,
 )
 
@@ -222,6 +222,6 @@ def _write(path: Path, key: dict, runs: list, s: dict, data) -> None:
                              **{key["split"]: int(data.masks[key["split"]].sum())}),
                   hardware=hardware(), torch=torch.__version__, runs=sorted(
                       runs, key=lambda r: r["seed"]))
-    atomic_write_json(path, result)
+    publish(path, result)
     print(f"{key['dataset']} {key['model']}: {key['split']} {mean:.2f} ± {std:.2f} over "
           f"{len(runs)} seeds (R-GCN {RGCN[key['dataset']][0]:.2f}) -> {path}", flush=True)

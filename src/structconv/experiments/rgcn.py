@@ -22,8 +22,14 @@ import torch.nn.functional as F
 from ..data.planetoid import shared_dir
 from ..data.registry import data_root
 from ..data.rgcn import load_entities
-from ..io import atomic_write_json
-from ._common import COUNT, NATURAL, add_recipe_arguments, device, set_threads  # argument types
+from ._common import (  # argument types
+    COUNT,
+    NATURAL,
+    add_recipe_arguments,
+    device,
+    publish,
+    set_threads,
+)
 
 __all__ = ["RECIPES", "PUBLISHED", "add_arguments", "run", "train_seed", "settings"]
 
@@ -167,5 +173,5 @@ def run(args) -> int:
           f"{mean:>9.2f} ± {std:<4.2f} {pub:>9.2f} {wall:>7.1f}s")
     tag = "" if not mined else f"-mined{len(mined)}" + ("-nobt" if args.no_backtrack else "")
     tag += "" if s["num_bases"] is None else f"-H{s['num_bases']}"
-    atomic_write_json(Path(args.out) / f"rgcn-{args.dataset}{tag}.json", result)
+    publish(Path(args.out) / f"rgcn-{args.dataset}{tag}.json", result)
     return 0

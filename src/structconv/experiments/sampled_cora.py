@@ -17,9 +17,16 @@ import time
 from pathlib import Path
 
 from ..config import load_config
-from ..io import atomic_write_json
 from ..train import train
-from ._common import COUNT, THREADS, fmt_pm, hardware, mean_std, set_threads  # argument types
+from ._common import (  # argument types
+    COUNT,
+    THREADS,
+    fmt_pm,
+    hardware,
+    mean_std,
+    publish,
+    set_threads,
+)
 
 __all__ = ["VARIANTS", "add_arguments", "run"]
 
@@ -86,7 +93,7 @@ def run(args) -> int:
     print(f"fanout all - full batch: {summary['fanout_all']['minus_full_batch']:+.2f} points; "
           f"fanouts (10, 10) - full batch: {summary['fanout_10_10']['minus_full_batch']:+.2f}")
     out = Path(args.out) / "sampled-cora.json"
-    atomic_write_json(out, dict(experiment="sampled-cora", seeds=n_seeds, quick=bool(args.quick),
+    publish(out, dict(experiment="sampled-cora", seeds=n_seeds, quick=bool(args.quick),
                                 variants=VARIANTS, summary=summary, runs=runs,
                                 hardware=hardware(), seconds=time.perf_counter() - t0))
     print(f"wrote {out}")

@@ -1,4 +1,4 @@
-"""The attention model for routing on TSP20 (issue 28): REINFORCE with a greedy-rollout baseline.
+"""The attention model for routing on TSP20: REINFORCE with a greedy-rollout baseline.
 
 ``structconv reproduce tsp --out runs`` trains ``structconv.models.routing.AttentionModel``
 (Kool, van Hoof & Welling, ICLR 2019) on random instances (n cities uniform in the unit
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import time
 from pathlib import Path
 
@@ -280,7 +281,9 @@ def _end_epoch(state: _State, a) -> dict:
     cand = greedy_lengths(state.model, bl_coords)
     replace, t, p = baseline_update(cand, state.bl_costs, a.alpha)
     info = {"epoch": state.epoch, "candidate": float(cand.mean()),
-            "baseline": float(state.bl_costs.mean()), "t": t, "p": p, "replaced": replace}
+            "baseline": float(state.bl_costs.mean()),
+            # no t statistic when the candidate is not shorter (null, not NaN, in the JSON)
+            "t": t if math.isfinite(t) else None, "p": p, "replaced": replace}
     if replace:
         state.baseline.load_state_dict(state.model.state_dict())
         state.bl_seed = state.epoch + 1  # fresh instances for the next test
