@@ -136,3 +136,20 @@ def test_the_lm_guide_lists_every_position_kind():
     for kind in POSITIONS:
         assert f'`"{kind}"`' in arguments, kind
         assert f'| `"{kind}"` |' in guide, kind  # a row of the kinds' table
+
+
+def test_a_recipe_says_it_is_working_when_it_has_been_silent(capsys):
+    import time
+
+    from structconv.experiments._common import heartbeat
+
+    with heartbeat("reproduce x", every=0.2):
+        time.sleep(0.75)
+    err = capsys.readouterr().err
+    assert err.count("reproduce x: working") >= 2, err
+    with heartbeat("reproduce x", every=0.3):
+        for _ in range(12):  # printing often: no extra line
+            print("step", flush=True)
+            time.sleep(0.05)
+    out = capsys.readouterr()
+    assert "working" not in out.err and out.out.count("step") == 12

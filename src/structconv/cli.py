@@ -458,7 +458,13 @@ def _run_suites(package: str, names, rest, args, out_default) -> int:
             if steady_allocator():
                 print("allocator: glibc mmap threshold 32 MiB, trim threshold 1 GiB "
                       "(steady timings; see structconv.bench._util.steady_allocator)")
-        rc = module.run(ns)
+        if package == "bench":
+            rc = module.run(ns)
+        else:  # a recipe says it is working at least every 10 s
+            from .experiments._common import heartbeat
+
+            with heartbeat(f"reproduce {name}"):
+                rc = module.run(ns)
         status = status or int(rc or 0)
     return status
 

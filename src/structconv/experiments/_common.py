@@ -7,6 +7,9 @@ import contextlib
 import json
 import math
 import statistics
+import sys
+import threading
+import time
 from pathlib import Path
 
 import torch
@@ -18,7 +21,7 @@ from ..io import RunLock, atomic_write_bytes, atomic_write_json
 __all__ = ["hardware", "mean_std", "write_result", "save_figure", "set_threads", "fmt_pm",
            "param_count", "run_lock", "run_once", "finished", "Bounded", "Listed", "COUNT",
            "NATURAL", "SEED", "POSITIVE", "NONNEGATIVE", "FRACTION", "UNIT", "DROPOUT",
-           "THREADS", "check_finite", "publish", "heads_divide"]
+           "THREADS", "check_finite", "publish", "heads_divide", "heartbeat"]
 
 
 # -- argument types: every recipe option is checked by argparse, before any work ----------------
@@ -143,6 +146,45 @@ def publish(path: str | Path, result: dict) -> Path:
                          "score: check the recipe's options)") from None
     atomic_write_json(path, result)
     return path
+
+
+class _Stamped:
+    """A text stream that notes when it was last written to (for ``heartbeat``)."""
+
+    def __init__(self, stream, clock: list):
+        self._stream, self._clock = stream, clock
+
+    def write(self, text):
+        if text:
+            self._clock[0] = time.monotonic()
+        return self._stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def heartbeat(what: str, every: float = 10.0):
+    """While the block runs, a line on stderr (``<what>: working, N s so far``) whenever this
+    process has printed nothing for ``every`` seconds: a long step never looks like a hang."""
+    clock, stop, t0 = [time.monotonic()], threading.Event(), time.monotonic()
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Stamped(out, clock), _Stamped(err, clock)
+
+    def beat():
+        while not stop.wait(min(1.0, every)):
+            if time.monotonic() - clock[0] >= every:
+                print(f"{what}: working, {time.monotonic() - t0:.0f} s so far", file=sys.stderr,
+                      flush=True)
+
+    thread = threading.Thread(target=beat, name="structconv-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        sys.stdout, sys.stderr = out, err
 
 
 @contextlib.contextmanager
