@@ -406,7 +406,7 @@ def _suite_parser(prog: str, module, out_default: str) -> argparse.ArgumentParse
 
 def _import_suite(package: str, name: str, known) -> object:
     if not name.replace("_", "").replace("-", "").isalnum():
-        raise UsageError(f"bad name {name!r}")
+        raise UsageError(f"bad name {name!r}; known: {', '.join(known) or '(none installed)'}")
     mod = name.replace("-", "_")
     try:
         return importlib.import_module(f"structconv.{package}.{mod}")
