@@ -93,7 +93,7 @@ def train_seed(data, variant: str, seed: int, args) -> dict:
 
 
 #: the defaults of ``--quick`` (a value given on the command line is kept)
-QUICK = dict(seeds=1, epochs=3)
+QUICK = dict(seeds=1, epochs=3, datasets="cora")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -39,7 +39,7 @@ VARIANTS = {
 
 
 #: the defaults of ``--quick`` (a value given on the command line is kept)
-QUICK = dict(seeds=2, epochs=20)
+QUICK = dict(seeds=1, epochs=20)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
