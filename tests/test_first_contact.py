@@ -110,6 +110,13 @@ def test_a_kernel_build_says_what_it_does(monkeypatch, tmp_path, capsys):
     (tmp_path / f"{name}.so").write_bytes(b"")  # built before: loaded without a word
     assert native._build("causal_taps") == name
     assert capsys.readouterr().err == ""
+    src = Path(native.__file__).with_name("causal_taps.cpp")
+    (tmp_path / "build.ninja").write_text("build causal_taps.o: compile /elsewhere/x.cpp\n")
+    native._build("causal_taps")  # built from another checkout's file: ninja builds again
+    assert "compiling the kernel" in capsys.readouterr().err
+    (tmp_path / "build.ninja").write_text(f"build causal_taps.o: compile {src}\n")
+    native._build("causal_taps")
+    assert capsys.readouterr().err == ""
 
 
 def test_the_sdist_holds_what_make_docs_and_the_examples_need():

@@ -80,13 +80,18 @@ def _build(stem: str):
 
 
 def _announce(name: str, src: Path) -> None:
-    """One line on stderr before a build (not when torch's cache holds the module): a first
-    call would otherwise stall in silence while the compiler runs."""
+    """One line on stderr before a build (not when torch's cache holds the module, built from
+    this source file and newer than it): a first call would otherwise stall in silence while
+    the compiler runs."""
     try:
         from torch.utils.cpp_extension import _get_build_directory
 
-        if any(Path(_get_build_directory(name, False)).glob(f"{name}*.so")):
-            return
+        folder = Path(_get_build_directory(name, False))
+        built = next(iter(folder.glob(f"{name}*.so")), None)
+        ninja = folder / "build.ninja"  # names the source it was built from (ninja rebuilds
+        if built is not None and built.stat().st_mtime >= src.stat().st_mtime and \
+                (not ninja.is_file() or str(src) in ninja.read_text(errors="replace")):
+            return  # for another path, e.g. a second checkout)
     except Exception:  # noqa: BLE001 - a torch without the helper: say it anyway
         pass
     print(f"structconv: compiling the kernel {src.name} for this machine and torch (once, "
