@@ -152,11 +152,11 @@ def test_a_recipe_says_it_is_working_when_it_has_been_silent(capsys):
 
     with heartbeat("reproduce x", every=0.2):
         time.sleep(0.75)
-    err = capsys.readouterr().err
-    assert err.count("reproduce x: working") >= 2, err
+    out = capsys.readouterr().out
+    assert out.count("reproduce x: working") >= 2, out
     with heartbeat("reproduce x", every=0.3):
         for _ in range(12):  # printing often: no extra line
             print("step", flush=True)
             time.sleep(0.05)
-    out = capsys.readouterr()
-    assert "working" not in out.err and out.out.count("step") == 12
+    out = capsys.readouterr().out
+    assert "working" not in out and out.count("step") == 12

@@ -165,7 +165,8 @@ class _Stamped:
 
 @contextlib.contextmanager
 def heartbeat(what: str, every: float = 8.0):
-    """While the block runs, a line on stderr (``<what>: working, N s so far``) whenever this
+    """While the block runs, a line on stdout (``<what>: working, N s so far``; stdout, where
+    the recipes print their progress, keeps stderr for errors) whenever this
     process has printed nothing for ``every`` seconds (checked each 0.5 s: a line at least
     every 10 s): a long step never looks like a hang."""
     clock, stop, t0 = [time.monotonic()], threading.Event(), time.monotonic()
@@ -175,7 +176,7 @@ def heartbeat(what: str, every: float = 8.0):
     def beat():
         while not stop.wait(min(0.5, every)):
             if time.monotonic() - clock[0] >= every:
-                print(f"{what}: working, {time.monotonic() - t0:.0f} s so far", file=sys.stderr,
+                print(f"{what}: working, {time.monotonic() - t0:.0f} s so far", file=sys.stdout,
                       flush=True)
 
     thread = threading.Thread(target=beat, name="structconv-heartbeat", daemon=True)
