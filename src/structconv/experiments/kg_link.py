@@ -56,7 +56,7 @@ _NAMES = {"fb15k-237": "FB15k-237", "wn18rr": "WN18RR"}
 
 #: the defaults of ``--quick`` (a value given on the command line is kept): a smoke test of a
 #: minute on two cores, where 1-vs-all scoring of every entity takes minutes an epoch
-QUICK = dict(epochs=1, dim=16, mode="negative")
+QUICK = dict(epochs=1, dim=16, mode="negative", batch=4000)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,7 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--tag", default=None, help="run folder name (default from settings)")
     parser.add_argument("--quick", action="store_true",
-                        help="smoke test: by default 1 epoch, --dim 16, --mode negative")
+                        help="smoke test: by default 1 epoch, --dim 16, --mode negative, --batch 4000")
 
 
 #: each option's key in a link config: the options are checked by the config schema, so a value
