@@ -92,7 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--tag", default=None, help="run folder name (default from settings)")
     parser.add_argument("--quick", action="store_true",
-                        help="smoke test: by default 1 epoch, --dim 16, --mode negative, --batch 4000")
+                        help="smoke test: by default 1 epoch, --dim 16, --mode negative, "
+                             "--batch 4000")
 
 
 #: each option's key in a link config: the options are checked by the config schema, so a value
