@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 
 import pytest
 
@@ -148,3 +149,34 @@ def test_a_non_finite_result_exits_2_naming_the_metric(capsys, tmp_path, monkeyp
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "hardware.load" in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "routes_models.json").exists()
+
+
+@pytest.mark.parametrize("name,argv,named", [
+    ("canon", ["--width", "10", "--heads", "4"], "--heads must divide --width"),
+    ("canon", ["--n", "4"], "--max-hops 8 must be below --n 4"),
+    ("shift-heads", ["--stride", "100"], "--stride must be at most --context"),
+    ("forecast", ["--val", "0.5", "--test", "0.5"], "--val + --test must be below 1"),
+    ("forecast", ["--sarimax-orders", "9,9"], "--sarimax-orders"),
+    ("tsp", ["--sample-instances", "50", "--test-size", "40"], "--sample-instances 50 exceeds"),
+    ("g2p", ["--limit", "2"], "--limit must be 0"),
+    ("separability", ["--model", "cnn", "--dataset", "aifb"], "--dataset for --model cnn"),
+])
+def test_options_that_must_agree_are_refused_by_name(name, argv, named):
+    with pytest.raises(cli.UsageError, match=re.escape(named)):
+        cli.parse_suite("experiments", name, argv)
+
+
+def test_the_tsp_record_holds_no_nan_t_statistic(monkeypatch):
+    import types
+
+    import torch
+
+    from structconv.experiments import tsp
+
+    base = torch.linspace(1, 2, 16)
+    monkeypatch.setattr(tsp, "_bl_instances", lambda state, a: None)
+    monkeypatch.setattr(tsp, "greedy_lengths", lambda model, coords: base + 0.1)  # not shorter
+    state = types.SimpleNamespace(bl_costs=base, model=None, baseline=None, epoch=0, updates=[])
+    info = tsp._end_epoch(state, argparse.Namespace(alpha=0.05))
+    assert info["t"] is None and not info["replaced"]  # was NaN: the result file refused it
+    _common.check_finite(info)
