@@ -207,3 +207,52 @@ def test_readme_keeps_the_two_commands():
                  "and the tests"):
         assert line in readme
     assert len(readme.splitlines()) < 120, "the README is the pitch; the guide holds the rest"
+
+
+#: how the work was organised, which a user cannot look up: issue numbers, sessions, lent machines
+PROCESS = re.compile(r"\bissues? #?\d+|\bthis session\b|\blent (?:GPU|H\d+|machine)|a lent\b|"
+                     r"\bthe lead\b|\bthe issue(?:'s)?\b|\bno GPU was lent\b", re.I)
+
+
+def _user_facing() -> list[Path]:
+    files = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "mkdocs.yml"]
+    files += sorted(DOCS.rglob("*.md")) + sorted((ROOT / "examples").glob("*.*"))
+    return files + sorted((ROOT / "src" / "structconv").rglob("*.py"))
+
+
+def test_docs_and_help_name_the_feature_not_the_process():
+    """Docs, help texts, module headers and comments name the feature, the hardware and the
+    command, never an issue number or how the work was organised."""
+    found = []
+    for path in _user_facing():
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if PROCESS.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
+    assert not found, "\n".join(found)
+    assert PROCESS.search("Relation-aware attention (issue 24, item 5)")  # the check can fail
+    assert PROCESS.search("run on a lent GPU")
+
+
+def test_site_works_offline_from_disk(site):
+    """Opened from disk with no network (as the README says): no page loads a script, style
+    sheet, font or image from the network, search runs from file:// (its index inlined in a
+    script, the Web Worker shim shipped), and diagrams are SVG files, not Mermaid (whose
+    script would come from a CDN)."""
+    remote = re.compile(r"<(?:script|link|img|iframe|source)\b[^>]*\b(?:src|href)="
+                        r"[\"']?(?:https?:)?//", re.I)
+    pages = sorted(site.rglob("*.html"))
+    assert len(pages) > 20
+    for page in pages:
+        html = page.read_text(encoding="utf-8")
+        assert not remote.search(html), (page, remote.search(html))
+        assert 'class="mermaid"' not in html, page
+    index = (site / "search" / "search_index.js").read_text(encoding="utf-8")
+    assert index.startswith("var __index = {") and '"guide/idea.html"' in index
+    shim = site / "assets" / "iframe-worker" / "shim.js"
+    assert "window.Worker" in shim.read_text(encoding="utf-8")
+    assert 'src="../assets/iframe-worker/shim.js"' in (site / "guide/idea.html").read_text(
+        encoding="utf-8")
+    assert 'src="routes.svg"' in (site / "guide/idea.html").read_text(encoding="utf-8")
+    assert (site / "guide" / "routes.svg").is_file()
+    for md in DOCS.rglob("*.md"):
+        assert "```mermaid" not in md.read_text(encoding="utf-8"), md

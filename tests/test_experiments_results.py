@@ -138,8 +138,8 @@ def test_forms_and_counts():
 
 
 def test_separability_quick_run(tmp_path):
-    args = argparse.Namespace(model="cnn", dataset=None, data=None, forms="H1,full", seeds=2,
-                              epochs=None, lr=None, batch=64, hidden=16, train_size=100,
+    args = argparse.Namespace(model="cnn", dataset=None, data=None, forms="H1,full", seeds=1,
+                              epochs=2, lr=None, batch=64, hidden=16, train_size=100,
                               threads=0, plot=None, quick=True, seed=0, out=str(tmp_path))
     assert separability.run(args) == 0
     res = json.loads((tmp_path / "separability-cnn.json").read_text())

@@ -12,6 +12,7 @@ import importlib
 import json
 import os
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -24,7 +25,23 @@ class UsageError(ValueError):
     """Bad command-line input: reported as one line, exit status 2."""
 
 
+class _Formatter(argparse.HelpFormatter):
+    # names such as kg-link and shift-heads stay whole on a wrapped line
+    def _split_lines(self, text, width):
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width,
+                             break_on_hyphens=False)
+
+    def _fill_text(self, text, width, indent):
+        return textwrap.fill(self._whitespace_matcher.sub(" ", text).strip(), width,
+                             initial_indent=indent, subsequent_indent=indent,
+                             break_on_hyphens=False)
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *a, **kw):
+        kw.setdefault("formatter_class", _Formatter)
+        super().__init__(*a, **kw)
+
     # one line on stderr (no usage block), exit status 2, as for every other bad input
     def error(self, message):
         raise UsageError(f"{message} (see {self.prog} --help)")
@@ -123,13 +140,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="best (default), last (the last checkpoint) or a safetensors file")
 
     s = cmd("bench", "run a benchmark suite (structconv.bench.NAME) or all of them")
-    s.add_argument("name", help="suite name or 'all'")
-    s.add_argument("args", nargs=argparse.REMAINDER,
+    s.add_argument("name", nargs="?", metavar="NAME",
+                   help=f"a suite or 'all': {', '.join(_known('bench'))}")
+    s.add_argument("args", nargs=argparse.REMAINDER, metavar="...",
                    help="suite options (--quick, --repeats N, ... see bench NAME --help)")
 
     s = cmd("reproduce", "run an experiment recipe (structconv.experiments.NAME)")
-    s.add_argument("name", help="experiment name")
-    s.add_argument("args", nargs=argparse.REMAINDER, help="experiment options")
+    s.add_argument("name", nargs="?", metavar="NAME",
+                   help=f"a recipe: {', '.join(_known('experiments'))}")
+    s.add_argument("args", nargs=argparse.REMAINDER, metavar="...",
+                   help="the recipe's options (see reproduce NAME --help)")
 
     s = cmd("plot-basis", "plot the matrices of a basis (structconv.plots)")
     s.add_argument("args", nargs=argparse.REMAINDER, help="plot options, e.g. grid ...")
@@ -369,13 +389,15 @@ def _eval_link(args, cfg: dict, data, model) -> int:
 
 
 def _suite_parser(prog: str, module, out_default: str) -> argparse.ArgumentParser:
-    doc = getattr(module, "__doc__", None)
+    from .experiments._common import COUNT, SEED
+
+    doc = (getattr(module, "__doc__", None) or "").strip()
     p = _Parser(prog=prog, conflict_handler="resolve",
-                description=doc.strip().splitlines()[0] if doc else None)
+                description=" ".join(doc.split("\n\n")[0].split()) or None)
     p.add_argument("--out", default=out_default, help=f"output directory (default {out_default})")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
-    p.add_argument("--repeats", type=int, default=5, help="timing repeats (median)")
-    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--repeats", type=COUNT, default=5, help="timing repeats (median)")
+    p.add_argument("--seed", type=SEED, default=0, help="random seed")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     if hasattr(module, "add_arguments"):
         module.add_arguments(p)
@@ -384,7 +406,7 @@ def _suite_parser(prog: str, module, out_default: str) -> argparse.ArgumentParse
 
 def _import_suite(package: str, name: str, known) -> object:
     if not name.replace("_", "").replace("-", "").isalnum():
-        raise UsageError(f"bad name {name!r}")
+        raise UsageError(f"bad name {name!r}; known: {', '.join(known) or '(none installed)'}")
     mod = name.replace("-", "_")
     try:
         return importlib.import_module(f"structconv.{package}.{mod}")
@@ -396,18 +418,35 @@ def _import_suite(package: str, name: str, known) -> object:
         raise
 
 
+def parse_suite(package: str, name: str, rest: list[str], args=None, check: bool = True):
+    """(module, options) of ``structconv bench|reproduce NAME REST``, every option checked
+    (exit 2 naming it) before anything runs; ``check`` runs the module's
+    ``check_arguments`` too (the checks that join options). ``--quick`` changes defaults only
+    (the module's ``QUICK``): a value given on the command line is kept."""
+    module = _import_suite(package, name, _known(package))
+    command = "bench" if package == "bench" else "reproduce"
+    p = _suite_parser(f"{PROG} {command} {name}", module, "bench-results" if package == "bench"
+                      else "runs")
+    # options given before the suite name apply too, unless repeated after it (checked alike)
+    front = [f"--{k}={v}" for k in ("seed", "device", "out")
+             if (v := getattr(args, k, None)) is not None and f"--{k}" not in rest]
+    argv = [*front, *rest]
+    ns = p.parse_args(argv)
+    if getattr(ns, "quick", False) and getattr(module, "QUICK", None):
+        p.set_defaults(**module.QUICK)
+        ns = p.parse_args(argv)
+    if check and hasattr(module, "check_arguments"):
+        try:
+            module.check_arguments(ns)
+        except ValueError as e:
+            raise UsageError(f"{str(e).splitlines()[0]} (see {p.prog} --help)") from None
+    return module, ns
+
+
 def _run_suites(package: str, names, rest, args, out_default) -> int:
     status = 0
     for name in names:
-        module = _import_suite(package, name, _known(package))
-        p = _suite_parser(f"{PROG} {'bench' if package == 'bench' else 'reproduce'} {name}",
-                          module, out_default)
-        ns = p.parse_args(rest)
-        for k in ("seed", "device", "out"):
-            # options given before the suite name apply too, unless repeated after it
-            v = getattr(args, k, None)
-            if v is not None and f"--{k}" not in rest:
-                setattr(ns, k, v)
+        module, ns = parse_suite(package, name, rest, args)
         if getattr(ns, "device", "cpu") != "cpu":
             from .training import resolve_device
 
@@ -419,7 +458,13 @@ def _run_suites(package: str, names, rest, args, out_default) -> int:
             if steady_allocator():
                 print("allocator: glibc mmap threshold 32 MiB, trim threshold 1 GiB "
                       "(steady timings; see structconv.bench._util.steady_allocator)")
-        rc = module.run(ns)
+        if package == "bench":
+            rc = module.run(ns)
+        else:  # a recipe says it is working at least every 10 s
+            from .experiments._common import heartbeat
+
+            with heartbeat(f"reproduce {name}"):
+                rc = module.run(ns)
         status = status or int(rc or 0)
     return status
 
@@ -431,13 +476,23 @@ def suite_main(command: str, name: str, argv: list[str] | None = None) -> int:
 
 
 def _known(package: str) -> list[str]:
+    """The names ``bench`` / ``reproduce`` take, spelt with hyphens (underscores work too)."""
     mod = importlib.import_module(f"structconv.{package}")
     for attr in ("SUITES", "EXPERIMENTS"):
         if hasattr(mod, attr):
-            return list(getattr(mod, attr))
+            return [n.replace("_", "-") for n in getattr(mod, attr)]
     import pkgutil
 
-    return sorted(m.name for m in pkgutil.iter_modules(mod.__path__) if not m.name.startswith("_"))
+    return sorted(m.name.replace("_", "-") for m in pkgutil.iter_modules(mod.__path__)
+                  if not m.name.startswith("_"))
+
+
+def _need_name(command: str, name) -> None:
+    if name is None:
+        what = "a suite or 'all'" if command == "bench" else "a recipe"
+        raise UsageError(f"{command} needs NAME, {what}: "
+                         f"{', '.join(_known('bench' if command == 'bench' else 'experiments'))}"
+                         f" (see {PROG} {command} --help)")
 
 
 def _bench_all_help(names: list[str]) -> str:
@@ -460,6 +515,7 @@ def _bench_all_help(names: list[str]) -> str:
 
 
 def _cmd_bench(args) -> int:
+    _need_name("bench", args.name)
     names = _known("bench") if args.name == "all" else [args.name]
     if args.name == "all":
         names = [n for n in names if importlib.util.find_spec(f"structconv.bench.{n}")]
@@ -475,6 +531,7 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_reproduce(args) -> int:
+    _need_name("reproduce", args.name)
     return _run_suites("experiments", [args.name], args.args, args, "runs")
 
 

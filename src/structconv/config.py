@@ -157,9 +157,23 @@ def load_config(path: str | Path, overrides: list[str] | tuple = ()) -> dict:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read config {p}: {e}") from None
     cfg = parse_config(text, str(p))
-    # defaults again under the result: an override may replace a whole table (``data={}``)
-    return validate(_merge(DEFAULTS, apply_overrides(cfg, overrides)), str(p)) \
-        if overrides else cfg
+    if not overrides:
+        return cfg
+    try:  # defaults again under the result: an override may replace a whole table (``data={}``)
+        return validate(_merge(DEFAULTS, apply_overrides(cfg, overrides)), str(p))
+    except ConfigError as e:  # the file validated alone: an override is what is refused
+        raise ConfigError(_blame_override(str(e), str(p), overrides)) from None
+
+
+def _blame_override(message: str, where: str, overrides) -> str:
+    """``message`` (``<where>: <key> ...``) naming the override that set the refused key."""
+    rest = message[len(where) + 2:] if message.startswith(f"{where}: ") else message
+    named = rest.split(" ", 1)[0].rstrip(":")
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if key == named or key.startswith(f"{named}.") or named.startswith(f"{key}."):
+            return f"override {item!r}: {rest}"
+    return f"{where} with overrides {' '.join(overrides)}: {rest}"
 
 
 def _parse_value(text: str):

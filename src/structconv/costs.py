@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -218,9 +219,19 @@ def table(device_type: str = "cpu") -> dict[str, float]:
     return t
 
 
+def constant_when_traced(fn: Callable) -> Callable:
+    """``torch.compiler.assume_constant_result`` without importing the compiler at load time:
+    that import (``torch._dynamo``, sympy) costs seconds, and only marks the function, so the
+    mark is set here unless the compiler is already loaded (then its own decorator sets it)."""
+    if "torch._dynamo" in sys.modules:
+        return torch.compiler.assume_constant_result(fn)
+    fn._dynamo_marked_constant = True  # what the decorator sets (tests/test_first_contact.py)
+    return fn
+
+
 # While ``torch.compile`` traces a planner call, this runs eagerly and its value enters the
 # graph as a constant: the file read on a first call never meets the tracer.
-@torch.compiler.assume_constant_result
+@constant_when_traced
 def weight(kernel: str, device_type: str = "cpu") -> float:
     """The weight of one unit of ``kernel`` on ``device_type`` (``KeyError`` names the known)."""
     t = table(device_type)

@@ -35,7 +35,7 @@ from ._util import ALLOCATOR, fwd_bwd, interleaved_times, peak_memory, record
 
 NAME = "attention"
 
-#: issue 5's targets, as ratios anchor / structconv (>=) or structconv / anchor (<=)
+#: the targets, as ratios anchor / structconv (>=) or structconv / anchor (<=)
 TARGETS = {
     "default_vs_torch_default": (">=", 1.5),
     "inference_vs_torch_fast_path": (">=", 1.3),

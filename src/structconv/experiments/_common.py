@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
+import math
 import statistics
+import sys
+import threading
+import time
 from pathlib import Path
 
 import torch
@@ -14,7 +19,174 @@ from ..bench._util import conditions
 from ..io import RunLock, atomic_write_bytes, atomic_write_json
 
 __all__ = ["hardware", "mean_std", "write_result", "save_figure", "set_threads", "fmt_pm",
-           "param_count", "run_lock", "run_once", "finished"]
+           "param_count", "run_lock", "run_once", "finished", "Bounded", "Listed", "COUNT",
+           "NATURAL", "SEED", "POSITIVE", "NONNEGATIVE", "FRACTION", "UNIT", "DROPOUT",
+           "THREADS", "check_finite", "publish", "heads_divide", "heartbeat"]
+
+
+# -- argument types: every recipe option is checked by argparse, before any work ----------------
+class Bounded:
+    """An argparse ``type=``: a finite ``kind`` (int or float) in [lo, hi] (``open``: the ends
+    excluded); a value outside is refused as ``argument --NAME: must be <range>, got <value>``."""
+
+    def __init__(self, kind=int, lo=None, hi=None, open_lo=False, open_hi=False, note=""):
+        self.kind, self.lo, self.hi, self.open_lo, self.open_hi = kind, lo, hi, open_lo, open_hi
+        self.note = note
+        self.__name__ = kind.__name__  # argparse names the type by it
+
+    def describe(self) -> str:
+        """The allowed values in words, e.g. 'an integer >= 1', 'a number in (0, 1)'."""
+        what = "an integer" if self.kind is int else "a number"
+        lo, hi = ((v if v is None or self.kind is int else f"{v:g}") for v in (self.lo, self.hi))
+        if lo is not None and hi is not None:
+            left, right = "([" [not self.open_lo], ")]" [not self.open_hi]
+            text = f"{what} in {left}{lo}, {hi}{right}"
+        elif lo is not None:
+            text = f"{what} {'>' if self.open_lo else '>='} {lo}"
+        elif hi is not None:
+            text = f"{what} {'<' if self.open_hi else '<='} {hi}"
+        else:
+            text = f"a finite {'integer' if self.kind is int else 'number'}"
+        return f"{text} ({self.note})" if self.note else text
+
+    def ok(self, v) -> bool:
+        """Whether the (converted) value ``v`` is allowed."""
+        if not math.isfinite(v):
+            return False
+        if self.lo is not None and (v <= self.lo if self.open_lo else v < self.lo):
+            return False
+        return not (self.hi is not None and (v >= self.hi if self.open_hi else v > self.hi))
+
+    def __call__(self, text: str):
+        try:
+            v = self.kind(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"must be {self.describe()}, got {text!r}") from None
+        if not self.ok(v):
+            raise argparse.ArgumentTypeError(f"must be {self.describe()}, got {text}")
+        return v
+
+    def bad(self) -> list[str]:
+        """Values this type refuses (for the tests): past each end, and not a number."""
+        out = ["x", "nan"] if self.kind is float else ["x", "1.5"]
+        for end, step, is_open in ((self.lo, -1, self.open_lo), (self.hi, 1, self.open_hi)):
+            if end is not None:
+                out.append(str(self.kind(end)) if is_open else str(self.kind(end + step)))
+        return out
+
+    def __repr__(self) -> str:
+        return f"Bounded({self.describe()})"
+
+
+class Listed:
+    """An argparse ``type=``: a comma list whose every item ``check(item)`` accepts (it raises
+    ValueError naming the item otherwise); at least one item. Returns the text unchanged."""
+
+    def __init__(self, check, known=None, empty: bool = False):
+        self.check, self.known, self.empty = check, known, empty
+        self.__name__ = "list"
+
+    def __call__(self, text: str) -> str:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items and not self.empty:
+            raise argparse.ArgumentTypeError(f"must name at least one item, got {text!r}")
+        for item in items:
+            if self.known is not None and item not in self.known:
+                raise argparse.ArgumentTypeError(
+                    f"unknown item {item!r}: choose from {', '.join(self.known)}")
+            try:
+                self.check(item)
+            except ValueError as e:
+                raise argparse.ArgumentTypeError(str(e).splitlines()[0]) from None
+        return text
+
+    @classmethod
+    def of(cls, known) -> Listed:
+        """A comma list of names from ``known``."""
+        return cls(lambda item: None, list(known))
+
+
+#: the shared ranges: counts (seeds, steps, sizes), counts where 0 means none/default, seeds
+COUNT = Bounded(int, 1)
+NATURAL = Bounded(int, 0)
+SEED = Bounded(int, 0, 2**32 - 1)
+POSITIVE = Bounded(float, 0, open_lo=True)
+NONNEGATIVE = Bounded(float, 0)
+FRACTION = Bounded(float, 0, 1, open_lo=True, open_hi=True)
+UNIT = Bounded(float, 0, 1)
+DROPOUT = Bounded(float, 0, 1, open_hi=True)
+THREADS = Bounded(int, 0, 4096, note="0: torch's default")
+
+
+def heads_divide(a) -> None:
+    """ValueError unless ``--heads`` divides ``--width`` (each head takes width/heads)."""
+    if a.width % a.heads:
+        raise ValueError(f"--heads must divide --width ({a.width}), got {a.heads}")
+
+
+def check_finite(result, where: str = "") -> None:
+    """ValueError naming the first entry of ``result`` (nested dicts and lists) that is a float
+    but not finite: a published result never holds NaN or infinity."""
+    if isinstance(result, float) and not math.isfinite(result):
+        raise ValueError(f"{where or 'the result'} is {result}")
+    items = result.items() if isinstance(result, dict) else (
+        enumerate(result) if isinstance(result, (list, tuple)) else ())
+    for k, v in items:
+        check_finite(v, f"{where}.{k}" if where else str(k))
+
+
+def publish(path: str | Path, result: dict) -> Path:
+    """Write a published result file atomically, refused (not written) when a metric in it
+    is not finite: ValueError naming the file and the metric."""
+    path = Path(path)
+    try:
+        check_finite(result)
+    except ValueError as e:
+        raise ValueError(f"not writing {path}: {e} (a run diverged or had nothing to "
+                         "score: check the recipe's options)") from None
+    atomic_write_json(path, result)
+    return path
+
+
+class _Stamped:
+    """A text stream that notes when it was last written to (for ``heartbeat``)."""
+
+    def __init__(self, stream, clock: list):
+        self._stream, self._clock = stream, clock
+
+    def write(self, text):
+        if text:
+            self._clock[0] = time.monotonic()
+        return self._stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def heartbeat(what: str, every: float = 8.0):
+    """While the block runs, a line on stdout (``<what>: working, N s so far``; stdout, where
+    the recipes print their progress, keeps stderr for errors) whenever this
+    process has printed nothing for ``every`` seconds (checked each 0.5 s: a line at least
+    every 10 s): a long step never looks like a hang."""
+    clock, stop, t0 = [time.monotonic()], threading.Event(), time.monotonic()
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Stamped(out, clock), _Stamped(err, clock)
+
+    def beat():
+        while not stop.wait(min(0.5, every)):
+            if time.monotonic() - clock[0] >= every:
+                print(f"{what}: working, {time.monotonic() - t0:.0f} s so far", file=sys.stdout,
+                      flush=True)
+
+    thread = threading.Thread(target=beat, name="structconv-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        sys.stdout, sys.stderr = out, err
 
 
 @contextlib.contextmanager
@@ -71,13 +243,13 @@ def device(args) -> torch.device:
 
 def add_recipe_arguments(parser, data_help: str, quick_help: str) -> None:
     """The options the published-number recipes (planetoid, rgcn) share."""
-    parser.add_argument("--seeds", type=int, default=10, help="number of seeds (runs)")
-    parser.add_argument("--seed", type=int, default=0, help="first seed")
+    parser.add_argument("--seeds", type=COUNT, default=10, help="number of seeds (runs)")
+    parser.add_argument("--seed", type=SEED, default=0, help="first seed")
     parser.add_argument("--data", default=None, help=data_help)
     parser.add_argument("--out", default="bench-results", help="output folder")
-    parser.add_argument("--epochs", type=int, default=None, help="override the recipe's epochs")
+    parser.add_argument("--epochs", type=COUNT, default=None, help="override the recipe's epochs")
     parser.add_argument("--quick", action="store_true", help=quick_help)
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--threads", type=THREADS, default=1,
                         help="torch intra-op threads (default 1: full-batch ops on these small "
                              "graphs gain little from more, and contend on a shared CPU; 0 keeps "
                              "torch's default)")
@@ -104,8 +276,7 @@ def param_count(module: torch.nn.Module) -> int:
 
 def write_result(args, name: str, result: dict) -> Path:
     """Write ``<out>/<name>.json`` atomically and return its path."""
-    path = Path(args.out) / f"{name}.json"
-    atomic_write_json(path, result)
+    path = publish(Path(args.out) / f"{name}.json", result)
     print(f"wrote {path}")
     return path
 

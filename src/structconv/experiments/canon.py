@@ -1,4 +1,4 @@
-"""Shift heads against Canon layers on a multi-hop task (issue 26): accuracy per number of hops.
+"""Shift heads against Canon layers on a multi-hop task: accuracy per number of hops.
 
 ``structconv reproduce canon --out runs`` trains ``sc.nn.TransformerLM`` of every model kind of
 ``--kinds`` (default ``STUDY_KINDS``: none, rotary and shift with and without Canon-ABCD,
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import time
 from pathlib import Path
 
@@ -38,8 +39,15 @@ import torch.nn.functional as F
 from ..data.depo import DepoTask, generate
 from ..nn.lm import TransformerLM, split_kind
 from ._common import (
+    COUNT,
+    NATURAL,
+    POSITIVE,
+    THREADS,
+    UNIT,
+    Listed,
     device,
     hardware,
+    heads_divide,
     mean_std,
     param_count,
     pyplot,
@@ -64,7 +72,7 @@ from .shift_heads import (
 __all__ = ["add_arguments", "run", "STUDY_KINDS", "task_of", "build", "answer_loss",
            "eval_sets", "accuracy_per_k", "train_one", "depth"]
 
-#: the issue's arms: none, rotary and shift with and without Canon-ABCD, ALiBi, the learned
+#: the study's arms: none, rotary and shift with and without Canon-ABCD, ALiBi, the learned
 #: T5-style relative bias, and each Canon place alone on none
 STUDY_KINDS = ("none", "none+Canon-ABCD", "rotary", "rotary+Canon-ABCD", "shift",
                "shift+Canon-ABCD", "alibi", "relative", "none+Canon-A", "none+Canon-B",
@@ -72,34 +80,34 @@ STUDY_KINDS = ("none", "none+Canon-ABCD", "rotary", "rotary+Canon-ABCD", "shift"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kinds", default=",".join(STUDY_KINDS),
+    parser.add_argument("--kinds", default=",".join(STUDY_KINDS), type=Listed(split_kind),
                         help="comma list of model kinds (position[+Canon-places])")
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4, help="attention heads per layer")
-    parser.add_argument("--shifts", type=int, default=4, help="shift heads of the shift kinds")
-    parser.add_argument("--canon-kernel", type=int, default=4, help="taps of the Canon layers")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--nodes", type=int, default=32, help="node tokens")
-    parser.add_argument("--n", type=int, default=12, help="nodes (pairs) per sequence")
-    parser.add_argument("--max-hops", type=int, default=8, help="k runs over 1..max-hops")
-    parser.add_argument("--queries", type=int, default=8,
+    parser.add_argument("--seeds", type=COUNT, default=3)
+    parser.add_argument("--steps", type=COUNT, default=3000)
+    parser.add_argument("--batch", type=COUNT, default=32)
+    parser.add_argument("--width", type=COUNT, default=128)
+    parser.add_argument("--layers", type=COUNT, default=4)
+    parser.add_argument("--heads", type=COUNT, default=4, help="attention heads per layer")
+    parser.add_argument("--shifts", type=COUNT, default=4, help="shift heads of the shift kinds")
+    parser.add_argument("--canon-kernel", type=COUNT, default=4, help="taps of the Canon layers")
+    parser.add_argument("--lr", type=POSITIVE, default=1e-3)
+    parser.add_argument("--nodes", type=COUNT, default=32, help="node tokens")
+    parser.add_argument("--n", type=COUNT, default=12, help="nodes (pairs) per sequence")
+    parser.add_argument("--max-hops", type=COUNT, default=8, help="k runs over 1..max-hops")
+    parser.add_argument("--queries", type=COUNT, default=8,
                         help="questions per training sequence (evaluation asks one)")
-    parser.add_argument("--curriculum", type=float, default=0.5,
+    parser.add_argument("--curriculum", type=UNIT, default=0.5,
                         help="the largest k trained grows from 1 to --max-hops over this "
                              "fraction of the steps (0: every k from the start)")
-    parser.add_argument("--eval-per-k", type=int, default=512,
+    parser.add_argument("--eval-per-k", type=COUNT, default=512,
                         help="evaluation sequences per number of hops")
-    parser.add_argument("--eval-every", type=int, default=250)
-    parser.add_argument("--depth-at", type=float, default=0.9,
+    parser.add_argument("--eval-every", type=COUNT, default=250)
+    parser.add_argument("--depth-at", type=UNIT, default=0.9,
                         help="accuracy a number of hops must reach to count in the depth")
-    parser.add_argument("--checkpoint-every", type=int, default=500,
+    parser.add_argument("--checkpoint-every", type=NATURAL, default=500,
                         help="steps between a run's checkpoints (0: none)")
-    parser.add_argument("--jobs", type=int, default=1, help="runs at once (one thread each)")
-    parser.add_argument("--threads", type=int, default=0,
+    parser.add_argument("--jobs", type=COUNT, default=1, help="runs at once (one thread each)")
+    parser.add_argument("--threads", type=THREADS, default=0,
                         help="torch threads with --jobs 1 (0: torch's default)")
     parser.add_argument("--plot", default=None, help="accuracy plot PNG path")
 
@@ -229,22 +237,26 @@ def _job(spec):
                     make)
 
 
-def _quick(a) -> None:
-    a.steps, a.seeds, a.eval_every, a.eval_per_k, a.batch = 12, 1, 6, 16, 4
-    a.width, a.layers, a.heads, a.shifts = 16, 1, 2, 2
-    a.nodes, a.n, a.max_hops, a.queries, a.curriculum = 12, 6, 3, 2, 0.5
+#: the defaults of ``--quick`` (a value given on the command line is kept)
+QUICK = dict(steps=12, seeds=1, eval_every=6, eval_per_k=16, batch=4, width=16, layers=1,
+             heads=2, shifts=2, nodes=12, n=6, max_hops=3, queries=2, curriculum=0.5)
+
+
+def check_arguments(a) -> None:
+    """The checks that join options (each option's range is its argparse type)."""
+    try:
+        task_of(a)
+    except ValueError as e:  # the task names its fields: name the options instead
+        raise ValueError(re.sub(r"\b(nodes|n|max_hops|queries)=",
+                                lambda m: f"--{m.group(1).replace('_', '-')} ", str(e))) from None
+    heads_divide(a)
 
 
 def run(args) -> int:
     """Every available kind x seed; prints the tables, writes JSON and the plot."""
-    if args.quick:
-        _quick(args)
+    check_arguments(args)
     kinds = parse_kinds(args.kinds)
     task = task_of(args)
-    if args.canon_kernel < 1:
-        raise ValueError(f"--canon-kernel must be >= 1, got {args.canon_kernel}")
-    if not kinds:
-        raise ValueError("--kinds names no model kind")
     t_all = time.perf_counter()
     shaped = argparse.Namespace(**{**vars(args), "context": task.length})
     budget, ffns = equalised(kinds, task.vocab_size, shaped)

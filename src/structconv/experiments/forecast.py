@@ -1,4 +1,4 @@
-"""Position- and period-aware attention for forecasting (issue 28): four statsmodels series.
+"""Position- and period-aware attention for forecasting: four statsmodels series.
 
 ``structconv reproduce forecast --out runs`` trains ``structconv.models.forecast.Forecaster``
 with each attention form (``content``: dot-product attention alone; ``position``: plus a
@@ -43,8 +43,14 @@ from ..io import atomic_write_json
 from ..models.forecast import FORMS, Forecaster, forecast_at
 from ..training.checkpoint import load_weights, save_weights
 from ._common import (
+    COUNT,
+    FRACTION,
+    POSITIVE,
+    THREADS,
+    Listed,
     finished,
     hardware,
+    heads_divide,
     mean_std,
     param_count,
     pyplot,
@@ -62,23 +68,23 @@ SETTINGS = {"co2": (104, 52), "elnino": (48, 12), "sunspots": (44, 11), "elec_eq
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--series", default=",".join(SETTINGS),
+    parser.add_argument("--series", default=",".join(SETTINGS), type=Listed.of(SETTINGS),
                         help=f"comma list of series (of {', '.join(SETTINGS)})")
-    parser.add_argument("--forms", default=",".join(FORMS),
+    parser.add_argument("--forms", default=",".join(FORMS), type=Listed.of(FORMS),
                         help=f"comma list of attention forms (of {', '.join(FORMS)})")
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=600, help="training steps per run")
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--width", type=int, default=32)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--eval-every", type=int, default=50)
-    parser.add_argument("--val", type=float, default=0.1, help="validation fraction")
-    parser.add_argument("--test", type=float, default=0.2, help="test fraction (the last)")
+    parser.add_argument("--seeds", type=COUNT, default=3)
+    parser.add_argument("--steps", type=COUNT, default=600, help="training steps per run")
+    parser.add_argument("--batch", type=COUNT, default=64)
+    parser.add_argument("--lr", type=POSITIVE, default=2e-3)
+    parser.add_argument("--width", type=COUNT, default=32)
+    parser.add_argument("--heads", type=COUNT, default=4)
+    parser.add_argument("--eval-every", type=COUNT, default=50)
+    parser.add_argument("--val", type=FRACTION, default=0.1, help="validation fraction")
+    parser.add_argument("--test", type=FRACTION, default=0.2, help="test fraction (the last)")
     parser.add_argument("--no-sarimax", action="store_true", help="skip the SARIMAX baseline")
     parser.add_argument("--sarimax-orders", default="2,1",
                         help="SARIMAX's search grid: the largest p = q, then P = Q (p,P)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: default)")
+    parser.add_argument("--threads", type=THREADS, default=1, help="torch threads (0: default)")
 
 
 # -- metrics -------------------------------------------------------------------------------------
@@ -364,9 +370,18 @@ def _run_sarimax(data, a, folder: Path) -> dict:
 
 
 # -- the study -----------------------------------------------------------------------------------
-def _quick(a) -> None:
-    a.steps, a.seeds, a.eval_every, a.batch, a.width, a.heads = 8, 1, 4, 8, 8, 2
-    a.series, a.no_sarimax, a.sarimax_orders = "sunspots", False, "1,0"
+#: the defaults of ``--quick`` (a value given on the command line is kept)
+QUICK = dict(steps=8, seeds=1, eval_every=4, batch=8, width=8, heads=2, series="sunspots",
+             sarimax_orders="1,0")
+
+
+def check_arguments(a) -> None:
+    """The checks that join options (each option's range is its argparse type)."""
+    heads_divide(a)
+    if a.val + a.test >= 1:
+        raise ValueError(f"--val + --test must be below 1 (a training part is left), got "
+                         f"{a.val:g} + {a.test:g}")
+    _orders(a)
 
 
 def _names(text: str, known, what: str) -> list[str]:
@@ -380,8 +395,7 @@ def _names(text: str, known, what: str) -> list[str]:
 
 def run(args) -> int:
     """Every series x form x seed, the baselines, the tables, JSON and plots."""
-    if args.quick:
-        _quick(args)
+    check_arguments(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     names = _names(args.series, list(SETTINGS), "series")

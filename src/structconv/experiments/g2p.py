@@ -1,4 +1,4 @@
-"""Grapheme-to-phoneme conversion on CMUdict (issue 27): two of the paper's cited attention
+"""Grapheme-to-phoneme conversion on CMUdict: two of the paper's cited attention
 models on one task, beside a baseline that reads spellings only.
 
 ``structconv reproduce g2p --out runs`` trains, for ``--seeds`` model seeds on one split
@@ -48,8 +48,16 @@ from ..nn.pervasive import PervasiveAttention
 from ..nn.seq2seq import Seq2Seq
 from ..training.checkpoint import CHECKPOINT_JSON, resume_training, save_checkpoint
 from ._common import (
+    COUNT,
+    DROPOUT,
+    NATURAL,
+    POSITIVE,
+    SEED,
+    THREADS,
+    Listed,
     finished,
     hardware,
+    heads_divide,
     mean_std,
     param_count,
     pyplot,
@@ -68,40 +76,40 @@ DEFAULT_ARMS = ("nearest", "transformer", "transformer-shift", "pervasive")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS), type=Listed.of(ARMS),
                         help=f"comma list of arms from {', '.join(ARMS)}")
-    parser.add_argument("--seeds", type=int, default=3, help="model seeds per neural arm")
-    parser.add_argument("--data-seed", type=int, default=0, help="the split's seed")
-    parser.add_argument("--limit", type=int, default=0, help="use a sample of this many words")
-    parser.add_argument("--steps", type=int, default=6000, help="Transformer training steps")
-    parser.add_argument("--pervasive-steps", type=int, default=6000,
+    parser.add_argument("--seeds", type=COUNT, default=3, help="model seeds per neural arm")
+    parser.add_argument("--data-seed", type=SEED, default=0, help="the split's seed")
+    parser.add_argument("--limit", type=NATURAL, default=0, help="use a sample of this many words")
+    parser.add_argument("--steps", type=COUNT, default=6000, help="Transformer training steps")
+    parser.add_argument("--pervasive-steps", type=COUNT, default=6000,
                         help="pervasive training steps (a step costs about what the "
                              "Transformer's does at the default sizes)")
-    parser.add_argument("--batch", type=int, default=64, help="words per batch")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--dropout", type=float, default=0.1)
-    parser.add_argument("--label-smoothing", type=float, default=0.1)
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=3, help="encoder and decoder layers")
-    parser.add_argument("--heads", type=int, default=4, help="attention heads per layer")
-    parser.add_argument("--shifts", type=int, default=4,
+    parser.add_argument("--batch", type=COUNT, default=64, help="words per batch")
+    parser.add_argument("--lr", type=POSITIVE, default=1e-3)
+    parser.add_argument("--dropout", type=DROPOUT, default=0.1)
+    parser.add_argument("--label-smoothing", type=DROPOUT, default=0.1)
+    parser.add_argument("--width", type=COUNT, default=128)
+    parser.add_argument("--layers", type=COUNT, default=3, help="encoder and decoder layers")
+    parser.add_argument("--heads", type=COUNT, default=4, help="attention heads per layer")
+    parser.add_argument("--shifts", type=COUNT, default=4,
                         help="decoder shift heads of transformer-shift (offsets 0..S-1)")
-    parser.add_argument("--src-shifts", type=int, default=5,
+    parser.add_argument("--src-shifts", type=COUNT, default=5,
                         help="encoder shift heads of transformer-shift (centred offsets)")
-    parser.add_argument("--embed", type=int, default=32, help="pervasive: embedding size")
-    parser.add_argument("--grid-layers", type=int, default=6, help="pervasive: layers")
-    parser.add_argument("--growth", type=int, default=24, help="pervasive: growth rate")
-    parser.add_argument("--bottleneck", type=int, default=48, help="pervasive: bottleneck")
-    parser.add_argument("--kernel", type=int, default=3, help="pervasive: k x k taps")
-    parser.add_argument("--eval-every", type=int, default=500)
-    parser.add_argument("--eval-words", type=int, default=500,
+    parser.add_argument("--embed", type=COUNT, default=32, help="pervasive: embedding size")
+    parser.add_argument("--grid-layers", type=COUNT, default=6, help="pervasive: layers")
+    parser.add_argument("--growth", type=COUNT, default=24, help="pervasive: growth rate")
+    parser.add_argument("--bottleneck", type=COUNT, default=48, help="pervasive: bottleneck")
+    parser.add_argument("--kernel", type=COUNT, default=3, help="pervasive: k x k taps")
+    parser.add_argument("--eval-every", type=COUNT, default=500)
+    parser.add_argument("--eval-words", type=COUNT, default=500,
                         help="validation words decoded for the learning curves")
-    parser.add_argument("--beam", type=int, default=4, help="beam width of the test decoding")
-    parser.add_argument("--eval-limit", type=int, default=0,
+    parser.add_argument("--beam", type=COUNT, default=4, help="beam width of the test decoding")
+    parser.add_argument("--eval-limit", type=NATURAL, default=0,
                         help="score valid and test on a seeded sample of this many words each "
                              "(0: every word; for reduced runs)")
-    parser.add_argument("--checkpoint-every", type=int, default=500)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: default)")
+    parser.add_argument("--checkpoint-every", type=COUNT, default=500)
+    parser.add_argument("--threads", type=THREADS, default=1, help="torch threads (0: default)")
     parser.add_argument("--plot", default=None, help="learning-curve PNG path")
 
 
@@ -381,11 +389,10 @@ def attention_maps(model, data: G2PData, words: list[str]) -> list[dict]:
 
 
 # -- the study -----------------------------------------------------------------------------------
-def _quick(a) -> None:
-    a.limit, a.seeds, a.steps, a.pervasive_steps, a.batch = 1500, 1, 24, 16, 16
-    a.width, a.layers, a.heads, a.embed, a.grid_layers, a.growth, a.bottleneck = (
-        32, 1, 2, 8, 2, 8, 16)
-    a.eval_every, a.eval_words, a.checkpoint_every, a.beam = 8, 40, 8, 2
+#: the defaults of ``--quick`` (a value given on the command line is kept)
+QUICK = dict(limit=1500, seeds=1, steps=24, pervasive_steps=16, batch=16, width=32, layers=1,
+             heads=2, embed=8, grid_layers=2, growth=8, bottleneck=16, eval_every=8,
+             eval_words=40, checkpoint_every=8, beam=2)
 
 
 def parse_arms(text: str) -> list[str]:
@@ -397,23 +404,16 @@ def parse_arms(text: str) -> list[str]:
     return list(dict.fromkeys(arms))
 
 
-def _check_args(a) -> None:
-    for name in ("seeds", "steps", "pervasive_steps", "batch", "eval_every", "eval_words",
-                 "beam", "checkpoint_every", "width", "layers", "heads"):
-        v = getattr(a, name)
-        if v < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
-    if a.eval_limit < 0:
-        raise ValueError(f"--eval-limit must be 0 (every word) or >= 1, got {a.eval_limit}")
+def check_arguments(a) -> None:
+    """The checks that join options or cut a range (each option's range is its argparse type)."""
+    heads_divide(a)
     if a.limit < 0 or (0 < a.limit < 3):
         raise ValueError(f"--limit must be 0 (every word) or >= 3, got {a.limit}")
 
 
 def run(args) -> int:
     """Every arm x seed; prints the table, writes JSON and the plots."""
-    if args.quick:
-        _quick(args)
-    _check_args(args)
+    check_arguments(args)
     arms = parse_arms(args.arms)
     if args.threads:
         torch.set_num_threads(args.threads)

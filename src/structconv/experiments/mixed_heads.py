@@ -27,10 +27,23 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ..data.planetoid import load_planetoid, shared_dir
+from ..data.planetoid import PLANETOID_NAMES, load_planetoid, shared_dir
 from ..data.registry import data_root
 from ..models.mixed import HeadsLayer, HeadsNet
-from ._common import hardware, mean_std, pyplot, save_figure, set_threads, write_result
+from ._common import (
+    COUNT,
+    DROPOUT,
+    NONNEGATIVE,
+    POSITIVE,
+    THREADS,
+    Listed,
+    hardware,
+    mean_std,
+    pyplot,
+    save_figure,
+    set_threads,
+    write_result,
+)
 
 __all__ = ["VARIANTS", "HeadsLayer", "HeadsNet", "add_arguments", "run"]
 
@@ -79,20 +92,25 @@ def train_seed(data, variant: str, seed: int, args) -> dict:
     return out
 
 
+#: the defaults of ``--quick`` (a value given on the command line is kept)
+QUICK = dict(seeds=1, epochs=3, datasets="cora")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--datasets", default="cora,citeseer")
-    parser.add_argument("--variants", default=",".join(VARIANTS),
+    parser.add_argument("--datasets", default="cora,citeseer", type=Listed.of(PLANETOID_NAMES),
+                        help="comma list of Planetoid datasets")
+    parser.add_argument("--variants", default=",".join(VARIANTS), type=Listed.of(VARIANTS),
                         help=f"comma list of {list(VARIANTS)}")
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=COUNT, default=3)
     parser.add_argument("--data", default=None, help="Planetoid folder (ind.* files)")
-    parser.add_argument("--epochs", type=int, default=250, help="maximum epochs")
-    parser.add_argument("--patience", type=int, default=50)
-    parser.add_argument("--lr", type=float, default=0.005)
-    parser.add_argument("--weight-decay", type=float, default=5e-4)
-    parser.add_argument("--dropout", type=float, default=0.6)
+    parser.add_argument("--epochs", type=COUNT, default=250, help="maximum epochs")
+    parser.add_argument("--patience", type=COUNT, default=50)
+    parser.add_argument("--lr", type=POSITIVE, default=0.005)
+    parser.add_argument("--weight-decay", type=NONNEGATIVE, default=5e-4)
+    parser.add_argument("--dropout", type=DROPOUT, default=0.6)
     parser.add_argument("--dense-input", action="store_true",
                         help="feed the features dense (default: sparse COO, same results)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--threads", type=THREADS, default=0, help="torch threads (0: default)")
     parser.add_argument("--plot", default=None, help="PNG path (default <out>/mixed_heads.png)")
 
 
@@ -104,8 +122,6 @@ def run(args) -> int:
     if bad:
         raise ValueError(f"unknown variants {bad}: choose from {list(VARIANTS)}")
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
-    if args.quick:
-        args.seeds, args.epochs = 1, 3
     root = args.data or shared_dir("planetoid")
     if root is None:
         raise FileNotFoundError(f"no Planetoid folder in the data home ({data_root()}): pass "

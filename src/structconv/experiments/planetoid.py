@@ -20,8 +20,7 @@ import torch.nn.functional as F
 
 from ..data.planetoid import PLANETOID_NAMES, load_planetoid, shared_dir
 from ..data.registry import data_root
-from ..io import atomic_write_json
-from ._common import add_recipe_arguments, device, set_threads
+from ._common import add_recipe_arguments, device, publish, set_threads
 
 __all__ = ["RECIPES", "PUBLISHED", "add_arguments", "run", "train_seed", "build_model"]
 
@@ -136,6 +135,10 @@ def train_seed(model: str, data, s: dict, seed: int) -> dict:
     return out
 
 
+#: the defaults of ``--quick`` (a value given on the command line is kept)
+QUICK = dict(seeds=2, epochs=20)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=sorted(RECIPES), default="gcn")
     parser.add_argument("--dataset", choices=PLANETOID_NAMES, default="cora")
@@ -156,11 +159,9 @@ def run(args) -> int:
         raise FileNotFoundError(f"no Planetoid folder in the data home ({data_root()}): pass "
                                 "--data DIR or set STRUCTCONV_DATA (see `structconv datasets`)")
     data = load_planetoid(root, args.dataset, normalize_features=True).to(device(args))
-    quick = getattr(args, "quick", False)
-    s = settings(args.model, args.dataset,
-                 epochs=args.epochs if args.epochs else (20 if quick else None),
+    s = settings(args.model, args.dataset, epochs=args.epochs or None,
                  stopping=getattr(args, "stopping", None))
-    n_seeds = min(args.seeds, 2) if quick else args.seeds
+    n_seeds = args.seeds
     seed0 = getattr(args, "seed", 0) or 0
     t0 = time.perf_counter()
     runs = []
@@ -188,5 +189,5 @@ def run(args) -> int:
     print(f"{'model':<6} {'dataset':<9} {'test acc (%)':>16} {'published':>9} {'wall':>8}")
     print(f"{args.model:<6} {data.name:<9} {mean:>9.2f} ± {std:<4.2f} {pub:>9.1f} {wall:>7.1f}s")
     out = Path(args.out)
-    atomic_write_json(out / f"planetoid-{args.model}-{args.dataset}.json", result)
+    publish(out / f"planetoid-{args.model}-{args.dataset}.json", result)
     return 0

@@ -33,10 +33,18 @@ import torch.nn.functional as F
 
 from ..config import load_config
 from ..data.registry import load_dataset
-from ..io import atomic_write_json
 from ..models import build_model
 from ..models.relational_attention import ATTENTIONS, RGAT
-from ._common import add_recipe_arguments, device, hardware, set_threads
+from ._common import (  # argument types
+    COUNT,
+    NATURAL,
+    Bounded,
+    add_recipe_arguments,
+    device,
+    hardware,
+    publish,
+    set_threads,
+)
 
 __all__ = ["MODELS", "RECIPES", "RGCN", "PUBLISHED_RGCN", "settings", "build", "train_seed",
            "add_arguments", "run"]
@@ -127,22 +135,26 @@ def train_seed(model: str, data, s: dict, seed: int, split: str = "test") -> dic
                 cpu_seconds=time.process_time() - c0)
 
 
+#: the defaults of ``--quick`` (a value given on the command line is kept)
+QUICK = dict(seeds=2, epochs=5)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", choices=sorted(_L2), default="aifb")
     parser.add_argument("--model", choices=MODELS, default="rgat")
     add_recipe_arguments(parser, "folder with <name>_stripped.nt.gz and the TSV splits (default: "
                                  "rgcn/<name>/ in the data home, see `structconv datasets`)",
                          "2 seeds, 5 epochs (smoke test)")
-    parser.add_argument("--heads", type=int, default=None, help="attention heads (first layer)")
+    parser.add_argument("--heads", type=COUNT, default=None, help="attention heads (first layer)")
     parser.add_argument("--attention", choices=ATTENTIONS, default=None,
                         help="rgat: softmax within each relation (WIRGAT) or across (ARGAT)")
-    parser.add_argument("--bases", type=int, default=None,
+    parser.add_argument("--bases", type=NATURAL, default=None,
                         help="rgat: controlled-separability bases over the relations (0: full)")
     parser.add_argument("--relations", choices=("onehot", "embedding"), default=None,
                         help="gat-edges: relation types as one-hot features or learned vectors")
-    parser.add_argument("--edge-dim", type=int, default=None,
+    parser.add_argument("--edge-dim", type=COUNT, default=None,
                         help="gat-edges: width of the learned relation vectors (embedding)")
-    parser.add_argument("--val", type=float, default=0.0,
+    parser.add_argument("--val", type=Bounded(float, 0, 1, open_hi=True), default=0.0,
                         help="hold out this fraction of the training entities and report "
                              "validation accuracy only (tuning); 0: test accuracy")
 
@@ -166,12 +178,9 @@ def _resume(path: Path, key: dict) -> list:
 def run(args) -> int:
     """Train the seeds not yet in the output file, print the table, write the JSON."""
     set_threads(args)
-    if not 0.0 <= args.val < 1.0:
-        raise ValueError(f"--val must be a fraction in [0, 1), got {args.val}")
-    quick = args.quick
     s = settings(args.model, args.dataset, heads=args.heads, attention=args.attention,
                  bases=args.bases, relations=args.relations, edge_dim=args.edge_dim,
-                 epochs=args.epochs or (5 if quick else None))
+                 epochs=args.epochs or None)
     data = load_dataset(args.dataset, root=args.data, val=args.val, seed=0)
     dev = device(args)
     data = dataclasses.replace(data, y=data.y.to(dev), edge_index=data.edge_index.to(dev),
@@ -183,7 +192,7 @@ def run(args) -> int:
                settings=s, split=split, val=args.val)
     runs = _resume(path, key)
     done = {r["seed"] for r in runs}
-    seeds = range(args.seed, args.seed + (min(args.seeds, 2) if quick else args.seeds))
+    seeds = range(args.seed, args.seed + args.seeds)
     for seed in seeds:
         if seed in done:
             continue
@@ -213,6 +222,6 @@ def _write(path: Path, key: dict, runs: list, s: dict, data) -> None:
                              **{key["split"]: int(data.masks[key["split"]].sum())}),
                   hardware=hardware(), torch=torch.__version__, runs=sorted(
                       runs, key=lambda r: r["seed"]))
-    atomic_write_json(path, result)
+    publish(path, result)
     print(f"{key['dataset']} {key['model']}: {key['split']} {mean:.2f} ± {std:.2f} over "
           f"{len(runs)} seeds (R-GCN {RGCN[key['dataset']][0]:.2f}) -> {path}", flush=True)

@@ -22,8 +22,14 @@ import torch.nn.functional as F
 from ..data.planetoid import shared_dir
 from ..data.registry import data_root
 from ..data.rgcn import load_entities
-from ..io import atomic_write_json
-from ._common import add_recipe_arguments, device, set_threads
+from ._common import (  # argument types
+    COUNT,
+    NATURAL,
+    add_recipe_arguments,
+    device,
+    publish,
+    set_threads,
+)
 
 __all__ = ["RECIPES", "PUBLISHED", "add_arguments", "run", "train_seed", "settings"]
 
@@ -94,18 +100,22 @@ def _most_weighted(runs: list[dict], data, s: dict, top: int = 8) -> list[tuple[
     return out
 
 
+#: the defaults of ``--quick`` (a value given on the command line is kept)
+QUICK = dict(seeds=2, epochs=5)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", choices=sorted(RECIPES), default="aifb")
     add_recipe_arguments(parser, "folder with <name>_stripped.nt.gz and the TSV splits (default: "
                                  "rgcn/<name>/ in the data home, see `structconv datasets`)",
                          "2 seeds, 5 epochs (smoke test)")
-    parser.add_argument("--bases", type=int, default=None,
+    parser.add_argument("--bases", type=COUNT, default=None,
                         help="override the number of bases H (ControlledSeparable)")
     parser.add_argument("--cache", default=None, help="parse cache folder")
     parser.add_argument("--sorts", choices=["single", "mined"], default="single",
                         help="one basis matrix per relation (R-GCN), or those plus the --top "
                              "best supported mined paths of length 2 (the paper's sorts)")
-    parser.add_argument("--top", type=int, default=10, help="mined 2-sorts to add")
+    parser.add_argument("--top", type=NATURAL, default=10, help="mined 2-sorts to add")
     parser.add_argument("--no-backtrack", action="store_true",
                         help="mine no path that steps back along an inverse (r . r^-1)")
 
@@ -119,8 +129,7 @@ def run(args) -> int:
                                 "--data DIR or set STRUCTCONV_DATA (see `structconv datasets`)")
     data = load_entities(root, args.dataset, cache_dir=getattr(args, "cache", None))
     data = data.to(device(args))
-    quick = getattr(args, "quick", False)
-    s = settings(args.dataset, epochs=args.epochs or (5 if quick else None),
+    s = settings(args.dataset, epochs=args.epochs or None,
                  num_bases=getattr(args, "bases", None))
     mined = []
     if getattr(args, "sorts", "single") == "mined":
@@ -133,7 +142,7 @@ def run(args) -> int:
         s["sort_list"] = [(r,) for r in range(data.num_relations)] + [m.sort for m in mined]
         s["mined"] = [(m.name, m.support) for m in mined]
         print(f"  mined 2-sorts: {', '.join(f'{n} ({c})' for n, c in s['mined'])}")
-    n_seeds = min(args.seeds, 2) if quick else args.seeds
+    n_seeds = args.seeds
     seed0 = getattr(args, "seed", 0) or 0
     t0 = time.perf_counter()
     runs = []
@@ -164,5 +173,5 @@ def run(args) -> int:
           f"{mean:>9.2f} ± {std:<4.2f} {pub:>9.2f} {wall:>7.1f}s")
     tag = "" if not mined else f"-mined{len(mined)}" + ("-nobt" if args.no_backtrack else "")
     tag += "" if s["num_bases"] is None else f"-H{s['num_bases']}"
-    atomic_write_json(Path(args.out) / f"rgcn-{args.dataset}{tag}.json", result)
+    publish(Path(args.out) / f"rgcn-{args.dataset}{tag}.json", result)
     return 0

@@ -17,9 +17,16 @@ import time
 from pathlib import Path
 
 from ..config import load_config
-from ..io import atomic_write_json
 from ..training import train
-from ._common import fmt_pm, hardware, mean_std, set_threads
+from ._common import (  # argument types
+    COUNT,
+    THREADS,
+    fmt_pm,
+    hardware,
+    mean_std,
+    publish,
+    set_threads,
+)
 
 __all__ = ["VARIANTS", "add_arguments", "run"]
 
@@ -31,21 +38,23 @@ VARIANTS = {
 }
 
 
+#: the defaults of ``--quick`` (a value given on the command line is kept)
+QUICK = dict(seeds=1, epochs=20)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seeds", type=int, default=10, help="number of seeds (runs)")
+    parser.add_argument("--seeds", type=COUNT, default=10, help="number of seeds (runs)")
     parser.add_argument("--data", default=None, help="folder with Cora's ind.cora.* files "
                                                      "(default: planetoid/ in the data home, see "
                                                      "`structconv datasets`)")
-    parser.add_argument("--epochs", type=int, default=None, help="override the 200 epochs")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's)")
+    parser.add_argument("--epochs", type=COUNT, default=None, help="override the 200 epochs")
+    parser.add_argument("--threads", type=THREADS, default=1, help="torch threads (0: torch's)")
 
 
 def _run_one(variant: str, seed: int, args, tmp: Path) -> dict:
     over = [*VARIANTS[variant], f"seed={seed}"]
     if args.epochs:
         over.append(f"train.epochs={args.epochs}")
-    elif args.quick:
-        over.append("train.epochs=20")
     if args.data:
         over.append(f"data.root={json.dumps(str(args.data))}")
     cfg = load_config("gcn_cora", over)
@@ -59,7 +68,7 @@ def _run_one(variant: str, seed: int, args, tmp: Path) -> dict:
 def run(args) -> int:
     """Train every variant for every seed, print a table and write the JSON."""
     set_threads(args)
-    n_seeds = min(args.seeds, 2) if args.quick else args.seeds
+    n_seeds = args.seeds
     seed0 = args.seed or 0
     t0 = time.perf_counter()
     runs: dict[str, list] = {v: [] for v in VARIANTS}
@@ -84,7 +93,7 @@ def run(args) -> int:
     print(f"fanout all - full batch: {summary['fanout_all']['minus_full_batch']:+.2f} points; "
           f"fanouts (10, 10) - full batch: {summary['fanout_10_10']['minus_full_batch']:+.2f}")
     out = Path(args.out) / "sampled-cora.json"
-    atomic_write_json(out, dict(experiment="sampled-cora", seeds=n_seeds, quick=bool(args.quick),
+    publish(out, dict(experiment="sampled-cora", seeds=n_seeds, quick=bool(args.quick),
                                 variants=VARIANTS, summary=summary, runs=runs,
                                 hardware=hardware(), seconds=time.perf_counter() - t0))
     print(f"wrote {out}")

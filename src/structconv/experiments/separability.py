@@ -26,6 +26,10 @@ import torch.nn.functional as F
 from ..data.registry import DatasetError, data_root
 from ..models.separable import DigitsCNN, RelationalNet, make_form
 from ._common import (
+    COUNT,
+    POSITIVE,
+    THREADS,
+    Listed,
     hardware,
     mean_std,
     param_count,
@@ -111,22 +115,35 @@ def train_rgcn(data, form: str, seed: int, args) -> dict:
                 form_params=net.form_parameters(), seconds=time.perf_counter() - t0)
 
 
+#: the defaults of ``--quick`` (a value given on the command line is kept)
+QUICK = dict(seeds=1, epochs=2, train_size=500)
+
+
+def check_arguments(a) -> None:
+    """The dataset must be one of the model's."""
+    allowed = ("digits", "fashion-mnist") if a.model == "cnn" else ("aifb", "mutag")
+    if a.dataset is not None and a.dataset not in allowed:
+        raise ValueError(f"--dataset for --model {a.model} must be one of "
+                         f"{', '.join(allowed)}, got {a.dataset!r}")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=("cnn", "rgcn"), default="cnn")
     parser.add_argument("--dataset", default=None,
+                        choices=("digits", "fashion-mnist", "aifb", "mutag"),
                         help="cnn: digits (default) or fashion-mnist; rgcn: aifb (default)")
     parser.add_argument("--data", default=None, help="dataset folder (default: the data home, "
                         "see `structconv datasets`)")
-    parser.add_argument("--forms", default=None,
+    parser.add_argument("--forms", default=None, type=Listed(lambda f: make_form(f, 2, 2, 2)),
                         help="comma list of full, depthwise, H<n> (default per model)")
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=None)
-    parser.add_argument("--lr", type=float, default=None)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--hidden", type=int, default=16)
-    parser.add_argument("--train-size", type=int, default=10000,
+    parser.add_argument("--seeds", type=COUNT, default=3)
+    parser.add_argument("--epochs", type=COUNT, default=None)
+    parser.add_argument("--lr", type=POSITIVE, default=None)
+    parser.add_argument("--batch", type=COUNT, default=64)
+    parser.add_argument("--hidden", type=COUNT, default=16)
+    parser.add_argument("--train-size", type=COUNT, default=10000,
                         help="fashion-mnist: training images used")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--threads", type=THREADS, default=0, help="torch threads (0: default)")
     parser.add_argument("--plot", default=None, help="PNG path")
 
 
@@ -189,9 +206,6 @@ def run(args) -> int:
     forms = [f.strip() for f in args.forms.split(",") if f.strip()]
     for f in forms:
         make_form(f, 2, 2, 2)  # validates the name before any training
-    if args.quick:
-        args.seeds, args.epochs = 1, 2
-        args.train_size = min(args.train_size, 500)
     t_all = time.perf_counter()
     data, trainer = _data_and_trainer(args)
     rows = {}

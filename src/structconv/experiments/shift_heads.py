@@ -43,8 +43,14 @@ from ..io import atomic_write_bytes, atomic_write_json
 from ..nn.lm import POSITIONS, TransformerLM, equalised_ffn, split_kind
 from ..training.checkpoint import CHECKPOINT_JSON, resume_training, save_checkpoint
 from ._common import (
+    COUNT,
+    NATURAL,
+    POSITIVE,
+    THREADS,
+    Listed,
     device,
     hardware,
+    heads_divide,
     mean_std,
     param_count,
     pyplot,
@@ -62,37 +68,37 @@ FACTORS = (1, 2, 4, 8, 16)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None, help="folder with input.txt")
-    parser.add_argument("--kinds", default=",".join(POSITIONS),
+    parser.add_argument("--kinds", default=",".join(POSITIONS), type=Listed(split_kind),
                         help=f"comma list of model kinds: position kinds ({', '.join(POSITIONS)})"
                              ", each optionally with Canon layers, e.g. none+Canon-ABCD")
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--batch", type=int, default=12)
-    parser.add_argument("--context", type=int, default=64)
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4, help="attention heads per layer")
-    parser.add_argument("--shifts", type=int, default=4,
+    parser.add_argument("--seeds", type=COUNT, default=3)
+    parser.add_argument("--steps", type=COUNT, default=2000)
+    parser.add_argument("--batch", type=COUNT, default=12)
+    parser.add_argument("--context", type=COUNT, default=64)
+    parser.add_argument("--width", type=COUNT, default=128)
+    parser.add_argument("--layers", type=COUNT, default=4)
+    parser.add_argument("--heads", type=COUNT, default=4, help="attention heads per layer")
+    parser.add_argument("--shifts", type=COUNT, default=4,
                         help="shift heads of the shift kinds (offsets 0..S-1)")
-    parser.add_argument("--canon-kernel", type=int, default=4,
+    parser.add_argument("--canon-kernel", type=COUNT, default=4,
                         help="taps of the Canon layers of the +Canon- kinds")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--eval-every", type=int, default=100)
-    parser.add_argument("--val-batches", type=int, default=40)
-    parser.add_argument("--eval-chars", type=int, default=16384,
+    parser.add_argument("--lr", type=POSITIVE, default=1e-3)
+    parser.add_argument("--eval-every", type=COUNT, default=100)
+    parser.add_argument("--val-batches", type=COUNT, default=40)
+    parser.add_argument("--eval-chars", type=COUNT, default=16384,
                         help="validation characters scored per extrapolation length")
-    parser.add_argument("--sliding-chars", type=int, default=8192,
+    parser.add_argument("--sliding-chars", type=COUNT, default=8192,
                         help="validation characters scored by the sliding window")
-    parser.add_argument("--stride", type=int, default=0,
+    parser.add_argument("--stride", type=NATURAL, default=0,
                         help="sliding-window stride = scored positions (0: the context)")
-    parser.add_argument("--long-kinds", default="",
+    parser.add_argument("--long-kinds", default="", type=Listed(split_kind, empty=True),
                         help="comma list of kinds for one longer run each")
-    parser.add_argument("--long-steps", type=int, default=5000)
-    parser.add_argument("--checkpoint-every", type=int, default=500,
+    parser.add_argument("--long-steps", type=COUNT, default=5000)
+    parser.add_argument("--checkpoint-every", type=NATURAL, default=500,
                         help="steps between a run's checkpoints (0: none; a killed run then "
                              "starts again)")
-    parser.add_argument("--jobs", type=int, default=1, help="runs at once (one thread each)")
-    parser.add_argument("--threads", type=int, default=0,
+    parser.add_argument("--jobs", type=COUNT, default=1, help="runs at once (one thread each)")
+    parser.add_argument("--threads", type=THREADS, default=0,
                         help="torch threads with --jobs 1 (0: torch's default)")
     parser.add_argument("--plot", default=None, help="learning-curve PNG path")
 
@@ -403,19 +409,22 @@ def run_all(job, specs, jobs: int) -> list[dict]:
         return pool.map(job, specs, chunksize=1)
 
 
-def _quick(a) -> None:
-    a.steps, a.seeds, a.eval_every, a.val_batches = 6, 1, 3, 2
-    a.width, a.layers, a.context, a.batch = 16, 1, 8, 2
-    a.eval_chars, a.sliding_chars, a.long_steps = 300, 200, 8
+#: the defaults of ``--quick`` (a value given on the command line is kept)
+QUICK = dict(steps=6, seeds=1, eval_every=3, val_batches=2, width=16, layers=1, context=8,
+             batch=2, eval_chars=300, sliding_chars=200, long_steps=8)
+
+
+def check_arguments(a) -> None:
+    """The checks that join options (each option's range is its argparse type)."""
+    heads_divide(a)
+    if a.stride > a.context:
+        raise ValueError(f"--stride must be at most --context ({a.context}), got {a.stride}")
 
 
 def run(args) -> int:
     """Every kind x seed (+ the long runs); prints the tables, writes JSON and the plots."""
-    if args.quick:
-        _quick(args)
+    check_arguments(args)
     kinds, longk = parse_kinds(args.kinds), parse_kinds(args.long_kinds)
-    if args.canon_kernel < 1:
-        raise ValueError(f"--canon-kernel must be >= 1, got {args.canon_kernel}")
     t_all = time.perf_counter()
     data = _load(args)
     V = len(data.vocab)

@@ -1,4 +1,4 @@
-"""The attention model for routing on TSP20 (issue 28): REINFORCE with a greedy-rollout baseline.
+"""The attention model for routing on TSP20: REINFORCE with a greedy-rollout baseline.
 
 ``structconv reproduce tsp --out runs`` trains ``structconv.models.routing.AttentionModel``
 (Kool, van Hoof & Welling, ICLR 2019) on random instances (n cities uniform in the unit
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import time
 from pathlib import Path
 
@@ -40,7 +41,21 @@ from ..training.checkpoint import (
     save_weights,
 )
 from ..training.optim import epoch_generator
-from ._common import hardware, param_count, pyplot, run_lock, save_figure, write_result
+from ._common import (
+    COUNT,
+    FRACTION,
+    NATURAL,
+    POSITIVE,
+    THREADS,
+    Bounded,
+    hardware,
+    heads_divide,
+    param_count,
+    pyplot,
+    run_lock,
+    save_figure,
+    write_result,
+)
 
 __all__ = ["add_arguments", "run", "uniform_instances", "lkh_tours", "reference",
            "greedy_lengths", "sample_best", "baseline_update", "train", "KOOL"]
@@ -56,31 +71,31 @@ LKH_SCALE = 1e6
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--n", type=int, default=20, help="cities per instance")
-    parser.add_argument("--epochs", type=int, default=None,
+    parser.add_argument("--n", type=Bounded(int, 3), default=20, help="cities per instance")
+    parser.add_argument("--epochs", type=COUNT, default=None,
                         help="epochs (default 10; 2 with --quick)")
-    parser.add_argument("--epoch-size", type=int, default=64_000, help="instances per epoch")
-    parser.add_argument("--batch", type=int, default=512)
-    parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--lr-decay", type=float, default=1.0,
+    parser.add_argument("--epoch-size", type=COUNT, default=64_000, help="instances per epoch")
+    parser.add_argument("--batch", type=COUNT, default=512)
+    parser.add_argument("--lr", type=POSITIVE, default=1e-4)
+    parser.add_argument("--lr-decay", type=POSITIVE, default=1.0,
                         help="learning rate factor per epoch (the paper: 1.0)")
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--layers", type=int, default=3)
-    parser.add_argument("--ffn", type=int, default=0, help="feed-forward width (0: 4 x width)")
-    parser.add_argument("--clip", type=float, default=10.0, help="tanh clipping C")
-    parser.add_argument("--warmup-epochs", type=int, default=1,
+    parser.add_argument("--width", type=COUNT, default=128)
+    parser.add_argument("--heads", type=COUNT, default=8)
+    parser.add_argument("--layers", type=COUNT, default=3)
+    parser.add_argument("--ffn", type=NATURAL, default=0, help="feed-forward width (0: 4 x width)")
+    parser.add_argument("--clip", type=POSITIVE, default=10.0, help="tanh clipping C")
+    parser.add_argument("--warmup-epochs", type=NATURAL, default=1,
                         help="epochs with the exponential baseline before the rollout one")
-    parser.add_argument("--bl-eval", type=int, default=10_000,
+    parser.add_argument("--bl-eval", type=Bounded(int, 2), default=10_000,
                         help="instances of the baseline's paired t-test")
-    parser.add_argument("--alpha", type=float, default=0.05, help="the t-test's level")
-    parser.add_argument("--test-size", type=int, default=10_000)
-    parser.add_argument("--val-size", type=int, default=1_000)
-    parser.add_argument("--samples", type=int, default=1280, help="samples per instance")
-    parser.add_argument("--sample-instances", type=int, default=1_000,
+    parser.add_argument("--alpha", type=FRACTION, default=0.05, help="the t-test's level")
+    parser.add_argument("--test-size", type=COUNT, default=10_000)
+    parser.add_argument("--val-size", type=COUNT, default=1_000)
+    parser.add_argument("--samples", type=COUNT, default=1280, help="samples per instance")
+    parser.add_argument("--sample-instances", type=COUNT, default=1_000,
                         help="test instances decoded by sampling")
-    parser.add_argument("--lkh-runs", type=int, default=10, help="elkai's runs per instance")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: default)")
+    parser.add_argument("--lkh-runs", type=COUNT, default=10, help="elkai's runs per instance")
+    parser.add_argument("--threads", type=THREADS, default=1, help="torch threads (0: default)")
 
 
 # -- instances and references --------------------------------------------------------------------
@@ -266,7 +281,9 @@ def _end_epoch(state: _State, a) -> dict:
     cand = greedy_lengths(state.model, bl_coords)
     replace, t, p = baseline_update(cand, state.bl_costs, a.alpha)
     info = {"epoch": state.epoch, "candidate": float(cand.mean()),
-            "baseline": float(state.bl_costs.mean()), "t": t, "p": p, "replaced": replace}
+            "baseline": float(state.bl_costs.mean()),
+            # no t statistic when the candidate is not shorter (null, not NaN, in the JSON)
+            "t": t if math.isfinite(t) else None, "p": p, "replaced": replace}
     if replace:
         state.baseline.load_state_dict(state.model.state_dict())
         state.bl_seed = state.epoch + 1  # fresh instances for the next test
@@ -301,21 +318,14 @@ def train(a, run_dir: Path, val: dict) -> _State:
 
 
 # -- the recipe ----------------------------------------------------------------------------------
-def _quick(a) -> None:
-    a.epochs = 2 if a.epochs is None else a.epochs
-    a.epoch_size, a.batch, a.width, a.heads, a.layers, a.ffn = 32, 16, 16, 2, 1, 32
-    a.bl_eval, a.test_size, a.val_size, a.samples, a.sample_instances = 64, 40, 20, 16, 4
-    a.n, a.lkh_runs = 10, 1
+#: the defaults of ``--quick`` (a value given on the command line is kept)
+QUICK = dict(epochs=2, epoch_size=32, batch=16, width=16, heads=2, layers=1, ffn=32, bl_eval=64,
+             test_size=40, val_size=20, samples=16, sample_instances=4, n=10, lkh_runs=1)
 
 
-def _check(a) -> None:
-    for what in ("n", "epochs", "epoch_size", "batch", "width", "heads", "layers", "bl_eval",
-                 "test_size", "val_size", "samples", "sample_instances", "lkh_runs"):
-        v = getattr(a, what)
-        if v < (3 if what == "n" else (2 if what == "bl_eval" else 1)):
-            raise ValueError(f"--{what.replace('_', '-')} is too small: {v}")
-    if not 0 < a.alpha < 1:
-        raise ValueError(f"--alpha must lie in (0, 1), got {a.alpha}")
+def check_arguments(a) -> None:
+    """The checks that join options (each option's range is its argparse type)."""
+    heads_divide(a)
     if a.sample_instances > a.test_size:
         raise ValueError(f"--sample-instances {a.sample_instances} exceeds --test-size "
                          f"{a.test_size}")
@@ -344,10 +354,8 @@ def _evaluate(state: _State, test: dict, a) -> dict:
 
 def run(args) -> int:
     """Train (or resume), evaluate, print, write JSON and plots."""
-    if args.quick:
-        _quick(args)
     args.epochs = 10 if args.epochs is None else args.epochs
-    _check(args)
+    check_arguments(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     folder = Path(args.out) / "tsp_runs"

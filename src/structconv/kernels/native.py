@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -75,10 +76,12 @@ def _build(stem: str):
     flags = ["-O3", "-fopenmp"] + _vector_flags()
     digest = hashlib.sha256(src.read_bytes() + torch.__version__.encode()
                             + " ".join(flags).encode()).hexdigest()[:12]
+    name = f"structconv_{stem}_{digest}"
     try:
         from torch.utils.cpp_extension import load
 
-        return load(name=f"structconv_{stem}_{digest}", sources=[str(src)],
+        _announce(name, src)
+        return load(name=name, sources=[str(src)],
                     extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as e:  # noqa: BLE001 - any failure to build means: use the torch ops
         first = (str(e).strip().splitlines() or [""])[0][:200]
@@ -87,3 +90,23 @@ def _build(stem: str):
                       "results, slower on CPU). STRUCTCONV_NATIVE=0 skips the build.",
                       RuntimeWarning, stacklevel=3)
         return None
+
+
+def _announce(name: str, src: Path) -> None:
+    """One line on stderr before a build (not when torch's cache holds the module, built from
+    this source file and newer than it): a first call would otherwise stall in silence while
+    the compiler runs."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        folder = Path(_get_build_directory(name, False))
+        built = next(iter(folder.glob(f"{name}*.so")), None)
+        ninja = folder / "build.ninja"  # names the source it was built from (ninja rebuilds
+        if built is not None and built.stat().st_mtime >= src.stat().st_mtime and \
+                (not ninja.is_file() or str(src) in ninja.read_text(errors="replace")):
+            return  # for another path, e.g. a second checkout)
+    except Exception:  # noqa: BLE001 - a torch without the helper: say it anyway
+        pass
+    print(f"structconv: compiling the kernel {src.name} for this machine and torch (once, "
+          "~30-60 s; STRUCTCONV_NATIVE=0 uses torch's ops instead)", file=sys.stderr,
+          flush=True)

@@ -1,4 +1,4 @@
-"""A sequence-to-sequence forecaster whose attention is a structured convolution (issue 28).
+"""A sequence-to-sequence forecaster whose attention is a structured convolution.
 
 The attention from the observed context (M = L inputs at positions 0..L-1) to the forecast
 horizon (N = H outputs at positions L..L+H-1) is an attention convolution
