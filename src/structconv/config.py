@@ -72,7 +72,7 @@ R-GCN layers (blocks of ``block`` x ``block``) over the training graph with ``so
 set: list the single relations too, e.g. ["p", "p^-1", "p.q"])."""
 LINK_TRAIN_KEYS = {"mode": "1vsall", "label_smoothing": 0.0, "reg": "none", "reg_weight": 0.0,
                    "negatives": 1, "eval_every": 1, "val_limit": 0}
-"""``[train.link]``: how a link predictor trains (``sc.kg.train_link``'s options): ``mode``
+"""``[train.link]``: how a link predictor trains (``sc.training.train_link``'s options): ``mode``
 "1vsall" or "negative" (``negatives`` corruptions per positive), ``label_smoothing``, ``reg``
 "n3" / "l2" / "none" times ``reg_weight``; validation ranks every ``eval_every`` epochs the
 first ``val_limit`` validation triples (0: all of them)."""
