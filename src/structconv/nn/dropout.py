@@ -50,6 +50,10 @@ class SparseDropout(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or not self.p:
             return x
+        if torch.compiler.is_compiling():
+            # the sparse draw is an eager-mode saving whose nonzero() has a data-dependent size
+            # (and whose key reads the storage address): the compiled graph fuses F.dropout
+            return F.dropout(x, self.p, True)
         idx = None
         if not x.requires_grad:
             key = (x.data_ptr(), x._version, tuple(x.shape), x.dtype, x.device)
