@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from .._checks import floating
 from ..basis.grid import AvgPool, Grid, conv_weight, same_padding
 from ..engine import plan
 from ..kernels.geometry import as_shape, pad_pairs, per_dim
@@ -117,8 +118,7 @@ class _GridLayer(nn.Module):
 
     def _which(self, x: Tensor, C: int | None) -> str:
         """'image' or 'bundle' for this input."""
-        if not isinstance(x, Tensor):
-            raise TypeError(f"input must be a tensor, got {type(x).__name__}")
+        floating(x, f"{type(self).__name__}: x")
         d = self.ndim
 
         def chan_ok(c):
