@@ -190,6 +190,19 @@ CASES = [
      "C .* must be a finite number > 0, got nan"),
     ("tanh_clip", "integer scores", lambda: A.tanh_clip(torch.ones(3).long(), 2.0), TypeError,
      "tanh_clip: scores must be a floating tensor"),
+    ("ALiBi", "a NaN slope", lambda: A.ALiBi(2, [float("nan"), 0.5]), ValueError,
+     "ALiBi slopes must be finite"),
+    ("DotProduct", "a NaN scale", lambda: A.DotProduct(2, 4, 4, 3, scale=float("nan")),
+     ValueError, "DotProduct: scale must be a finite number"),
+    ("HeadDot", "an infinite scale", lambda: A.HeadDot(2, 3, scale=float("inf")), ValueError,
+     "HeadDot: scale must be a finite number"),
+    ("EdgeDot", "a NaN scale", lambda: A.EdgeDot(2, 3, scale=float("nan")), ValueError,
+     "EdgeDot: scale must be a finite number"),
+    ("attention_basis", "a structure that is not one", lambda: A.attention_basis(
+        A.Softmax(A.GraphMasked(A.GATScores(2, 3), EI)), H, H, structure="x"), TypeError,
+     "structure must be a GraphStructure"),
+    ("positions", "causal_shift of fractional shifts", lambda: A.positions.causal_shift(
+        torch.randn(1, 3, 2, 4), [1.5, 2]), ValueError, r"shifts must be ints, got \[1.5, 2\]"),
     ("positions", "sinusoidal of a negative width", lambda: A.positions.sinusoidal(
         torch.arange(3), -2), ValueError, "sinusoidal: E .* must be an int >= 1, got -2"),
     ("positions", "rotary of an odd head size", lambda: A.positions.rotary(

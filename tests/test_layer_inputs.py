@@ -70,6 +70,13 @@ CASES = [
         11, 16, 2, 2, ffn=-3), ValueError, "TransformerLM: ffn must be an int >= 1.*-3"),
     ("TransformerLM: a fractional feed-forward width", lambda: sc.nn.TransformerLM(
         11, 16, 2, 2, ffn=2.5), ValueError, "TransformerLM: ffn must be an int >= 1.*2.5"),
+    ("TransformerLM: a cache of too few layers", lambda: sc.nn.TransformerLM(11, 16, 2, 2)(
+        torch.ones(1, 3, dtype=torch.long), [{}]), ValueError,
+     r"TransformerLM: cache must be a list of 2 dicts, one per layer \(from new_cache\(\)\), "
+     "got a list of 1"),
+    ("Seq2Seq: a cache that is not a list", lambda: _s2s().decode(
+        TGT, _s2s().encode(SRC)[0], cache={}), ValueError,
+     "Seq2Seq: cache must be a list of 1 dicts.*got dict"),
     ("SelfAttention: integer features", lambda: sc.nn.SelfAttention(16, 2, (-1, 1))(S.long()),
      TypeError, "SelfAttention: x must be a floating tensor"),
     ("SelfAttention: a padding list", lambda: sc.nn.SelfAttention(16, 2)(S, [[False] * 10] * 2),

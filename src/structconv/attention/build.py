@@ -98,6 +98,9 @@ def attention_basis(mechanism: Mechanism, x1, x2, *, edge_attr: Tensor | None = 
     if not isinstance(mechanism, Mechanism):
         raise TypeError(f"attention_basis needs a Mechanism, got {type(mechanism).__name__}")
     p = _dropout(dropout)
+    if structure is not None and not isinstance(structure, GraphStructure):
+        raise TypeError(f"attention_basis: structure must be a GraphStructure (or None), got "
+                        f"{type(structure).__name__}")
     ch = chain(mechanism)
     graphs = [t for t in ch if isinstance(t, GraphMasked)]
     if isinstance(mechanism, Softmax) and len(graphs) == 1:

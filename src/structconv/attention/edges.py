@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from .._checks import check_index_tensor
 from ..basis.edges import FILL_REDUCTIONS  # re-exported: the kind checks it
-from .mechanisms import Mechanism, PerHead, QueryDot, _sizes, edges, heads
+from .mechanisms import Mechanism, PerHead, QueryDot, _scale, _sizes, edges, heads
 
 __all__ = ["EdgeTerm", "EdgeDot", "GATv2Scores", "add_self_loops", "self_loop_attr",
            "edge_features", "FILL_REDUCTIONS"]
@@ -118,7 +118,7 @@ class EdgeDot(QueryDot):
         super().__init__()
         _sizes("EdgeDot", K=K, C=C, **({} if edge_dim is None else {"edge_dim": edge_dim}))
         self.K, self.C, self.edge_dim = K, C, edge_dim
-        self.scale = 1.0 / math.sqrt(C) if scale is None else float(scale)
+        self.scale = _scale(scale, 1.0 / math.sqrt(C), "EdgeDot")
         if edge_dim is None:
             self.weight = None
         else:

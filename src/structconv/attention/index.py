@@ -195,6 +195,8 @@ class ALiBi(IndexTerm):
         s = alibi_slopes(K) if slopes is None else torch.as_tensor(slopes, dtype=torch.float64)
         if tuple(s.shape) != (K,):
             raise ValueError(f"ALiBi slopes must be ({K},), got {tuple(s.shape)}")
+        if not bool(torch.isfinite(s).all()):
+            raise ValueError(f"ALiBi slopes must be finite, got {s.tolist()}")
         # kept in float64 whatever the module is cast to (a plain attribute, not a buffer)
         self.slopes = s.to(torch.float64)
 

@@ -51,6 +51,16 @@ def _sizes(who: str, **sizes) -> None:
         count(v, f"{who}: {name}")
 
 
+def _scale(scale, default: float, who: str) -> float:
+    """The scores' scale: ``default`` when None, else a finite number (``ValueError``)."""
+    if scale is None:
+        return default
+    if not number_in(scale, -math.inf, math.inf):
+        raise ValueError(f"{who}: scale must be a finite number (None: 1/sqrt of the head size), "
+                         f"got {scale!r}")
+    return float(scale)
+
+
 def _unbatch(out: Tensor, *inputs: Tensor) -> Tensor:
     return out[0] if all(t.dim() == 2 for t in inputs) else out
 
@@ -249,7 +259,7 @@ class DotProduct(Mechanism):
         super().__init__()
         _sizes("DotProduct", K=K, in1=in1, in2=in2, D=D)
         self.K, self.in1, self.in2, self.D = K, in1, in2, D
-        self.scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+        self.scale = _scale(scale, 1.0 / math.sqrt(D), "DotProduct")
         self.key = nn.Parameter(torch.empty(K, in1, D).uniform_(-1, 1) / math.sqrt(in1))
         self.query = nn.Parameter(torch.empty(K, in2, D).uniform_(-1, 1) / math.sqrt(in2))
         self.key_bias = nn.Parameter(torch.zeros(K, D)) if bias else None
@@ -410,7 +420,7 @@ class HeadDot(QueryDot):
         super().__init__()
         _sizes("HeadDot", K=K, C=C)
         self.K, self.C = K, C
-        self.scale = 1.0 / math.sqrt(C) if scale is None else float(scale)
+        self.scale = _scale(scale, 1.0 / math.sqrt(C), "HeadDot")
 
     def extra_repr(self):
         return f"K={self.K}, C={self.C}, scale={self.scale:.4g}"

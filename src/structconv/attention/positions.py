@@ -149,6 +149,8 @@ def causal_shift(z: Tensor, shifts: Sequence[int], past: Tensor | None = None) -
     (``gather_shifts``).
     """
     B, L, S, D = z.shape
+    if any(isinstance(s, bool) or not isinstance(s, int) for s in shifts):
+        raise ValueError(f"causal_shift: shifts must be ints, got {list(shifts)}")
     if len(shifts) != S:
         raise ValueError(f"causal_shift: z has {S} heads (B, L, S, D)={tuple(z.shape)} but "
                          f"{len(shifts)} shifts were given")

@@ -69,6 +69,15 @@ def _shift_list(shifts) -> list[int]:
     return out
 
 
+def check_cache(cache, layers: int, who: str) -> None:
+    """``cache`` is None or a generation cache: a list of one dict per layer (``new_cache``)."""
+    if cache is not None and (not isinstance(cache, list) or len(cache) != layers or
+                              not all(isinstance(c, dict) for c in cache)):
+        got = f"a list of {len(cache)}" if isinstance(cache, list) else type(cache).__name__
+        raise ValueError(f"{who}: cache must be a list of {layers} dicts, one per layer (from "
+                         f"new_cache()), got {got}")
+
+
 def check_ffn(who: str, ffn, width: int) -> int:
     """The feed-forward width: ``ffn``, or 4·width when it is None (or 0, a config's default);
     ``ValueError`` naming ``ffn`` for anything but an int >= 1."""
@@ -441,6 +450,7 @@ class TransformerLM(nn.Module):
         """ids (B, L) -> logits (B, L, vocab_size). ``cache`` (from ``new_cache``) continues a
         sequence: the ids follow the ones it has seen, and it is updated in place."""
         ids = self.check_ids(ids)
+        check_cache(cache, len(self.blocks), "TransformerLM")
         start = 0 if not cache or "k" not in cache[0] else cache[0]["k"].shape[2]
         x = self._embed(ids, start)
         for i, b in enumerate(self.blocks):

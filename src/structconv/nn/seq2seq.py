@@ -42,6 +42,7 @@ from .lm import (
     POSITIONS,
     SINUSOIDAL_SCALE,
     CausalSelfAttention,
+    check_cache,
     check_canon,
     check_ffn,
     size_cached,
@@ -586,6 +587,7 @@ class Seq2Seq(nn.Module):
         if tgt.shape[0] != memory.shape[0]:
             raise ValueError(f"Seq2Seq: the source has {memory.shape[0]} rows but tgt has "
                              f"{tgt.shape[0]} (shape {tuple(tgt.shape)})")
+        check_cache(cache, len(self.decoder), "Seq2Seq")
         start = 0 if not cache or "k" not in cache[0] else cache[0]["k"].shape[2]
         y = self.drop(self._positions(self.tgt_tok(tgt), self.tgt_pos, start))
         return self.head(self.run_decoder(y, memory, pad, cache))
