@@ -122,3 +122,16 @@ def test_the_defaults_a_config_writes_as_zero_still_apply():
     assert _s2s(ffn=0).ffn == 64
     m = _perv(bottleneck=0, width=0)
     assert m.layers[0].reduce.out_features == 16 and m.head.in_features == 8
+
+
+def test_sequence_models_infer_shapes_on_meta():
+    # the token-range check reads the ids: skipped on meta, as inside a compiled graph
+    ids = torch.ones(2, 5, dtype=torch.long, device="meta")
+    for pos in ("shift", "alibi", "relative"):
+        lm = sc.nn.TransformerLM(11, 16, 2, 2, position=pos).to("meta")
+        assert lm(ids).shape == (2, 5, 11)
+    assert _s2s().to("meta")(ids, ids[:, :4]).shape == (2, 4, 13)
+    s = S.to("meta")
+    pad = torch.zeros(2, 10, dtype=torch.bool, device="meta")
+    assert sc.nn.SelfAttention(16, 2, (-1, 1)).to("meta")(s, pad).shape == (2, 10, 16)
+    assert _mha().to("meta")(s, s, s, key_padding_mask=pad)[0].shape == (2, 10, 16)

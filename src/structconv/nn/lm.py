@@ -436,8 +436,8 @@ class TransformerLM(nn.Module):
         if ids.shape[1] == 0:
             raise ValueError(f"TransformerLM needs at least one token per sequence, got ids of "
                              f"shape {tuple(ids.shape)}")
-        if ids.numel() and not torch.compiler.is_compiling():
-            # a value check needs the data: skipped inside a compiled graph
+        if ids.numel() and not torch.compiler.is_compiling() and ids.device.type != "meta":
+            # a value check needs the data: skipped inside a compiled graph (and on meta)
             lo, hi = (int(v) for v in ids.aminmax())
             if lo < 0 or hi >= self.vocab_size:
                 bad = ids[(ids < 0) | (ids >= self.vocab_size)].unique()

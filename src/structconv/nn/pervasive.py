@@ -235,8 +235,8 @@ class PervasiveAttention(nn.Module):
                 type(ids).__name__
             raise ValueError(f"PervasiveAttention: {what} must be integer token ids (B, L >= 1),"
                              f" got {got}")
-        # (a value check needs the data: skipped inside a compiled graph)
-        if ids.numel() and not torch.compiler.is_compiling() and \
+        # (a value check needs the data: skipped inside a compiled graph and on meta)
+        if ids.numel() and not torch.compiler.is_compiling() and ids.device.type != "meta" and \
                 (int(ids.min()) < 0 or int(ids.max()) >= vocab):
             bad = ids[(ids < 0) | (ids >= vocab)].unique()[:8].tolist()
             raise ValueError(f"PervasiveAttention: {what} ids must be in 0..{vocab - 1}, got "
