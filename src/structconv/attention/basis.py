@@ -88,6 +88,29 @@ class AttentionBasis(_Batched):
 
 
 # ------------------------------------------------------------------------------------------------
+def _check_dot_inputs(query, key, mask, sdpa_mask, dropout_p) -> None:
+    """``DotProductAttention``'s arguments, before anything is computed from them."""
+    if not isinstance(query, Tensor) or not isinstance(key, Tensor) or query.dim() != 4 \
+            or key.dim() != 4:
+        raise ValueError("DotProductAttention needs query (B, K, N, D) and key (B, K, M, D)")
+    floating(query, "DotProductAttention: query")
+    floating(key, "DotProductAttention: key")
+    if query.dtype != key.dtype:
+        raise TypeError(f"DotProductAttention: query and key must share a dtype, got "
+                        f"{query.dtype} and {key.dtype}")
+    if not number_in(dropout_p, 0.0, 1.0, open_hi=True):
+        raise ValueError(f"DotProductAttention: dropout_p must be a probability in [0, 1), got "
+                         f"{dropout_p!r}")
+    if mask is not None and sdpa_mask is not None:
+        raise ValueError("give mask (paper orientation) or sdpa_mask, not both")
+    for name, m in (("mask", mask), ("sdpa_mask", sdpa_mask)):
+        if m is not None and (not isinstance(m, Tensor) or m.dim() < 2 or not (
+                m.dtype == torch.bool or m.is_floating_point())):
+            got = f"{m.dtype} {tuple(m.shape)}" if isinstance(m, Tensor) else type(m).__name__
+            raise TypeError(f"DotProductAttention: {name} must be a bool (True = allowed) or "
+                            f"floating (additive) tensor of at least 2 dims, got {got}")
+
+
 class DotProductAttention(_Batched):
     """A_k = softmax over inputs of (key_k query_kᵀ · scale + H), applied with SDPA.
 
@@ -104,32 +127,13 @@ class DotProductAttention(_Batched):
     def __init__(self, query: Tensor, key: Tensor, mask: Tensor | None = None, *,
                  causal: bool = False, scale: float | None = None, dropout_p: float = 0.0,
                  sdpa_mask: Tensor | None = None, check_dead: bool = True):
-        if not isinstance(query, Tensor) or not isinstance(key, Tensor) or query.dim() != 4 \
-                or key.dim() != 4:
-            raise ValueError("DotProductAttention needs query (B, K, N, D) and key (B, K, M, D)")
-        floating(query, "DotProductAttention: query")
-        floating(key, "DotProductAttention: key")
-        if query.dtype != key.dtype:
-            raise TypeError(f"DotProductAttention: query and key must share a dtype, got "
-                            f"{query.dtype} and {key.dtype}")
-        if not number_in(dropout_p, 0.0, 1.0, open_hi=True):
-            raise ValueError(f"DotProductAttention: dropout_p must be a probability in [0, 1), "
-                             f"got {dropout_p!r}")
+        _check_dot_inputs(query, key, mask, sdpa_mask, dropout_p)
         Bq, K, N, D = query.shape
         Bk, Kk, M, Dk = key.shape
         if K != Kk or D != Dk or (Bq != Bk and 1 not in (Bq, Bk)):
             raise ValueError(f"DotProductAttention: query {tuple(query.shape)} (B, K, N, D) and "
                              f"key {tuple(key.shape)} (B, K, M, D) disagree on B, K or D")
         super().__init__(K, M, N)
-        if mask is not None and sdpa_mask is not None:
-            raise ValueError("give mask (paper orientation) or sdpa_mask, not both")
-        for name, m in (("mask", mask), ("sdpa_mask", sdpa_mask)):
-            if m is not None and (not isinstance(m, Tensor) or m.dim() < 2 or not (
-                    m.dtype == torch.bool or m.is_floating_point())):
-                got = f"{m.dtype} {tuple(m.shape)}" if isinstance(m, Tensor) else \
-                    type(m).__name__
-                raise TypeError(f"DotProductAttention: {name} must be a bool (True = allowed) "
-                                f"or floating (additive) tensor of at least 2 dims, got {got}")
         if mask is not None:
             sdpa_mask = mask.transpose(-1, -2)
         if sdpa_mask is not None:

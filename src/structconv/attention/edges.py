@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from .._checks import check_index_tensor
 from ..basis.edges import FILL_REDUCTIONS  # re-exported: the kind checks it
-from .mechanisms import Mechanism, PerHead, QueryDot, _scale, _sizes, edges, heads
+from .mechanisms import Mechanism, PerHead, QueryDot, check_scale, check_sizes, edges, heads
 
 __all__ = ["EdgeTerm", "EdgeDot", "GATv2Scores", "add_self_loops", "self_loop_attr",
            "edge_features", "FILL_REDUCTIONS"]
@@ -76,7 +76,7 @@ class EdgeTerm(Mechanism):
 
     def __init__(self, K: int, edge_dim: int, *, weight: Tensor | None = None):
         super().__init__()
-        _sizes("EdgeTerm", K=K, edge_dim=edge_dim)
+        check_sizes("EdgeTerm", K=K, edge_dim=edge_dim)
         self.K, self.edge_dim = K, edge_dim
         self.weight = nn.Parameter(_glorot(K, edge_dim)) if weight is None else weight
 
@@ -116,9 +116,9 @@ class EdgeDot(QueryDot):
     def __init__(self, K: int, C: int, edge_dim: int | None = None, *,
                  scale: float | None = None, weight: Tensor | None = None):
         super().__init__()
-        _sizes("EdgeDot", K=K, C=C, **({} if edge_dim is None else {"edge_dim": edge_dim}))
+        check_sizes("EdgeDot", K=K, C=C, **({} if edge_dim is None else {"edge_dim": edge_dim}))
         self.K, self.C, self.edge_dim = K, C, edge_dim
-        self.scale = _scale(scale, 1.0 / math.sqrt(C), "EdgeDot")
+        self.scale = check_scale(scale, 1.0 / math.sqrt(C), "EdgeDot")
         if edge_dim is None:
             self.weight = None
         else:
@@ -180,7 +180,7 @@ class GATv2Scores(PerHead):
     def __init__(self, K: int, C: int, *, edge_dim: int | None = None, negative_slope: float = 0.2,
                  att: Tensor | None = None, edge_weight: Tensor | None = None):
         super().__init__()
-        _sizes("GATv2Scores", K=K, C=C, **({} if edge_dim is None else {"edge_dim": edge_dim}))
+        check_sizes("GATv2Scores", K=K, C=C, **({} if edge_dim is None else {"edge_dim": edge_dim}))
         self.K, self.C, self.edge_dim = K, C, edge_dim
         self.negative_slope = float(negative_slope)
         self.att = nn.Parameter(_glorot(K, C)) if att is None else att

@@ -46,12 +46,12 @@ def _b(x: Tensor, what: str, who: str = "", width: int | None = None) -> Tensor:
     return x if x.dim() == 3 else x.unsqueeze(0)
 
 
-def _sizes(who: str, **sizes) -> None:
+def check_sizes(who: str, **sizes) -> None:
     for name, v in sizes.items():
         count(v, f"{who}: {name}")
 
 
-def _scale(scale, default: float, who: str) -> float:
+def check_scale(scale, default: float, who: str) -> float:
     """The scores' scale: ``default`` when None, else a finite number (``ValueError``)."""
     if scale is None:
         return default
@@ -215,7 +215,7 @@ class Biaffine(Mechanism):
         super().__init__()
         if not any((bilinear, linear1, linear2, bias)):
             raise ValueError("Biaffine needs at least one term")
-        _sizes("Biaffine", K=K, in1=in1, in2=in2)
+        check_sizes("Biaffine", K=K, in1=in1, in2=in2)
         self.K, self.in1, self.in2 = K, in1, in2
         s = 1.0 / math.sqrt(max(in1, in2))
         self.Lambda = nn.Parameter(torch.empty(K, in1, in2).uniform_(-s, s)) if bilinear else None
@@ -257,9 +257,9 @@ class DotProduct(Mechanism):
     def __init__(self, K: int, in1: int, in2: int, D: int, *, bias: bool = False,
                  scale: float | None = None):
         super().__init__()
-        _sizes("DotProduct", K=K, in1=in1, in2=in2, D=D)
+        check_sizes("DotProduct", K=K, in1=in1, in2=in2, D=D)
         self.K, self.in1, self.in2, self.D = K, in1, in2, D
-        self.scale = _scale(scale, 1.0 / math.sqrt(D), "DotProduct")
+        self.scale = check_scale(scale, 1.0 / math.sqrt(D), "DotProduct")
         self.key = nn.Parameter(torch.empty(K, in1, D).uniform_(-1, 1) / math.sqrt(in1))
         self.query = nn.Parameter(torch.empty(K, in2, D).uniform_(-1, 1) / math.sqrt(in2))
         self.key_bias = nn.Parameter(torch.zeros(K, D)) if bias else None
@@ -338,7 +338,7 @@ class GATScores(PerHead):
 
     def __init__(self, K: int, C: int, *, mu: Tensor | None = None, nu: Tensor | None = None):
         super().__init__()
-        _sizes("GATScores", K=K, C=C)
+        check_sizes("GATScores", K=K, C=C)
         self.K, self.C = K, C
         s = math.sqrt(6.0 / (K + C))
         self.mu = nn.Parameter(torch.empty(K, C).uniform_(-s, s)) if mu is None else mu
@@ -418,9 +418,9 @@ class HeadDot(QueryDot):
 
     def __init__(self, K: int, C: int, scale: float | None = None):
         super().__init__()
-        _sizes("HeadDot", K=K, C=C)
+        check_sizes("HeadDot", K=K, C=C)
         self.K, self.C = K, C
-        self.scale = _scale(scale, 1.0 / math.sqrt(C), "HeadDot")
+        self.scale = check_scale(scale, 1.0 / math.sqrt(C), "HeadDot")
 
     def extra_repr(self):
         return f"K={self.K}, C={self.C}, scale={self.scale:.4g}"
