@@ -258,3 +258,50 @@ def test_command_line_names_a_broken_entry_point_in_one_line(plug, tmp_path, cap
     assert len(err.splitlines()) == 1, err
     assert f"entry point {plug.prefix}_missing = {plug.module}_nowhere:build of " \
            f"{plug.name}" in err and "failed to load" in err
+
+
+# -- import failures of any kind: SystemExit and KeyboardInterrupt included ----------------------
+ABRUPT = [("import sys\nsys.exit(0)\n", r"SystemExit: its module called sys\.exit\(0\)"),
+          ("import sys\nsys.exit(3)\n", r"SystemExit: its module called sys\.exit\(3\)"),
+          ("raise SystemExit\n", r"SystemExit: its module called sys\.exit\(None\)"),
+          ("raise KeyboardInterrupt\n", r"KeyboardInterrupt\)")]
+
+
+def _abrupt(tmp_path, monkeypatch, code):
+    name = f"scabrupt_{uuid.uuid4().hex[:8]}"
+    Dist(tmp_path, "sc-abrupt", name, {"structconv.bases": {f"{name}_k": f"{name}:f"}}, code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return name
+
+
+@pytest.mark.parametrize("code, what", ABRUPT)
+def test_a_module_that_exits_or_interrupts_on_import_is_named(tmp_path, monkeypatch, code,
+                                                              what):
+    # the registry caught Exception only: sys.exit(0) at import went through as a success
+    name = _abrupt(tmp_path, monkeypatch, code)
+    with pytest.raises(KindError, match=rf"entry point {name}_k = {name}:f of sc-abrupt .* "
+                                        rf"failed to load \({what}"):
+        sc.basis.build(f"{name}_k", sc.basis.Structure(grid=(3,)))
+    sys.modules.pop(name, None)
+    # the same for a config's import path
+    with pytest.raises(KindError, match=rf"kind '{name}:f': cannot import '{name}' \({what}"):
+        sc.basis.BASES.get(f"{name}:f")
+    sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize("code, what", ABRUPT[:1] + ABRUPT[3:])
+def test_command_line_refuses_a_plug_in_that_exits_on_import(tmp_path, monkeypatch, capsys,
+                                                             code, what):
+    from structconv.cli import main
+
+    name = _abrupt(tmp_path, monkeypatch, code)
+    cfg = tmp_path / "exit.toml"
+    cfg.write_text(f'name = "exit"\n[data]\nname = "karate"\n[[model.layers]]\nbasis = '
+                   f'"{name}_k"\nchannels = "classes"\n[train]\nepochs = 1\n')
+    capsys.readouterr()
+    assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"entry point {name}_k = {name}:f of sc-abrupt" in err and "failed to load" in err
+    assert not (tmp_path / "run" / "result.json").exists()
+    sys.modules.pop(name, None)

@@ -20,6 +20,23 @@ def number_in(v, lo: float, hi: float, open_hi: bool = False) -> bool:
         lo <= v and (v < hi if open_hi else v <= hi)
 
 
+def count(v, what: str, minimum: int = 1) -> int:
+    """``v`` if it is an int (not a bool) >= ``minimum``, else a ValueError naming ``what``."""
+    if not int_in(v, minimum, math.inf):
+        raise ValueError(f"{what} must be an int >= {minimum}, got {v!r}")
+    return v
+
+
+def floating(t, what: str) -> Tensor:
+    """``t`` if it is a floating tensor, else a TypeError naming ``what`` and what it got."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{what} must be a floating tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise TypeError(f"{what} must be a floating tensor, got dtype {t.dtype} (shape "
+                        f"{tuple(t.shape)})")
+    return t
+
+
 def shape_error(what: str, expected: str, got) -> ValueError:
     """A ValueError 'what: expected ..., got shape (...)'."""
     return ValueError(f"{what}: expected {expected}, got shape {tuple(got)}")

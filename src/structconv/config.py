@@ -494,6 +494,7 @@ def _check_lm(m: dict, where: str) -> None:
     for k in ("bias", "tie_weights"):
         _need(isinstance(spec[k], bool), f"{where}.{k} must be true or false, got {spec[k]!r}")
     _check_attention_stack(spec, where, POSITIONS)
+    _check_applies(m["lm"], spec, where)
 
 
 SEQ2SEQ_KINDS = ("transformer", "pervasive")
@@ -510,6 +511,28 @@ width), ``context``, ``canon``) or "pervasive" (``sc.nn.PervasiveAttention``: ``
 of 2-D convolutions of ``kernel`` x ``kernel`` taps, ``growth``, ``bottleneck``, ``pooling``
 "attention" (``heads`` heads) or "max"); ``dropout`` for both; ``beam`` the width of the test
 decoding (1: greedy)."""
+
+
+_BOTH = ("kind", "layers", "heads", "dropout", "beam")
+SEQ2SEQ_APPLIES = {
+    "transformer": (*_BOTH, "width", "position", "shifts", "src_shifts", "ffn", "context",
+                    "canon", "canon_kernel"),
+    "pervasive": (*_BOTH, "embed", "growth", "bottleneck", "kernel", "pooling"),
+}
+"""The ``[model.seq2seq]`` keys each kind reads; a table that sets another is refused."""
+
+
+def _check_applies(given: dict, spec: dict, where: str) -> None:
+    """Keys of a Transformer's table (``[model.lm]``, a transformer ``[model.seq2seq]``) that
+    only size a part the chosen options leave out: ``context`` (the learned position table)
+    and ``canon_kernel`` (the Canon layers). (``shifts`` stays allowed with any position: a
+    shipped config's shift heads must not block an override of the position.)"""
+    _need("context" not in given or spec["position"] == "learned" or not given["context"],
+          f"{where}.context sizes the learned position table: it does not apply to "
+          f"position = {spec['position']!r} (remove it, or set position = \"learned\")")
+    _need("canon_kernel" not in given or spec["canon"],
+          f"{where}.canon_kernel sizes the Canon layers: it does not apply without canon "
+          f"(remove it, or name Canon places, e.g. canon = \"ABCD\")")
 
 
 def seq2seq_spec(cfg: dict) -> dict:
@@ -536,8 +559,14 @@ def _check_seq2seq(m: dict, where: str) -> None:
                 ("shifts", "src_shifts", "ffn", "context", "bottleneck"))
     _need(s["pooling"] in ("attention", "max"),
           f"{where}.pooling must be attention or max, got {s['pooling']!r}")
+    for k in m["seq2seq"]:
+        _need(k in SEQ2SEQ_APPLIES[s["kind"]],
+              f"{where}.{k} does not apply to kind = {s['kind']!r}: it is a key of kind "
+              f"{' or '.join(repr(w) for w in SEQ2SEQ_KINDS if k in SEQ2SEQ_APPLIES[w])} "
+              f"(remove it, or choose that kind)")
     if s["kind"] == "transformer":
         _check_attention_stack(s, where, SEQ2SEQ_POSITIONS)
+        _check_applies(m["seq2seq"], s, where)
 
 
 def _check_link_sorts(spec: dict, where: str) -> None:

@@ -109,6 +109,13 @@ class Structure:
         return self.num_nodes
 
 
+def _failure(e: BaseException) -> str:
+    """What went wrong while importing a plug-in, in a few words."""
+    if isinstance(e, SystemExit):
+        return f"SystemExit: its module called sys.exit({e.code!r}) while being imported"
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
 def _dist_name(ep: metadata.EntryPoint) -> str:
     dist = getattr(ep, "dist", None)
     return getattr(dist, "name", None) or "an unnamed distribution"
@@ -221,8 +228,10 @@ class Registry:
                      f"{_dist_name(ep)} (group {self.group})")
             try:
                 fn = ep.load()
-            except Exception as e:  # noqa: BLE001 - any failure is one line naming the entry
-                raise KindError(f"{where} failed to load ({type(e).__name__}: {e})") from None
+            except BaseException as e:  # noqa: BLE001 - any failure is one line naming the entry
+                # SystemExit and KeyboardInterrupt included: a module that calls sys.exit(0) at
+                # import would otherwise end the command with success, having done nothing
+                raise KindError(f"{where} failed to load ({_failure(e)})") from None
             if not callable(fn):
                 raise KindError(f"{where} is {type(fn).__name__}, not a callable builder")
             self._builders[kind] = fn
@@ -233,9 +242,9 @@ class Registry:
         mod_name, _, attr = path.partition(":")
         try:
             mod = importlib.import_module(mod_name)
-        except Exception as e:  # noqa: BLE001 - any import failure is one line for the user
+        except BaseException as e:  # noqa: BLE001 - any import failure is one line, as above
             raise KindError(f"{self.what} kind {path!r}: cannot import {mod_name!r} "
-                            f"({type(e).__name__}: {e})") from None
+                            f"({_failure(e)})") from None
         fn = mod
         for part in attr.split("."):
             fn = getattr(fn, part, None)

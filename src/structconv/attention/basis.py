@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._checks import check_index_tensor
+from .._checks import check_index_tensor, floating, int_in, number_in
 from ..basis.base import Basis, Sparse
 from ..sparse import SparseMatrix
 from .masks import dead_columns, edge_softmax
@@ -62,6 +62,7 @@ class AttentionBasis(_Batched):
         if not isinstance(weights, Tensor) or weights.dim() not in (3, 4):
             got = tuple(weights.shape) if isinstance(weights, Tensor) else type(weights).__name__
             raise ValueError(f"AttentionBasis needs weights (K, M, N) or (B, K, M, N), got {got}")
+        floating(weights, "AttentionBasis: weights")
         A = weights if weights.dim() == 4 else weights.unsqueeze(0)
         super().__init__(*A.shape[1:])
         self.A, self.batch = A, A.shape[0]
@@ -87,6 +88,29 @@ class AttentionBasis(_Batched):
 
 
 # ------------------------------------------------------------------------------------------------
+def _check_dot_inputs(query, key, mask, sdpa_mask, dropout_p) -> None:
+    """``DotProductAttention``'s arguments, before anything is computed from them."""
+    if not isinstance(query, Tensor) or not isinstance(key, Tensor) or query.dim() != 4 \
+            or key.dim() != 4:
+        raise ValueError("DotProductAttention needs query (B, K, N, D) and key (B, K, M, D)")
+    floating(query, "DotProductAttention: query")
+    floating(key, "DotProductAttention: key")
+    if query.dtype != key.dtype:
+        raise TypeError(f"DotProductAttention: query and key must share a dtype, got "
+                        f"{query.dtype} and {key.dtype}")
+    if not number_in(dropout_p, 0.0, 1.0, open_hi=True):
+        raise ValueError(f"DotProductAttention: dropout_p must be a probability in [0, 1), got "
+                         f"{dropout_p!r}")
+    if mask is not None and sdpa_mask is not None:
+        raise ValueError("give mask (paper orientation) or sdpa_mask, not both")
+    for name, m in (("mask", mask), ("sdpa_mask", sdpa_mask)):
+        if m is not None and (not isinstance(m, Tensor) or m.dim() < 2 or not (
+                m.dtype == torch.bool or m.is_floating_point())):
+            got = f"{m.dtype} {tuple(m.shape)}" if isinstance(m, Tensor) else type(m).__name__
+            raise TypeError(f"DotProductAttention: {name} must be a bool (True = allowed) or "
+                            f"floating (additive) tensor of at least 2 dims, got {got}")
+
+
 class DotProductAttention(_Batched):
     """A_k = softmax over inputs of (key_k query_kᵀ · scale + H), applied with SDPA.
 
@@ -103,17 +127,13 @@ class DotProductAttention(_Batched):
     def __init__(self, query: Tensor, key: Tensor, mask: Tensor | None = None, *,
                  causal: bool = False, scale: float | None = None, dropout_p: float = 0.0,
                  sdpa_mask: Tensor | None = None, check_dead: bool = True):
-        if not isinstance(query, Tensor) or not isinstance(key, Tensor) or query.dim() != 4 \
-                or key.dim() != 4:
-            raise ValueError("DotProductAttention needs query (B, K, N, D) and key (B, K, M, D)")
+        _check_dot_inputs(query, key, mask, sdpa_mask, dropout_p)
         Bq, K, N, D = query.shape
         Bk, Kk, M, Dk = key.shape
         if K != Kk or D != Dk or (Bq != Bk and 1 not in (Bq, Bk)):
             raise ValueError(f"DotProductAttention: query {tuple(query.shape)} (B, K, N, D) and "
                              f"key {tuple(key.shape)} (B, K, M, D) disagree on B, K or D")
         super().__init__(K, M, N)
-        if mask is not None and sdpa_mask is not None:
-            raise ValueError("give mask (paper orientation) or sdpa_mask, not both")
         if mask is not None:
             sdpa_mask = mask.transpose(-1, -2)
         if sdpa_mask is not None:
@@ -145,7 +165,10 @@ class DotProductAttention(_Batched):
         self.dead = None
         if sdpa_mask is not None and check_dead:
             dead = dead_columns(sdpa_mask, -1)  # (.., N, 1): queries with no allowed key
-            if bool(dead.any()):
+            # (whether any is dead needs the data: a compiled graph and a shape-only (meta)
+            # call keep the fix, which changes nothing where no query is dead)
+            if torch.compiler.is_compiling() or dead.device.type == "meta" or \
+                    bool(dead.any()):
                 # unmask those rows for the kernel (finite, gradient-safe) and zero them after
                 self.dead = dead
                 sdpa_mask = sdpa_mask | dead if sdpa_mask.dtype == torch.bool else \
@@ -360,8 +383,13 @@ class GraphStructure:
 
     def __init__(self, edge_index: Tensor, M: int, N: int, K: int):
         check_index_tensor(edge_index, 2, "edge_index")
+        for name, v in (("M", M), ("N", N), ("K", K)):
+            if not (isinstance(v, torch.SymInt) or int_in(v, 1 if name == "K" else 0, 2**62)):
+                raise ValueError(f"GraphStructure: {name} must be an int >= "
+                                 f"{1 if name == 'K' else 0}, got {v!r}")
         ei = edge_index.long()
-        if ei.numel() and not torch.compiler.is_compiling() and \
+        # (the range check reads the ids: not while compiling, nor on the meta device)
+        if ei.numel() and not torch.compiler.is_compiling() and ei.device.type != "meta" and \
                 (int(ei.min()) < 0 or int(ei[0].max()) >= M or int(ei[1].max()) >= N):
             raise ValueError(f"edge_index has node ids outside [0, {M}) x [0, {N}) "
                              f"(sources < M={M}, targets < N={N})")
@@ -471,6 +499,7 @@ class GraphAttention(_Batched):
         N = M if N is None else N
         if not isinstance(alpha, Tensor) or alpha.dim() not in (2, 3):
             raise ValueError("GraphAttention needs alpha (E, K) or (B, E, K)")
+        floating(alpha, "GraphAttention: alpha")
         a = alpha if alpha.dim() == 3 else alpha.unsqueeze(0)
         K = a.shape[2]
         super().__init__(K, M, N)
@@ -478,6 +507,9 @@ class GraphAttention(_Batched):
             structure = GraphStructure(edge_index, M, N, K)
         elif (structure.M, structure.N, structure.K) != (M, N, K):
             raise ValueError("GraphAttention: structure was built for another (M, N, K)")
+        if structure.edge_index.device != a.device:
+            raise ValueError(f"GraphAttention: edge_index is on {structure.edge_index.device} "
+                             f"but alpha on {a.device}: put both on one device")
         if a.shape[1] != structure.E:
             raise ValueError(f"GraphAttention: alpha {tuple(alpha.shape)} needs E={structure.E} "
                              f"edges to match edge_index (2, {structure.E})")
@@ -524,6 +556,8 @@ class GraphAttention(_Batched):
         st = self.structure
         if st.E == 0:
             return z.new_zeros(B, self.N, K, C)
+        if z.device.type == "meta":
+            return z.new_empty(B, self.N, K, C)  # shape inference: the sparse kernels need ids
         alpha = self.alpha.to(z.dtype)
         if torch.compiler.is_compiling():
             # the one sparse operator's traceable path on the same entries (differentiable in
@@ -575,6 +609,11 @@ def shift_basis(length: int, shifts: Sequence[int] = (1,), *, dtype=None, device
 
     A positive s brings the entry s steps before (causal); K = len(shifts), M = N = length.
     """
+    if not (isinstance(length, torch.SymInt) or int_in(length, 1, 2**62)) or \
+            not isinstance(shifts, Sequence) or \
+            not all(int_in(s, -2**62, 2**62) for s in shifts):
+        raise ValueError(f"shift_basis needs an int length >= 1 and a list of int shifts, got "
+                         f"length={length!r}, shifts={shifts!r}")
     shifts = [int(s) for s in shifts]
     if length < 1 or not shifts:
         raise ValueError(f"shift_basis needs length >= 1 and at least one shift, got "

@@ -10,6 +10,9 @@ __all__ = ["biaffine"]
 def _batched(x: Tensor, name: str) -> Tensor:
     if not isinstance(x, Tensor):
         raise TypeError(f"biaffine: {name} must be a tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"biaffine: {name} must be floating features, got dtype {x.dtype} "
+                        f"(shape {tuple(x.shape)})")
     if x.dim() == 2:
         return x.unsqueeze(0)
     if x.dim() == 3:
@@ -43,6 +46,8 @@ def biaffine(x1: Tensor, x2: Tensor, Lambda: Tensor | None = None, mu: Tensor | 
             want = "(K, " + ", ".join(map(str, shp)) + ")" if shp else "(K,)"
             raise ValueError(f"biaffine: {name} must be {want} for x1 (.., {M}, {P1}) and "
                              f"x2 (.., {N}, {Q1}), got {got}")
+        if not t.is_floating_point():
+            raise TypeError(f"biaffine: {name} must be a floating tensor, got dtype {t.dtype}")
         Ks[name] = t.shape[0]
     if not Ks:
         raise ValueError("biaffine: give at least one of Lambda, mu, nu, xi")

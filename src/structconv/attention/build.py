@@ -28,6 +28,9 @@ def _graph_basis(mech: Softmax, edge_index: Tensor, x1, x2, edge_attr, p: float,
                  structure: GraphStructure | None) -> GraphAttention:
     """Edge scores -> the chain's transforms -> edge softmax -> dropout, on the graph's edges."""
     M, N = mech.entries(x1), mech.entries(x2)
+    if structure is None:
+        # built (and its node ids checked) before any score is gathered by them
+        structure = GraphStructure(edge_index, M, N, mech.K)
     s = mech.inner.edge_scores(x1, x2, edge_index, edge_attr)  # (E, K) or (B, E, K)
     if mech.over == "inputs":
         probs = edge_softmax(s, edge_index[1].long(), N)
@@ -95,6 +98,9 @@ def attention_basis(mechanism: Mechanism, x1, x2, *, edge_attr: Tensor | None = 
     if not isinstance(mechanism, Mechanism):
         raise TypeError(f"attention_basis needs a Mechanism, got {type(mechanism).__name__}")
     p = _dropout(dropout)
+    if structure is not None and not isinstance(structure, GraphStructure):
+        raise TypeError(f"attention_basis: structure must be a GraphStructure (or None), got "
+                        f"{type(structure).__name__}")
     ch = chain(mechanism)
     graphs = [t for t in ch if isinstance(t, GraphMasked)]
     if isinstance(mechanism, Softmax) and len(graphs) == 1:

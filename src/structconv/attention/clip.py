@@ -15,6 +15,7 @@ import math
 import torch
 from torch import Tensor
 
+from .._checks import floating
 from .mechanisms import Mechanism
 
 __all__ = ["TanhClip", "tanh_clip"]
@@ -22,8 +23,16 @@ __all__ = ["TanhClip", "tanh_clip"]
 
 def tanh_clip(scores: Tensor, C: float) -> Tensor:
     """C · tanh(scores), term-wise; −inf (masked) entries stay −inf."""
+    floating(scores, "tanh_clip: scores")
+    _check_C(C)
     out = C * torch.tanh(scores)
     return out.masked_fill(torch.isneginf(scores), float("-inf"))
+
+
+def _check_C(C) -> None:
+    if isinstance(C, bool) or not isinstance(C, (int, float)) or not math.isfinite(C) or C <= 0:
+        raise ValueError(f"TanhClip: C (the clipping range) must be a finite number > 0, got "
+                         f"{C!r}")
 
 
 class TanhClip(Mechanism):
@@ -34,9 +43,7 @@ class TanhClip(Mechanism):
         super().__init__()
         if not isinstance(inner, Mechanism):
             raise TypeError(f"TanhClip wraps a Mechanism, got {type(inner).__name__}")
-        if isinstance(C, bool) or not isinstance(C, (int, float)) or not math.isfinite(C) \
-                or C <= 0:
-            raise ValueError(f"TanhClip: C must be a finite number > 0, got {C!r}")
+        _check_C(C)
         self.inner, self.C = inner, float(C)
         self.K = inner.K
         self.reads_inputs = inner.reads_inputs

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from .._checks import check_index_tensor
 from ..basis.edges import FILL_REDUCTIONS  # re-exported: the kind checks it
-from .mechanisms import Mechanism, PerHead, QueryDot, edges, heads
+from .mechanisms import Mechanism, PerHead, QueryDot, check_scale, check_sizes, edges, heads
 
 __all__ = ["EdgeTerm", "EdgeDot", "GATv2Scores", "add_self_loops", "self_loop_attr",
            "edge_features", "FILL_REDUCTIONS"]
@@ -76,6 +76,7 @@ class EdgeTerm(Mechanism):
 
     def __init__(self, K: int, edge_dim: int, *, weight: Tensor | None = None):
         super().__init__()
+        check_sizes("EdgeTerm", K=K, edge_dim=edge_dim)
         self.K, self.edge_dim = K, edge_dim
         self.weight = nn.Parameter(_glorot(K, edge_dim)) if weight is None else weight
 
@@ -115,8 +116,9 @@ class EdgeDot(QueryDot):
     def __init__(self, K: int, C: int, edge_dim: int | None = None, *,
                  scale: float | None = None, weight: Tensor | None = None):
         super().__init__()
+        check_sizes("EdgeDot", K=K, C=C, **({} if edge_dim is None else {"edge_dim": edge_dim}))
         self.K, self.C, self.edge_dim = K, C, edge_dim
-        self.scale = 1.0 / math.sqrt(C) if scale is None else float(scale)
+        self.scale = check_scale(scale, 1.0 / math.sqrt(C), "EdgeDot")
         if edge_dim is None:
             self.weight = None
         else:
@@ -178,6 +180,7 @@ class GATv2Scores(PerHead):
     def __init__(self, K: int, C: int, *, edge_dim: int | None = None, negative_slope: float = 0.2,
                  att: Tensor | None = None, edge_weight: Tensor | None = None):
         super().__init__()
+        check_sizes("GATv2Scores", K=K, C=C, **({} if edge_dim is None else {"edge_dim": edge_dim}))
         self.K, self.C, self.edge_dim = K, C, edge_dim
         self.negative_slope = float(negative_slope)
         self.att = nn.Parameter(_glorot(K, C)) if att is None else att
@@ -259,12 +262,19 @@ def self_loop_attr(edge_attr: Tensor, targets: Tensor, num_nodes: int,
         return edge_attr.new_full((num_nodes, *edge_attr.shape[1:]), float(fill_value))
     if isinstance(fill_value, Tensor):
         v = fill_value.to(edge_attr.device, edge_attr.dtype)
-        if v.dim() != edge_attr.dim():
-            v = v.unsqueeze(0)
-        return v.expand((num_nodes, *edge_attr.shape[1:])).contiguous()
+        feat = tuple(edge_attr.shape[1:])
+        # one loop's features (*), or one row of them (1, *); a scalar broadcasts to them
+        if tuple(v.shape) not in (feat, (1, *feat)) and v.numel() != 1:
+            raise ValueError(f"fill_value: a tensor fill must hold one self loop's features, "
+                             f"shape {feat} (edge_attr is {tuple(edge_attr.shape)}), got shape "
+                             f"{tuple(fill_value.shape)}")
+        v = v.reshape(()) if v.numel() == 1 else v.reshape(feat)
+        return v.expand((num_nodes, *feat)).contiguous()
     if isinstance(fill_value, str) and fill_value in FILL_REDUCTIONS:
         t = targets.long()
-        if not torch.compiler.is_compiling() and t.numel() and int(t.max()) >= num_nodes:
+        # (reads the ids: not while compiling nor on the meta device, which has shapes only)
+        if not torch.compiler.is_compiling() and t.device.type != "meta" and t.numel() and \
+                int(t.max()) >= num_nodes:
             keep = t < num_nodes  # bipartite blocks: targets without a loop
             edge_attr, t = edge_attr[keep], t[keep]
         return _fill_reduce(edge_attr, t, num_nodes, fill_value)
@@ -292,7 +302,12 @@ def add_self_loops(edge_index: Tensor, num_nodes: int | tuple[int, int],
         got = tuple(edge_attr.shape) if isinstance(edge_attr, Tensor) else edge_attr
         raise ValueError(f"add_self_loops: edge_attr must have one row per edge (E="
                          f"{edge_index.shape[1]}, ...), got {got}")
-    keep = edge_index[0] != edge_index[1]
+    if edge_index.device.type == "meta":
+        # which edges are loops needs the ids: shape inference keeps every edge (the layer's
+        # output shape does not depend on how many there are)
+        keep = slice(None)
+    else:
+        keep = edge_index[0] != edge_index[1]
     ei = edge_index[:, keep]
     loop = torch.arange(n, device=edge_index.device, dtype=edge_index.dtype)
     out = torch.cat([ei, torch.stack([loop, loop])], 1)

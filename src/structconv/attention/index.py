@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from .._checks import int_in
 from .mechanisms import Mechanism, edges
 from .positions import alibi_slopes, relative_offsets, toeplitz
 
@@ -59,6 +60,7 @@ class IndexTerm(Mechanism):
               output_start: int = 0) -> Tensor:
         """(K, M + N − 1): the scores of every offset of an (N outputs, M inputs) block, in
         increasing order of d (inputs at positions input_start.., outputs at output_start..)."""
+        _block(type(self).__name__, M, N, input_start, output_start)
         d = relative_offsets(N, M, output_start, input_start, device=self._device(device))
         return self._out(self.offset_scores(d), dtype).t()
 
@@ -70,6 +72,18 @@ class IndexTerm(Mechanism):
     def edge_scores(self, x1, x2, edge_index, edge_attr=None, *, dtype=None, device=None):
         src, dst = edges(edge_index)
         return self._out(self.offset_scores(dst - src), dtype)
+
+
+def _block(who: str, M, N, input_start=0, output_start=0) -> None:
+    """Entry counts M, N (ints >= 0) and start positions (ints) of a block of index scores."""
+    # (a SymInt is an int here: a compiled graph with dynamic shapes passes sizes as such)
+    for name, v, what in (("M", M, "inputs"), ("N", N, "outputs")):
+        if not (isinstance(v, torch.SymInt) or int_in(v, 0, math.inf)):
+            raise ValueError(f"{who}: {name} (the number of {what}) must be an int >= 0, got "
+                             f"{v!r}")
+    for name, v in (("input_start", input_start), ("output_start", output_start)):
+        if not (isinstance(v, torch.SymInt) or int_in(v, -math.inf, math.inf)):
+            raise ValueError(f"{who}: {name} must be an int, got {v!r}")
 
 
 def _positive(name: str, v, minimum: int = 1) -> int:
@@ -181,6 +195,8 @@ class ALiBi(IndexTerm):
         s = alibi_slopes(K) if slopes is None else torch.as_tensor(slopes, dtype=torch.float64)
         if tuple(s.shape) != (K,):
             raise ValueError(f"ALiBi slopes must be ({K},), got {tuple(s.shape)}")
+        if not bool(torch.isfinite(s).all()):
+            raise ValueError(f"ALiBi slopes must be finite, got {s.tolist()}")
         # kept in float64 whatever the module is cast to (a plain attribute, not a buffer)
         self.slopes = s.to(torch.float64)
 
@@ -204,8 +220,11 @@ def index_bias(terms: Sequence[IndexTerm], M: int, N: int, *, dtype, device=None
     after the output) when ``causal``, rounded once to ``dtype`` and expanded once: no
     (K, N, M) temporary beyond the mask itself.
     """
-    if not terms:
-        raise ValueError("index_bias needs at least one index term")
+    terms = _index_terms(terms)
+    _block("index_bias", M, N, input_start, output_start)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"index_bias: dtype must be a floating torch.dtype (the mask holds "
+                        f"-inf), got {dtype!r}")
     d = relative_offsets(N, M, output_start, input_start, device=terms[0]._device(device))
     table = None
     for t in terms:
@@ -214,3 +233,20 @@ def index_bias(terms: Sequence[IndexTerm], M: int, N: int, *, dtype, device=None
     if causal:
         table = table.masked_fill((d < 0).unsqueeze(1), float("-inf"))
     return toeplitz(table.to(dtype).t(), N, M)
+
+
+def _index_terms(terms) -> list[IndexTerm]:
+    """``terms`` as a non-empty list of index terms whose K agree (or are 1)."""
+    if isinstance(terms, IndexTerm):
+        terms = [terms]
+    if not isinstance(terms, Sequence) or not terms:
+        raise ValueError(f"index_bias needs a non-empty list of index terms, got {terms!r}")
+    bad = [type(t).__name__ for t in terms if not isinstance(t, IndexTerm)]
+    if bad:
+        raise TypeError(f"index_bias: terms must be index terms (RelativeBias, PeriodicBias, "
+                        f"ALiBi, IndexTerm), got {', '.join(bad)}")
+    K = max(t.K for t in terms)
+    if any(t.K not in (1, K) for t in terms):
+        got = ", ".join(f"{type(t).__name__}(K={t.K})" for t in terms)
+        raise ValueError(f"index_bias: the terms must share K heads (or K=1), got {got}")
+    return list(terms)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._checks import check_index_tensor
+from .._checks import check_index_tensor, count, floating, number_in
 from .biaffine import biaffine
 from .masks import edge_softmax, graph_mask, masked_softmax
 
@@ -33,11 +33,32 @@ __all__ = ["Mechanism", "Sum", "Biaffine", "DotProduct", "PerHead", "GATScores",
            "edges", "heads", "unbatch_heads"]
 
 
-def _b(x: Tensor, what: str) -> Tensor:
+def _b(x: Tensor, what: str, who: str = "", width: int | None = None) -> Tensor:
+    """Features (M, P') or (B, M, P') of ``width`` channels, floating, as (B, M, P')."""
+    name = f"{who}: {what}" if who else what
     if not isinstance(x, Tensor) or x.dim() not in (2, 3):
         got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-        raise ValueError(f"{what} must be (M, P') or (B, M, P'), got {got}")
+        raise ValueError(f"{name} must be (M, P') or (B, M, P'), got {got}")
+    floating(x, name)
+    if width is not None and x.shape[-1] != width:
+        raise ValueError(f"{name} must have {width} features (the mechanism's width), got "
+                         f"shape {tuple(x.shape)}")
     return x if x.dim() == 3 else x.unsqueeze(0)
+
+
+def check_sizes(who: str, **sizes) -> None:
+    for name, v in sizes.items():
+        count(v, f"{who}: {name}")
+
+
+def check_scale(scale, default: float, who: str) -> float:
+    """The scores' scale: ``default`` when None, else a finite number (``ValueError``)."""
+    if scale is None:
+        return default
+    if not number_in(scale, -math.inf, math.inf):
+        raise ValueError(f"{who}: scale must be a finite number (None: 1/sqrt of the head size), "
+                         f"got {scale!r}")
+    return float(scale)
 
 
 def _unbatch(out: Tensor, *inputs: Tensor) -> Tensor:
@@ -101,6 +122,23 @@ def _check_K(terms: list[Mechanism]) -> int:
     return K
 
 
+def _check_widths(terms: list[Mechanism]) -> None:
+    """The content terms of a sum read the same inputs: features of one width (in1, in2), or
+    per-head inputs of one head size C, not both."""
+    bases = [(t, t.base()) for t in terms if t.reads_inputs]
+    flat = [(t, b) for t, b in bases if hasattr(b, "in1")]
+    per_head = [(t, b) for t, b in bases if isinstance(b, PerHead) and hasattr(b, "C")]
+    if flat and per_head:
+        raise ValueError(f"Sum: {type(flat[0][1]).__name__} reads features (M, P') but "
+                         f"{type(per_head[0][1]).__name__} per-head inputs (M, K, C): the terms "
+                         "of a sum read the same inputs")
+    for name, group in (("in1", flat), ("in2", flat), ("C", per_head)):
+        if len({getattr(b, name) for _, b in group}) > 1:
+            got = ", ".join(f"{type(b).__name__}({name}={getattr(b, name)})" for _, b in group)
+            raise ValueError(f"Sum: every term must read inputs of the same width {name}, got "
+                             f"{got}")
+
+
 class Sum(Mechanism):
     """Mechanisms added term-wise: scores (K, M, N) = Σ_t term_t's scores, densely and on edges.
 
@@ -119,6 +157,7 @@ class Sum(Mechanism):
         if not flat:
             raise ValueError("Sum needs at least one term")
         self.K = _check_K(flat)
+        _check_widths(flat)
         self.parts = nn.ModuleList(flat)
         self.reads_inputs = any(t.reads_inputs for t in flat)
 
@@ -176,6 +215,7 @@ class Biaffine(Mechanism):
         super().__init__()
         if not any((bilinear, linear1, linear2, bias)):
             raise ValueError("Biaffine needs at least one term")
+        check_sizes("Biaffine", K=K, in1=in1, in2=in2)
         self.K, self.in1, self.in2 = K, in1, in2
         s = 1.0 / math.sqrt(max(in1, in2))
         self.Lambda = nn.Parameter(torch.empty(K, in1, in2).uniform_(-s, s)) if bilinear else None
@@ -191,7 +231,7 @@ class Biaffine(Mechanism):
 
     def edge_scores(self, x1, x2, edge_index, edge_attr=None):
         src, dst = edges(edge_index)
-        a, b = _b(x1, "x1"), _b(x2, "x2")
+        a, b = _b(x1, "x1", "Biaffine", self.in1), _b(x2, "x2", "Biaffine", self.in2)
         B = max(a.shape[0], b.shape[0])
         out = torch.zeros(B, src.shape[0], self.K, dtype=a.dtype, device=a.device)
         if self.Lambda is not None:
@@ -217,8 +257,9 @@ class DotProduct(Mechanism):
     def __init__(self, K: int, in1: int, in2: int, D: int, *, bias: bool = False,
                  scale: float | None = None):
         super().__init__()
+        check_sizes("DotProduct", K=K, in1=in1, in2=in2, D=D)
         self.K, self.in1, self.in2, self.D = K, in1, in2, D
-        self.scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+        self.scale = check_scale(scale, 1.0 / math.sqrt(D), "DotProduct")
         self.key = nn.Parameter(torch.empty(K, in1, D).uniform_(-1, 1) / math.sqrt(in1))
         self.query = nn.Parameter(torch.empty(K, in2, D).uniform_(-1, 1) / math.sqrt(in2))
         self.key_bias = nn.Parameter(torch.zeros(K, D)) if bias else None
@@ -229,7 +270,7 @@ class DotProduct(Mechanism):
 
     def project(self, x1: Tensor, x2: Tensor) -> tuple[Tensor, Tensor]:
         """(query (B, K, N, D), key (B, K, M, D)): x2 Λ_query and x1 Λ_key (+ biases)."""
-        a, b = _b(x1, "x1"), _b(x2, "x2")
+        a, b = _b(x1, "x1", "DotProduct", self.in1), _b(x2, "x2", "DotProduct", self.in2)
         k = torch.einsum("bmp,kpd->bkmd", a, self.key.to(a.dtype))
         q = torch.einsum("bnq,kqd->bknd", b, self.query.to(b.dtype))
         if self.key_bias is not None:
@@ -266,6 +307,7 @@ def heads(h, K: int, C: int, name: str, who: str) -> Tensor:
         got = tuple(h.shape) if isinstance(h, Tensor) else type(h).__name__
         raise ValueError(f"{who}: {name} must be per-head inputs (M, K={K}, C={C}) or "
                          f"(B, M, K, C), got {got}")
+    floating(h, f"{who}: {name}")
     return h if h.dim() == 4 else h.unsqueeze(0)
 
 
@@ -296,6 +338,7 @@ class GATScores(PerHead):
 
     def __init__(self, K: int, C: int, *, mu: Tensor | None = None, nu: Tensor | None = None):
         super().__init__()
+        check_sizes("GATScores", K=K, C=C)
         self.K, self.C = K, C
         s = math.sqrt(6.0 / (K + C))
         self.mu = nn.Parameter(torch.empty(K, C).uniform_(-s, s)) if mu is None else mu
@@ -375,8 +418,9 @@ class HeadDot(QueryDot):
 
     def __init__(self, K: int, C: int, scale: float | None = None):
         super().__init__()
+        check_sizes("HeadDot", K=K, C=C)
         self.K, self.C = K, C
-        self.scale = 1.0 / math.sqrt(C) if scale is None else float(scale)
+        self.scale = check_scale(scale, 1.0 / math.sqrt(C), "HeadDot")
 
     def extra_repr(self):
         return f"K={self.K}, C={self.C}, scale={self.scale:.4g}"
@@ -419,9 +463,24 @@ class Masked(_Transform):
 
     def __init__(self, inner: Mechanism, mask: Tensor | None = None, *, causal: bool = False):
         super().__init__(inner)
+        if mask is not None:
+            _check_mask(mask)
         if mask is not None and mask.dtype == torch.bool:
             mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf"))
         self.mask, self.causal = mask, bool(causal)
+
+    def _edge_mask(self, M: int, N: int, dtype) -> Tensor:
+        """The mask as (B|1, K|1, M, N) in ``dtype``, its shape checked against (M, N)."""
+        m = self.mask
+        try:
+            torch.broadcast_shapes(m.shape[-3:], (self.K, M, N))
+        except RuntimeError:
+            raise ValueError(f"Masked: mask of shape {tuple(m.shape)} does not broadcast to the "
+                             f"scores' (K, M, N)=({self.K}, {M}, {N}) (paper orientation: "
+                             "inputs x outputs)") from None
+        m = m.to(dtype)
+        m = m.reshape((1,) * (4 - m.dim()) + tuple(m.shape))
+        return m.expand(*m.shape[:2], M, N)
 
     def _full_mask(self, M, N, dtype, device):
         H = torch.zeros(M, N, dtype=dtype, device=device)
@@ -432,6 +491,13 @@ class Masked(_Transform):
 
     def forward(self, x1, x2, edge_attr=None, **kw):
         s = self.inner(x1, x2, edge_attr, **kw)
+        if self.mask is not None:
+            try:
+                torch.broadcast_shapes(self.mask.shape, s.shape)
+            except RuntimeError:
+                raise ValueError(f"Masked: mask of shape {tuple(self.mask.shape)} does not "
+                                 f"broadcast to the scores {tuple(s.shape)} ((B,) K, M, N) "
+                                 "(paper orientation: inputs x outputs)") from None
         return s + self._full_mask(s.shape[-2], s.shape[-1], s.dtype, s.device)
 
     def edge_scores(self, x1, x2, edge_index, edge_attr=None, **kw):
@@ -440,11 +506,22 @@ class Masked(_Transform):
         if self.causal:
             s = s.masked_fill((src > dst).unsqueeze(1), float("-inf"))
         if self.mask is not None:
-            m = self.mask.to(s.dtype)
-            m = m.reshape((1,) * (4 - m.dim()) + tuple(m.shape))  # (B|1, K|1, M, N)
-            s = s + m[:, :, src, dst].transpose(1, 2).squeeze(0) if s.dim() == 2 else \
-                s + m[:, :, src, dst].transpose(1, 2)
+            m = self._edge_mask(self.entries(x1), self.entries(x2), s.dtype)
+            m = m[:, :, src, dst].transpose(1, 2)  # (B|1, E, K|1)
+            s = s + m.squeeze(0) if s.dim() == 2 else s + m
         return s
+
+
+def _check_mask(mask) -> None:
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"Masked: mask must be a tensor (M, N) or broadcastable to (B, K, M, "
+                        f"N), got {type(mask).__name__}")
+    if not (mask.dtype == torch.bool or mask.is_floating_point()):
+        raise TypeError(f"Masked: mask must be bool (True = allowed) or a floating log mask "
+                        f"(0 / -inf, or additive scores), got dtype {mask.dtype}")
+    if not 1 <= mask.dim() <= 4:
+        raise ValueError(f"Masked: mask must be (M, N) or broadcastable to (B, K, M, N), got "
+                         f"shape {tuple(mask.shape)}")
 
 
 class GraphMasked(_Transform):
@@ -474,6 +551,9 @@ class LeakyReLU(_Transform):
 
     def __init__(self, inner: Mechanism, negative_slope: float = 0.2):
         super().__init__(inner)
+        if not number_in(negative_slope, -math.inf, math.inf):
+            raise ValueError(f"LeakyReLU: negative_slope must be a finite number, got "
+                             f"{negative_slope!r}")
         self.negative_slope = float(negative_slope)
 
     def forward(self, x1, x2, edge_attr=None, **kw):

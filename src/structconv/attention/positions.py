@@ -27,6 +27,12 @@ __all__ = ["sinusoidal", "rotary", "rotary_angles", "alibi_slopes", "alibi_mask"
 def sinusoidal(positions: Tensor, E: int, dtype=torch.float32) -> Tensor:
     """The (L, E) sinusoidal encoding of integer ``positions`` (L,): sin on even channels, cos
     on odd ones, wavelengths 2π..10000·2π (Vaswani et al.)."""
+    if not isinstance(positions, Tensor) or positions.dim() != 1:
+        got = tuple(positions.shape) if isinstance(positions, Tensor) else \
+            type(positions).__name__
+        raise ValueError(f"sinusoidal: positions must be a tensor (L,), got {got}")
+    if isinstance(E, bool) or not isinstance(E, int) or E < 1:
+        raise ValueError(f"sinusoidal: E (the encoding's width) must be an int >= 1, got {E!r}")
     pos = positions.to(torch.float64)[:, None]
     div = torch.exp(torch.arange(0, E, 2, dtype=torch.float64, device=positions.device)
                     * (-math.log(10000.0) / E))
@@ -143,6 +149,8 @@ def causal_shift(z: Tensor, shifts: Sequence[int], past: Tensor | None = None) -
     (``gather_shifts``).
     """
     B, L, S, D = z.shape
+    if any(isinstance(s, bool) or not isinstance(s, int) for s in shifts):
+        raise ValueError(f"causal_shift: shifts must be ints, got {list(shifts)}")
     if len(shifts) != S:
         raise ValueError(f"causal_shift: z has {S} heads (B, L, S, D)={tuple(z.shape)} but "
                          f"{len(shifts)} shifts were given")

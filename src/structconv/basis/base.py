@@ -376,7 +376,8 @@ class Sparse(Basis):
                 f"Sparse basis values must be ({nnz},) to match indices (3, {nnz}), "
                 f"got {tuple(values.shape)}"
             )
-        if nnz and not torch.compiler.is_compiling():  # (value checks need concrete data)
+        # (value checks need concrete data: not while compiling, nor on the meta device)
+        if nnz and not torch.compiler.is_compiling() and indices.device.type != "meta":
             lim = torch.tensor(self.shape, device=indices.device).unsqueeze(1)
             bad = ((indices < 0) | (indices >= lim)).any(1)
             if bad.any():

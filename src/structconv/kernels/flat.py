@@ -61,7 +61,8 @@ class FlatTaps:
         """(M,) ones with the wrap zone of trailing offsets ``key`` zeroed (a whole plane, so
         that masking a chunk is one long-run multiply)."""
         tag = (key, ref.dtype, ref.device)
-        if tag not in self._masks:
+        m = self._masks.get(tag)
+        if m is None:
             m = ref.new_ones(self.grid.in_shape)
             for d, o in enumerate(key, start=1):
                 at = (slice(None),) * d
@@ -69,8 +70,12 @@ class FlatTaps:
                     m[at + (slice(m.shape[d] + o, None),)] = 0
                 elif o > 0:
                     m[at + (slice(0, o),)] = 0
-            self._masks[tag] = m.reshape(-1)
-        return self._masks[tag]
+            m = m.reshape(-1)
+            if not torch.compiler.is_compiling():
+                # (a mask made while tracing, e.g. inside a traced backward, is the graph's own
+                # tensor and cannot be kept: the compiled graph makes it as a constant)
+                self._masks[tag] = m
+        return m
 
     def step(self, itemsize: int) -> int:
         """Planes per cache-sized chunk."""

@@ -3,9 +3,10 @@
 ``build_model`` picks the model kind from the config (``[model.link]``: ``sc.kg.LinkPredictor``;
 ``[model.lm]``: ``sc.nn.TransformerLM``; ``[model.seq2seq]``: ``sc.nn.Seq2Seq`` or
 ``sc.nn.PervasiveAttention``; else a ``StructNet`` of declared layers).
-``memory_estimate`` reads the built model's parameter count and per-sample activation count
-(or the link predictor's sizes) so that a run that cannot fit is refused before it starts
-(``check_memory``), without a second build.
+``memory_estimate`` reads the built model's parameter count and per-sample activation count,
+or computes both from the config alone for the link predictor and the sequence models (whose
+sizes a config can make absurd: they are refused before anything is built), so that a run
+that cannot fit is refused before it starts (``check_memory``), without a second build.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ..config import (
 )
 from .declared import StructNet
 from .seq2seq import build_seq2seq
+from .sizes import lm_parameters, seq2seq_parameters
 
 __all__ = ["build_model", "build_lm", "build_link", "build_seq2seq_model", "data_info",
            "link_sorts", "optimizer_copies", "memory_estimate", "check_memory", "sampled_share"]
@@ -196,18 +198,38 @@ def _seq2seq_activations(cfg: dict, data) -> int:
     return enc + dec + 2 * T * len(data.phonemes)
 
 
+def _sequence_parameters(cfg: dict, data) -> int:
+    """The parameter count of the ``[model.lm]`` / ``[model.seq2seq]`` model ``build_model``
+    would build for ``data`` (its vocabularies), from the sizes alone."""
+    if is_seq2seq(cfg):
+        s = seq2seq_spec(cfg)
+        _need(data.task == "g2p", f"model.seq2seq maps a sequence to a sequence: it needs a "
+                                  f"grapheme-to-phoneme dataset (cmudict), got a {data.task} "
+                                  f"task ({cfg['data']['name']})")
+        context = s["context"] or 2 * data.longest()[0] + 8
+        return seq2seq_parameters(s, len(data.graphemes), len(data.phonemes), context)
+    _need(data.task == "text", f"model.lm builds a language model: it needs a text dataset, "
+                               f"got a {data.task} task ({cfg['data']['name']})")
+    s = {**LM_KEYS, **cfg["model"]["lm"]}
+    return lm_parameters(s, len(data.vocab), s["context"] or cfg["data"]["seq_len"])
+
+
 def memory_estimate(cfg: dict, data, model: nn.Module | None = None) -> dict | None:
     """Bytes one training step of ``cfg``'s model on ``data`` needs, about: ``params``
     (weights, gradients and optimizer state) and ``activations`` (one batch, kept for the
-    backward pass, and their gradients). ``model``: the built model (built here otherwise)."""
+    backward pass, and their gradients). ``model``: the built model; without it the link
+    predictor and the sequence models (``[model.lm]``, ``[model.seq2seq]``) are estimated from
+    the config alone (nothing is built), declared layers are built here."""
     if is_link(cfg):
         return _link_memory(cfg, data)
-    if model is None:
+    sequence = is_seq2seq(cfg) or bool(cfg["model"]["lm"])
+    if model is None and not sequence:
         model = build_model(cfg, data)
     t, d = cfg["train"], cfg["data"]
     nbytes = 8 if cfg["model"]["dtype"] == "float64" else 4
     copies = optimizer_copies(t)
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = sum(p.numel() for p in model.parameters()) if model is not None else \
+        _sequence_parameters(cfg, data)
     per_sample = _seq2seq_activations(cfg, data) if is_seq2seq(cfg) else \
         _lm_activations(cfg, data) if cfg["model"]["lm"] else model.activation_elements
     batch = 1 if data.task == "node" else d["batch_size"]

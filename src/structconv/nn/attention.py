@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._checks import count, floating, number_in
 from ..attention.basis import DotProductAttention, shift_basis
 from ..attention.build import attention_basis
 from ..attention.mechanisms import DotProduct, Masked, Softmax
@@ -56,9 +57,9 @@ class MultiheadAttention(nn.Module):
                  kdim: int | None = None, vdim: int | None = None, batch_first: bool = False,
                  device=None, dtype=None):
         super().__init__()
-        if embed_dim <= 0 or num_heads <= 0:
-            raise ValueError(f"embed_dim and num_heads must be > 0, got embed_dim={embed_dim}, "
-                             f"num_heads={num_heads}")
+        _sizes("MultiheadAttention", embed_dim=embed_dim, num_heads=num_heads, kdim=kdim,
+               vdim=vdim)
+        _check_dropout("MultiheadAttention", dropout)
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
         fk = {"device": device, "dtype": dtype}
@@ -179,6 +180,7 @@ class MultiheadAttention(nn.Module):
 
     def _batch_first(self, query, key, value, key_padding_mask):
         """The inputs as (B, L, E) / (B, S, kdim) / (B, S, vdim), shapes checked."""
+        _features("MultiheadAttention", query=query, key=key, value=value)
         if query.dim() not in (2, 3) or key.dim() != query.dim() or value.dim() != query.dim():
             raise ValueError(f"query, key, value must all be 2-d (unbatched) or 3-d, got "
                              f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
@@ -268,6 +270,28 @@ def _from_mha(m: nn.MultiheadAttention) -> MultiheadAttention:
     return out.train(m.training)
 
 
+def _sizes(who: str, **sizes) -> None:
+    """Each size an int >= 1 (None: not given)."""
+    for name, v in sizes.items():
+        if v is not None:
+            count(v, f"{who}: {name}")
+
+
+def _check_dropout(who: str, p) -> None:
+    if not number_in(p, 0.0, 1.0):
+        raise ValueError(f"{who}: dropout must be a probability in [0, 1], got {p!r}")
+
+
+def _features(who: str, **tensors) -> None:
+    """Floating tensors of one dtype (``TypeError`` naming the one that is not)."""
+    for name, t in tensors.items():
+        floating(t, f"{who}: {name}")
+    dtypes = {name: t.dtype for name, t in tensors.items()}
+    if len(set(dtypes.values())) > 1:
+        got = ", ".join(f"{n} {d}" for n, d in dtypes.items())
+        raise TypeError(f"{who}: the inputs must share a dtype, got {got}")
+
+
 # ------------------------------------------------------------------------------------------------
 def _activation(act):
     if isinstance(act, str):
@@ -303,6 +327,7 @@ class TransformerEncoderLayer(_FeedForward):
                  batch_first: bool = False, norm_first: bool = False, bias: bool = True,
                  device=None, dtype=None, shift_heads: Sequence[int] = ()):
         super().__init__()
+        _sizes("TransformerEncoderLayer", dim_feedforward=dim_feedforward)
         fk = {"device": device, "dtype": dtype}
         if shift_heads:
             self.self_attn = MixedAttention(d_model, nhead, shifts=shift_heads, dropout=dropout,
@@ -323,6 +348,7 @@ class TransformerEncoderLayer(_FeedForward):
 
     def forward(self, src: Tensor, src_mask: Tensor | None = None,
                 src_key_padding_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+        _features("TransformerEncoderLayer", src=src)
         x = src
         if self.norm_first:
             x = x + self._sa_block(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
@@ -339,6 +365,7 @@ class TransformerDecoderLayer(_FeedForward):
                  batch_first: bool = False, norm_first: bool = False, bias: bool = True,
                  device=None, dtype=None):
         super().__init__()
+        _sizes("TransformerDecoderLayer", dim_feedforward=dim_feedforward)
         fk = {"device": device, "dtype": dtype}
         self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
                                             batch_first=batch_first, **fk)
@@ -370,6 +397,7 @@ class TransformerDecoderLayer(_FeedForward):
                 memory_mask: Tensor | None = None, tgt_key_padding_mask: Tensor | None = None,
                 memory_key_padding_mask: Tensor | None = None, tgt_is_causal: bool = False,
                 memory_is_causal: bool = False) -> Tensor:
+        _features("TransformerDecoderLayer", tgt=tgt, memory=memory)
         x = tgt
         if self.norm_first:
             x = x + self._sa_block(self.norm1(x), tgt_mask, tgt_key_padding_mask, tgt_is_causal)
@@ -419,8 +447,14 @@ class MixedAttention(nn.Module):
                  *, causal: bool = True, dropout: float = 0.0, bias: bool = True,
                  batch_first: bool = True, device=None, dtype=None):
         super().__init__()
+        _sizes("MixedAttention", embed_dim=embed_dim, num_heads=num_heads)
+        _check_dropout("MixedAttention", dropout)
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
+        if not isinstance(shifts, Sequence) or any(isinstance(s, bool) or not isinstance(s, int)
+                                                   for s in shifts):
+            raise ValueError(f"MixedAttention: shifts must be a list of int offsets, got "
+                             f"{shifts!r}")
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.shifts = tuple(int(s) for s in shifts)
         self.head_dim = D = embed_dim // num_heads
@@ -474,6 +508,11 @@ class MixedAttention(nn.Module):
                                  "be the query tensor (or None)")
         if need_weights:
             raise ValueError("MixedAttention does not return weights (need_weights=False)")
+        _features("MixedAttention", query=x)
+        if x.dim() not in (2, 3) or x.shape[-1] != self.embed_dim:
+            raise ValueError(f"MixedAttention expects query (B, L, E={self.embed_dim}) (or (L, "
+                             f"B, E) without batch_first, (L, E) unbatched), got "
+                             f"{tuple(x.shape)}")
         unbatched = x.dim() == 2
         if unbatched:
             x = x.unsqueeze(0)
@@ -481,6 +520,12 @@ class MixedAttention(nn.Module):
                 key_padding_mask = key_padding_mask.unsqueeze(0)
         elif not self.batch_first:
             x = x.transpose(0, 1)
+        if key_padding_mask is not None and (not isinstance(key_padding_mask, Tensor) or tuple(
+                key_padding_mask.shape) != tuple(x.shape[:2])):
+            got = tuple(key_padding_mask.shape) if isinstance(key_padding_mask, Tensor) else \
+                type(key_padding_mask).__name__
+            raise ValueError(f"MixedAttention: key_padding_mask must be (B, L)="
+                             f"{tuple(x.shape[:2])} (or (L,) unbatched), got {got}")
         if is_causal and not self.causal and attn_mask is None:
             L = x.shape[1]
             attn_mask = torch.ones(L, L, dtype=torch.bool, device=x.device).triu(1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .._checks import floating
 from ..basis.grid import Grid
 from ..costs import Route
 from ..kernels import native
@@ -266,6 +267,7 @@ class Canon(nn.Module):
     def forward(self, h: Tensor, cache: dict | None = None, key: str = "canon") -> Tensor:
         """h (B, L, C) -> (B, L, C); with ``cache``, h follows the inputs it holds (updated in
         place; an empty cache means the sequence starts here)."""
+        floating(h, "Canon: h")
         if h.dim() != 3 or h.shape[-1] != self.channels:
             raise ValueError(f"Canon expects h (B, L, C={self.channels}), got "
                              f"{tuple(h.shape)}")
@@ -273,9 +275,16 @@ class Canon(nn.Module):
         R = self.kernel - 1
         if cache is None or not R:
             return causal_taps(h, self.param)
+        if not isinstance(cache, dict):
+            raise TypeError(f"Canon: cache must be a dict (a generation cache), got "
+                            f"{type(cache).__name__}")
         past = cache.get(key)
         if past is None:
             past = h.new_zeros(B, R, C)  # before the start: the causal padding's zeros
+        elif not isinstance(past, Tensor) or tuple(past.shape) != (B, R, C):
+            got = tuple(past.shape) if isinstance(past, Tensor) else type(past).__name__
+            raise ValueError(f"Canon: cache[{key!r}] must hold the last inputs (B, kernel - 1, "
+                             f"C)=({B}, {R}, {C}) of this sequence, got {got}")
         ext = torch.cat([past, h], 1)
         cache[key] = ext[:, L:]
         return causal_taps(ext, self.param, R)

@@ -15,6 +15,7 @@ Neither search ever emits ``pad`` or ``bos`` before ``eos`` (they are never targ
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -23,11 +24,22 @@ from torch import Tensor
 __all__ = ["greedy", "beam_search", "strip", "check_decoding", "generate"]
 
 
-def check_decoding(max_len, beam: int = 1) -> None:
-    """``ValueError`` unless ``max_len`` is an int >= 1 and ``beam`` an int >= 1."""
+def check_decoding(max_len, beam: int = 1, length_penalty: float = 0.0) -> None:
+    """``ValueError`` unless ``max_len`` and ``beam`` are ints >= 1 and ``length_penalty`` a
+    finite number."""
     for name, v in (("max_len", max_len), ("beam", beam)):
         if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
             raise ValueError(f"decoding: {name} must be an int >= 1, got {v!r}")
+    if isinstance(length_penalty, bool) or not isinstance(length_penalty, numbers.Real) or \
+            not math.isfinite(length_penalty):
+        raise ValueError(f"decoding: length_penalty must be a finite number (0: rank by "
+                         f"log-probability), got {length_penalty!r}")
+
+
+def _empty(device) -> tuple[Tensor, Tensor]:
+    """The decoding of no rows: tokens (0, 0), scores (0,)."""
+    return (torch.zeros(0, 0, dtype=torch.long, device=device),
+            torch.zeros(0, dtype=torch.float64, device=device))
 
 
 def _log_probs(state, last: Tensor, bos: int, pad: int) -> Tensor:
@@ -45,6 +57,8 @@ def greedy(state, batch: int, bos: int, eos: int, pad: int, max_len: int,
     summed log-probabilities (B,)). Stops when every row has emitted ``eos`` or after
     ``max_len`` tokens; rows that are done emit ``pad`` and score nothing more."""
     check_decoding(max_len)
+    if not batch:
+        return _empty(device)
     last = torch.full((batch,), bos, dtype=torch.long, device=device)
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     score = torch.zeros(batch, dtype=torch.float64, device=device)
@@ -71,7 +85,9 @@ def beam_search(state, batch: int, bos: int, eos: int, pad: int, max_len: int, b
     hypotheses by score / length^``length_penalty`` (0: the plain log-probability, so that
     ``beam = 1`` is exactly ``greedy``). ``state`` holds ``batch`` rows; it is expanded to
     ``batch * beam`` rows (row b's hypotheses are rows b*beam .. b*beam + beam - 1)."""
-    check_decoding(max_len, beam)
+    check_decoding(max_len, beam, length_penalty)
+    if not batch:
+        return _empty(device)
     B, K = batch, beam
     state.select(torch.arange(B, device=device).repeat_interleave(K))
     # only the first hypothesis of a row is live at the start (the others would repeat it)
@@ -119,7 +135,9 @@ def generate(model, src, max_len: int | None = None, *, beam: int = 1, use_cache
     try:
         src = model.check_ids(src, model.src_vocab, "src")
         max_len = 2 * src.shape[1] + 8 if max_len is None else max_len
-        check_decoding(max_len, beam)
+        check_decoding(max_len, beam, length_penalty)
+        if not src.shape[0]:
+            return _empty(src.device)[0]  # no rows: nothing to decode (nor a state to build)
         state = model.decoding_state(src, use_cache)
         args = (src.shape[0], model.bos_id, model.eos_id, model.pad_id, max_len)
         if beam == 1:

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._checks import floating
+
 __all__ = ["SparseDropout", "sparse_dropout"]
 
 #: above this share of nonzero entries the plain F.dropout is as fast
@@ -48,8 +50,13 @@ class SparseDropout(nn.Module):
         return f"p={self.p}"
 
     def forward(self, x: Tensor) -> Tensor:
+        floating(x, "SparseDropout: x")
         if not self.training or not self.p:
             return x
+        if torch.compiler.is_compiling():
+            # the sparse draw is an eager-mode saving whose nonzero() has a data-dependent size
+            # (and whose key reads the storage address): the compiled graph fuses F.dropout
+            return F.dropout(x, self.p, True)
         idx = None
         if not x.requires_grad:
             key = (x.data_ptr(), x._version, tuple(x.shape), x.dtype, x.device)

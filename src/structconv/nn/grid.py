@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from .._checks import floating
 from ..basis.grid import AvgPool, Grid, conv_weight, same_padding
 from ..engine import plan
 from ..kernels.geometry import as_shape, pad_pairs, per_dim
@@ -64,9 +65,9 @@ class _GridLayer(nn.Module):
                              f"kernel has {d}")
         self.layout = layout
         self._bases: OrderedDict = OrderedDict()
-        self._last = None
+        self._last = self._last_shape = None
         if self.in_shape is not None:
-            self._last = self.basis_for(self.in_shape)
+            self._last_shape, self._last = self.in_shape, self.basis_for(self.in_shape)
 
     def __getstate__(self):
         # the kept bases and plans are derived state, and a plan holds the planner's route
@@ -82,12 +83,30 @@ class _GridLayer(nn.Module):
     @property
     def basis(self):
         """The basis of the last input size this layer was called on (or of ``in_shape``)."""
+        shape = getattr(self, "_last_shape", None)  # (absent from layers pickled before it)
+        if self._last is None and shape is not None:
+            # last called inside a compiled graph, which keeps nothing: made here, eagerly
+            self._last = self.basis_for(shape)
+        return self._last
+
+    def _use(self, in_shape) -> Grid | AvgPool:
+        """The basis of this call's grid, remembered as the last one (``basis``)."""
+        key = tuple(int(s) for s in in_shape)
+        if torch.compiler.is_compiling():
+            # a basis or plan made while tracing holds traced objects (bound methods, index
+            # tensors) that the compiled graph cannot hand back: nothing made here is kept,
+            # only the shape (ints), so ``basis`` can make it eagerly when asked
+            self._last_shape, self._last = key, None
+            return self.basis_for(key)
+        self._last_shape, self._last = key, self.basis_for(key)
         return self._last
 
     def basis_for(self, in_shape) -> Grid | AvgPool:
         """The (cached) basis of this layer on a grid of ``in_shape``."""
         key = tuple(int(s) for s in in_shape)
         b = self._bases.get(key)
+        if torch.compiler.is_compiling():
+            return self._make_basis(key) if b is None else b  # (kept eagerly only)
         if b is None:
             b = self._make_basis(key)
             self._bases[key] = b
@@ -99,8 +118,7 @@ class _GridLayer(nn.Module):
 
     def _which(self, x: Tensor, C: int | None) -> str:
         """'image' or 'bundle' for this input."""
-        if not isinstance(x, Tensor):
-            raise TypeError(f"input must be a tensor, got {type(x).__name__}")
+        floating(x, f"{type(self).__name__}: x")
         d = self.ndim
 
         def chan_ok(c):
@@ -220,6 +238,9 @@ class GridConv(_GridLayer):
         key = (grid.cache_key(), grid.native, tuple(x.shape), x.stride(), x.dtype,
                x.device.type, id(self.param), route)
         p = self._plans.get(key)
+        if torch.compiler.is_compiling():
+            # (a plan made while tracing holds a route bound to a traced basis: never kept)
+            return plan(x, grid, self.param, route=route) if p is None else p
         if p is None:
             if len(self._plans) > 4 * _CACHE_SIZE:
                 self._plans.clear()
@@ -229,13 +250,13 @@ class GridConv(_GridLayer):
     def forward(self, x: Tensor) -> Tensor:
         layout = self._which(x, self.in_channels)
         if layout == "bundle":
-            grid = self._last = self.basis_for(self.in_shape)
+            grid = self._use(self.in_shape)
             return self.plan_for(grid, x if x.dim() == 3 else x.unsqueeze(0))(
                 x, self.param, bias=self.bias)
         unbatched = x.dim() == self.ndim + 1
         if unbatched:
             x = x.unsqueeze(0)
-        grid = self._last = self.basis_for(x.shape[2:])
+        grid = self._use(x.shape[2:])
         B, Q = x.shape[0], self.out_channels
         # an image is planned as what the engine is handed: its channels-first view
         xv = x.flatten(2).transpose(1, 2)
@@ -313,13 +334,15 @@ class GridAvgPool(_GridLayer):
 
     def _set_param(self, x: Tensor, C: int):
         p = self.param
+        if torch.compiler.is_compiling():
+            return  # (a module made while tracing cannot be kept; the pooling never reads it)
         if p is None or p.P != C or p.eye.dtype != x.dtype or p.eye.device != x.device:
             self.param = IdentityParam(C, x.dtype, x.device)
 
     def forward(self, x: Tensor) -> Tensor:
         layout = self._which(x, None)
         if layout == "bundle":
-            pool = self._last = self.basis_for(self.in_shape)
+            pool = self._use(self.in_shape)
             self._set_param(x, x.shape[-1])
             xb = x if x.dim() == 3 else x.unsqueeze(0)
             y = pool.propagate(xb)[:, :, 0]
@@ -327,7 +350,7 @@ class GridAvgPool(_GridLayer):
         unbatched = x.dim() == self.ndim + 1
         if unbatched:
             x = x.unsqueeze(0)
-        pool = self._last = self.basis_for(x.shape[2:])
+        pool = self._use(x.shape[2:])
         B, C = x.shape[:2]
         self._set_param(x, C)
         if self.route != "basis" and pool.native_ok():

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._checks import floating
 from ..attention.basis import CausalShift, DotProductAttention
 from ..attention.index import RelativeBias, index_bias
 from ..attention.positions import alibi_mask, alibi_slopes, rotary, rotary_angles, sinusoidal
@@ -59,10 +60,33 @@ def _shift_list(shifts) -> list[int]:
         if shifts < 0:
             raise ValueError(f"shifts must be >= 0, got {shifts}")
         return list(range(shifts))
+    if not isinstance(shifts, Sequence) or any(isinstance(s, bool) or not isinstance(
+            s, numbers.Integral) for s in shifts):
+        raise ValueError(f"shifts must be an int >= 0 or a list of int offsets, got {shifts!r}")
     out = [int(s) for s in shifts]
     if any(s < 0 for s in out):
         raise ValueError(f"shift offsets must be >= 0 (causal), got {out}")
     return out
+
+
+def check_cache(cache, layers: int, who: str) -> None:
+    """``cache`` is None or a generation cache: a list of one dict per layer (``new_cache``)."""
+    if cache is not None and (not isinstance(cache, list) or len(cache) != layers or
+                              not all(isinstance(c, dict) for c in cache)):
+        got = f"a list of {len(cache)}" if isinstance(cache, list) else type(cache).__name__
+        raise ValueError(f"{who}: cache must be a list of {layers} dicts, one per layer (from "
+                         f"new_cache()), got {got}")
+
+
+def check_ffn(who: str, ffn, width: int) -> int:
+    """The feed-forward width: ``ffn``, or 4·width when it is None (or 0, a config's default);
+    ``ValueError`` naming ``ffn`` for anything but an int >= 1."""
+    if ffn is None or (isinstance(ffn, numbers.Integral) and not isinstance(ffn, bool)
+                       and ffn == 0):
+        return 4 * width
+    if isinstance(ffn, bool) or not isinstance(ffn, numbers.Integral) or ffn < 1:
+        raise ValueError(f"{who}: ffn must be an int >= 1 (or None: 4 x width), got {ffn!r}")
+    return int(ffn)
 
 
 def check_canon(canon, canon_kernel) -> str:
@@ -263,6 +287,7 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: Tensor, cache: dict | None = None) -> Tensor:
         """(B, L, E) -> (B, L, E); ``cache`` (a dict, filled on the first call) holds past
         keys/values and the shift heads' last inputs, for step-by-step generation."""
+        floating(x, "CausalSelfAttention: x")
         if x.dim() != 3 or x.shape[-1] != self.E:
             raise ValueError(f"CausalSelfAttention expects x (B, L, E={self.E}), got "
                              f"{tuple(x.shape)}")
@@ -345,9 +370,7 @@ class TransformerLM(nn.Module):
         self.canon, self.canon_kernel = check_canon(canon, canon_kernel), canon_kernel
         self.vocab_size, self.width, self.position = vocab_size, width, position
         self.context = context if position == "learned" else None
-        self.ffn = int(ffn) if ffn else 4 * width
-        if self.ffn < 1:
-            raise ValueError(f"TransformerLM: ffn must be >= 1, got {ffn}")
+        self.ffn = check_ffn("TransformerLM", ffn, width)
         use_shifts = _shift_list(shifts) if position.startswith("shift") else []
         if position.startswith("shift") and not use_shifts:
             raise ValueError(f"position={position!r} needs at least one shift head (shifts >= 1)")
@@ -413,8 +436,8 @@ class TransformerLM(nn.Module):
         if ids.shape[1] == 0:
             raise ValueError(f"TransformerLM needs at least one token per sequence, got ids of "
                              f"shape {tuple(ids.shape)}")
-        if ids.numel() and not torch.compiler.is_compiling():
-            # a value check needs the data: skipped inside a compiled graph
+        if ids.numel() and not torch.compiler.is_compiling() and ids.device.type != "meta":
+            # a value check needs the data: skipped inside a compiled graph (and on meta)
             lo, hi = (int(v) for v in ids.aminmax())
             if lo < 0 or hi >= self.vocab_size:
                 bad = ids[(ids < 0) | (ids >= self.vocab_size)].unique()
@@ -427,6 +450,7 @@ class TransformerLM(nn.Module):
         """ids (B, L) -> logits (B, L, vocab_size). ``cache`` (from ``new_cache``) continues a
         sequence: the ids follow the ones it has seen, and it is updated in place."""
         ids = self.check_ids(ids)
+        check_cache(cache, len(self.blocks), "TransformerLM")
         start = 0 if not cache or "k" not in cache[0] else cache[0]["k"].shape[2]
         x = self._embed(ids, start)
         for i, b in enumerate(self.blocks):
@@ -452,21 +476,28 @@ class TransformerLM(nn.Module):
 
     @torch.no_grad()
     def generate(self, tokens: Tensor, steps: int, *, temperature: float = 1.0,
-                 top_k: int | None = None, generator: torch.Generator | None = None,
+                 top_k: int | None = None, top_p: float | None = None,
+                 stop_token: int | None = None, generator: torch.Generator | None = None,
                  use_cache: bool = True) -> Tensor:
-        """Extend tokens (B, T) by ``steps`` sampled tokens -> (B, T + steps).
+        """Extend tokens (B, T) by up to ``steps`` sampled tokens -> (B, T + n), n <= steps.
 
-        ``temperature = 0`` picks the most likely token; ``top_k`` (an int >= 1) samples among
-        the k most likely. With ``use_cache`` each step feeds only the new token, reading past
-        keys/values (and the shift heads' and Canon layers' last inputs) from a cache; a
-        ``"learned"`` model recomputes on its last ``context`` tokens once the sequence
-        outgrows them, as nanoGPT does.
+        ``temperature`` divides the logits (0 picks the most likely token; a temperature too
+        small for the compute dtype gives that limit too, never NaN); ``top_k`` (an int >= 1)
+        samples among the k most likely tokens, ``top_p`` (in (0, 1]) among the fewest most
+        likely whose probabilities sum to at least p (nucleus sampling; both may be given: top-k
+        first). ``stop_token``: a row that produces it is finished (filled with it after), and
+        generation ends once every row is. ``generator`` makes the draws reproducible. With
+        ``use_cache`` each step feeds only the new token, reading past keys/values (and the
+        shift heads' and Canon layers' last inputs) from a cache; a ``"learned"`` model
+        recomputes on its last ``context`` tokens once the sequence outgrows them, as nanoGPT
+        does.
         """
         tokens = self.check_ids(tokens).long()
-        _check_sampling(steps, temperature, top_k)
+        _check_sampling(steps, temperature, top_k, top_p, stop_token, self.vocab_size)
         was = self.training
         self.eval()
         out, cache, feed = tokens, None, tokens
+        done = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
         for _ in range(steps):
             if self.context is not None and out.shape[1] > self.context:
                 cache, feed = None, out[:, -self.context:]
@@ -475,15 +506,21 @@ class TransformerLM(nn.Module):
             elif not use_cache:
                 feed = out
             logits = self(feed, cache)[:, -1]
-            nxt = _sample(logits, temperature, top_k, generator)
+            nxt = _sample(logits, temperature, top_k, top_p, generator)
+            if stop_token is not None:
+                nxt = nxt.masked_fill(done[:, None], stop_token)
+                done |= nxt[:, 0] == stop_token
             out = torch.cat([out, nxt], 1)
             if cache is not None:
                 feed = nxt
+            if stop_token is not None and done.numel() and bool(done.all()):
+                break
         self.train(was)
         return out
 
 
-def _check_sampling(steps, temperature, top_k) -> None:
+def _check_sampling(steps, temperature, top_k, top_p=None, stop_token=None,
+                    vocab_size=None) -> None:
     if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
         raise ValueError(f"generate: steps must be an int >= 0, got {steps!r}")
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or \
@@ -493,17 +530,36 @@ def _check_sampling(steps, temperature, top_k) -> None:
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral)
                               or top_k < 1):
         raise ValueError(f"generate: top_k must be None or an int >= 1, got {top_k!r}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real)
+                              or not 0 < top_p <= 1):
+        raise ValueError(f"generate: top_p must be None or a number in (0, 1] (the probability "
+                         f"mass sampled from), got {top_p!r}")
+    if stop_token is not None and (isinstance(stop_token, bool) or not isinstance(
+            stop_token, numbers.Integral) or not 0 <= stop_token < (vocab_size or 0)):
+        raise ValueError(f"generate: stop_token must be None or a token id in "
+                         f"0..{(vocab_size or 1) - 1}, got {stop_token!r}")
 
 
-def _sample(logits: Tensor, temperature: float, top_k: int | None, generator) -> Tensor:
+def _sample(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None,
+            generator) -> Tensor:
     """One token per row of logits (B, V) -> (B, 1)."""
     if temperature == 0:
         return logits.argmax(-1, keepdim=True)
-    logits = logits / temperature
+    # shifted so that each row's maximum is 0 before dividing: a temperature that rounds to 0
+    # in float32 then sends every other logit to -inf (the greedy limit), never 0 / 0
+    z = logits.float()
+    z = z - z.amax(-1, keepdim=True)
+    z = torch.where(z == 0, z, z / temperature)
     if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1]), -1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    return torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=generator)
+        kth = torch.topk(z, min(top_k, z.shape[-1]), -1).values[:, -1:]
+        z = z.masked_fill(z < kth, float("-inf"))
+    probs = torch.softmax(z, -1)
+    if top_p is not None and top_p < 1:
+        # the nucleus: the most likely tokens until their mass reaches top_p (at least one)
+        p, order = probs.sort(dim=-1, descending=True, stable=True)
+        drop = (p.cumsum(-1) - p) >= top_p
+        probs = probs.scatter(-1, order, p.masked_fill(drop, 0.0))
+    return torch.multinomial(probs, 1, generator=generator)
 
 
 def equalised_ffn(vocab_size: int, width: int, layers: int, heads: int, position: str,

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._checks import count, floating, number_in
 from ..attention.masks import masked_softmax
 from ..attention.mechanisms import Biaffine
 from ..basis.base import Basis
@@ -91,6 +92,9 @@ class AttentionPooling(nn.Module):
 
     def __init__(self, channels: int, out_channels: int, heads: int = 1, bias: bool = True):
         super().__init__()
+        for name, v in (("channels", channels), ("out_channels", out_channels),
+                        ("heads", heads)):
+            count(v, f"AttentionPooling: {name}")
         self.mechanism = Biaffine(heads, channels, channels, bilinear=False, linear2=False,
                                   bias=False)
         self.param = Full(heads, channels, out_channels)
@@ -108,10 +112,17 @@ class AttentionPooling(nn.Module):
         return SourcePooling(self.weights(h, pad))
 
     def forward(self, h: Tensor, pad: Tensor | None = None) -> Tensor:
+        floating(h, "AttentionPooling: h")
         if h.dim() != 4 or h.shape[-1] != self.channels:
             raise ValueError(f"AttentionPooling expects h (B, T, S, C={self.channels}), got "
                              f"{tuple(h.shape)}")
         B, T, S, C = h.shape
+        if pad is not None and (not isinstance(pad, Tensor) or pad.dtype != torch.bool
+                                or tuple(pad.shape) != (B, S)):
+            got = f"{pad.dtype} {tuple(pad.shape)}" if isinstance(pad, Tensor) else \
+                type(pad).__name__
+            raise ValueError(f"AttentionPooling: pad must be a (B, S)=({B}, {S}) bool tensor "
+                             f"(True: padding), got {got}")
         return convolve(h.reshape(B, T * S, C), self.basis(h, pad), self.param, bias=self.bias)
 
 
@@ -180,9 +191,15 @@ class PervasiveAttention(nn.Module):
                  dropout: float = 0.0, pad_id: int = 0, bos_id: int = 1, eos_id: int = 2):
         super().__init__()
         for name, v in (("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab), ("embed", embed),
-                        ("layers", layers), ("growth", growth), ("heads", heads)):
+                        ("layers", layers), ("growth", growth), ("heads", heads),
+                        ("kernel", kernel), ("bottleneck", bottleneck), ("width", width)):
+            if name in ("bottleneck", "width") and (v is None or (v == 0 and not isinstance(
+                    v, bool))):
+                continue  # (None or 0: the defaults, 4 x growth and 2 x embed)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"PervasiveAttention: {name} must be an int >= 1, got {v!r}")
+        if not number_in(dropout, 0.0, 1.0, open_hi=True):
+            raise ValueError(f"PervasiveAttention: dropout must be in [0, 1), got {dropout!r}")
         if pooling not in POOLINGS:
             raise ValueError(f"PervasiveAttention: pooling must be one of {POOLINGS}, got "
                              f"{pooling!r}")
@@ -218,7 +235,9 @@ class PervasiveAttention(nn.Module):
                 type(ids).__name__
             raise ValueError(f"PervasiveAttention: {what} must be integer token ids (B, L >= 1),"
                              f" got {got}")
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        # (a value check needs the data: skipped inside a compiled graph and on meta)
+        if ids.numel() and not torch.compiler.is_compiling() and ids.device.type != "meta" and \
+                (int(ids.min()) < 0 or int(ids.max()) >= vocab):
             bad = ids[(ids < 0) | (ids >= vocab)].unique()[:8].tolist()
             raise ValueError(f"PervasiveAttention: {what} ids must be in 0..{vocab - 1}, got "
                              f"{bad}")

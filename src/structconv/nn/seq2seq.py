@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._checks import floating
 from ..attention.basis import DotProductAttention
 from ..attention.index import ALiBi, index_bias
 from ..attention.positions import rotary, rotary_angles, sinusoidal
@@ -37,7 +38,15 @@ from ..engine import convolve
 from ..params import LowRank
 from .canon import Canon, ResidualDepthwise
 from .decoding import generate
-from .lm import POSITIONS, SINUSOIDAL_SCALE, CausalSelfAttention, check_canon, size_cached
+from .lm import (
+    POSITIONS,
+    SINUSOIDAL_SCALE,
+    CausalSelfAttention,
+    check_cache,
+    check_canon,
+    check_ffn,
+    size_cached,
+)
 
 __all__ = ["SignedShift", "CentredCanon", "SelfAttention", "CrossAttention", "EncoderBlock",
            "DecoderBlock", "Seq2Seq", "encoder_shifts", "SEQ2SEQ_POSITIONS"]
@@ -134,6 +143,7 @@ class CentredCanon(nn.Module):
         return g
 
     def forward(self, h: Tensor, pad: Tensor | None = None) -> Tensor:
+        floating(h, "CentredCanon: h")
         if h.dim() != 3 or h.shape[-1] != self.channels:
             raise ValueError(f"CentredCanon expects h (B, L, C={self.channels}), got "
                              f"{tuple(h.shape)}")
@@ -149,9 +159,12 @@ def _check_heads(embed_dim: int, heads: int) -> int:
 
 
 def _check_pad(pad: Tensor | None, B: int, L: int, what: str) -> None:
-    if pad is not None and (pad.dtype != torch.bool or tuple(pad.shape) != (B, L)):
+    if pad is not None and (not isinstance(pad, Tensor) or pad.dtype != torch.bool or
+                            tuple(pad.shape) != (B, L)):
+        got = f"{pad.dtype} {tuple(pad.shape)}" if isinstance(pad, Tensor) else \
+            type(pad).__name__
         raise ValueError(f"{what}: pad must be a (B, L)=({B}, {L}) bool tensor (True: padding), "
-                         f"got {pad.dtype} {tuple(pad.shape)}")
+                         f"got {got}")
 
 
 class SelfAttention(nn.Module):
@@ -172,6 +185,10 @@ class SelfAttention(nn.Module):
         self.D = D = _check_heads(embed_dim, heads)
         if rotary and D % 2:
             raise ValueError(f"rotary needs an even head size, got {D} (embed_dim/heads)")
+        if not isinstance(shifts, Sequence) or any(isinstance(s, bool) or not isinstance(s, int)
+                                                   for s in shifts):
+            raise ValueError(f"SelfAttention: shifts must be a list of int offsets, got "
+                             f"{shifts!r}")
         self.shifts = [int(s) for s in shifts]
         self.E, self.H, self.S = embed_dim, heads, len(self.shifts)
         self.rotary, self.dropout = bool(rotary), float(dropout)
@@ -240,6 +257,7 @@ class SelfAttention(nn.Module):
         return lr
 
     def forward(self, x: Tensor, pad: Tensor | None = None) -> Tensor:
+        floating(x, "SelfAttention: x")
         if x.dim() != 3 or x.shape[-1] != self.E:
             raise ValueError(f"SelfAttention expects x (B, L, E={self.E}), got {tuple(x.shape)}")
         B, L = x.shape[:2]
@@ -303,6 +321,8 @@ class CrossAttention(nn.Module):
 
     def forward(self, y: Tensor, memory: Tensor, pad: Tensor | None = None,
                 cache: dict | None = None) -> Tensor:
+        floating(y, "CrossAttention: y")
+        floating(memory, "CrossAttention: memory")
         if y.dim() != 3 or y.shape[-1] != self.E or memory.dim() != 3 or \
                 memory.shape[-1] != self.E or memory.shape[0] != y.shape[0]:
             raise ValueError(f"CrossAttention expects y (B, T, E={self.E}) and memory (B, S, "
@@ -421,7 +441,7 @@ class Seq2Seq(nn.Module):
                                                                       width, position)
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         self.context = context if position == "learned" else None
-        self.ffn = int(ffn) if ffn else 4 * width
+        self.ffn = check_ffn("Seq2Seq", ffn, width)
         dec_shifts, enc_shifts = self._shifts(position, shifts, src_shifts)
         self.shifts, self.src_shifts = dec_shifts, enc_shifts
         self.src_tok, self.tgt_tok = nn.Embedding(src_vocab, width), nn.Embedding(tgt_vocab, width)
@@ -518,7 +538,8 @@ class Seq2Seq(nn.Module):
         if ids.shape[1] == 0:
             raise ValueError(f"Seq2Seq: {what} needs at least one token per row, got shape "
                              f"{tuple(ids.shape)}")
-        if ids.numel():
+        if ids.numel() and not torch.compiler.is_compiling() and ids.device.type != "meta":
+            # a value check needs the data: skipped inside a compiled graph (and on meta)
             lo, hi = (int(v) for v in ids.aminmax())
             if lo < 0 or hi >= vocab:
                 bad = ids[(ids < 0) | (ids >= vocab)].unique()[:8].tolist()
@@ -566,6 +587,7 @@ class Seq2Seq(nn.Module):
         if tgt.shape[0] != memory.shape[0]:
             raise ValueError(f"Seq2Seq: the source has {memory.shape[0]} rows but tgt has "
                              f"{tgt.shape[0]} (shape {tuple(tgt.shape)})")
+        check_cache(cache, len(self.decoder), "Seq2Seq")
         start = 0 if not cache or "k" not in cache[0] else cache[0]["k"].shape[2]
         y = self.drop(self._positions(self.tgt_tok(tgt), self.tgt_pos, start))
         return self.head(self.run_decoder(y, memory, pad, cache))
