@@ -128,3 +128,16 @@ def test_keys_that_do_not_apply_are_refused_by_name(name, override, pattern):
 ])
 def test_keys_that_apply_are_accepted(name, overrides):
     load_config(name, overrides)
+
+
+def test_structconv_train_refuses_an_absurd_language_model_before_building_it(tmp_path):
+    # through the trainer: the estimate runs before the model is built, so a million layers
+    # are refused in well under a second instead of growing until memory runs out
+    import structconv as sc
+
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match="the model needs about"):
+        sc.train("transformer_python", out=tmp_path / "run",
+                 overrides=["model.lm.layers=1000000"])
+    assert time.perf_counter() - t0 < 30
+    assert not (tmp_path / "run" / "best.safetensors").exists()

@@ -32,7 +32,8 @@ from .seq2seq import build_seq2seq
 from .sizes import lm_parameters, seq2seq_parameters
 
 __all__ = ["build_model", "build_lm", "build_link", "build_seq2seq_model", "data_info",
-           "link_sorts", "optimizer_copies", "memory_estimate", "check_memory", "sampled_share"]
+           "link_sorts", "optimizer_copies", "estimated_from_config", "memory_estimate",
+           "check_memory", "sampled_share"]
 
 
 def _need(cond: bool, msg: str):
@@ -214,6 +215,12 @@ def _sequence_parameters(cfg: dict, data) -> int:
     return lm_parameters(s, len(data.vocab), s["context"] or cfg["data"]["seq_len"])
 
 
+def estimated_from_config(cfg: dict) -> bool:
+    """Whether ``memory_estimate`` reads ``cfg`` alone (link and sequence models) rather than a
+    built model (declared layers): a trainer checks those before it builds anything."""
+    return is_link(cfg) or is_seq2seq(cfg) or bool(cfg["model"]["lm"])
+
+
 def memory_estimate(cfg: dict, data, model: nn.Module | None = None) -> dict | None:
     """Bytes one training step of ``cfg``'s model on ``data`` needs, about: ``params``
     (weights, gradients and optimizer state) and ``activations`` (one batch, kept for the
@@ -222,8 +229,7 @@ def memory_estimate(cfg: dict, data, model: nn.Module | None = None) -> dict | N
     the config alone (nothing is built), declared layers are built here."""
     if is_link(cfg):
         return _link_memory(cfg, data)
-    sequence = is_seq2seq(cfg) or bool(cfg["model"]["lm"])
-    if model is None and not sequence:
+    if model is None and not estimated_from_config(cfg):
         model = build_model(cfg, data)
     t, d = cfg["train"], cfg["data"]
     nbytes = 8 if cfg["model"]["dtype"] == "float64" else 4

@@ -21,7 +21,7 @@ from torch import nn
 
 from ..config import ConfigError, config_from, is_link
 from ..io import RunLock, atomic_write_json
-from ..models.build import build_model, check_memory
+from ..models.build import build_model, check_memory, estimated_from_config
 from ..registry import untrusted
 from . import distributed as D
 from .checkpoint import (
@@ -151,10 +151,10 @@ def _build(cfg: dict | None, run: Path, device: str, resume: bool, progress, sto
     # the memory check reads the config before any model is built (a model too large for
     # the machine is refused before it takes the memory); the seed is set again after it,
     # so the model is the one a run without the check would build
-    est = check_memory(cfg, data, dev)
+    est = check_memory(cfg, data, dev) if estimated_from_config(cfg) else None
     torch.manual_seed(cfg["seed"])
     model = build_model(cfg, data)
-    if est is None:
+    if est is None:  # declared layers: the estimate reads the built model
         check_memory(cfg, data, dev, model)
     model = model.to(dev)
     opt = make_optimizer(cfg, model)
