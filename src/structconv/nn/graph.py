@@ -226,6 +226,8 @@ class GraphConvolution(PyGCompatible):
         """x as node features of this layer's in_channels (else a clear error); sizes a lazy
         layer on its first call."""
         x = _node_features(x, type(self).__name__)
+        if x.layout != torch.strided:  # sparse features (PyG accepts them): as dense rows
+            x = x.to_dense()
         if is_lazy(self.param.weight):
             self._materialize(x.shape[-1])
         if x.shape[-1] != self.param.P:
@@ -292,8 +294,19 @@ class GraphConvolution(PyGCompatible):
         edge form ``form()`` with its entries scaled by the edge mask (never cached)."""
         mask = self._explain_mask()
         if mask is None:
-            return cached(self.cached, key, opts, build)
+            return cached(self._cache_structure(), key, opts, build)
         return _masked_basis(form(), mask, make)
+
+    def _cache_structure(self) -> bool:
+        return self.cached
+
+    @property
+    def _cached_edge_index(self):
+        """The structure of the last call while ``cached`` (the name PyG's GCNConv uses), or
+        None."""
+        if not self.cached or not self._plans:
+            return None
+        return next(reversed(self._plans.values()))[0]
 
     def plan(self, x: Tensor, edge_index: Tensor, *args, **kwargs):
         """The planner's decision for this call (see ``sc.plan``)."""
@@ -448,14 +461,27 @@ class SGConv(GraphConvolution):
                  flow: str = "source_to_target", aggr: str = "add"):
         check_K(K)
         self._feat = None
-        super().__init__(in_channels, out_channels, 1, bias, cached=True)
-        self.K, self.add_self_loops, self.cache_features = K, add_self_loops, bool(cached)
+        super().__init__(in_channels, out_channels, 1, bias, cached=cached)
+        self.K, self.add_self_loops = K, add_self_loops
         self.flow = _check_flow(flow)
         self.aggr = _check_aggr(aggr, ("add", "sum"), "SGConv")
 
     def _init_weights(self) -> None:
         # PyG's SGConv is a torch.nn.Linear with bias: its default init
         self._linear_init(bias=True)
+
+    def _cache_structure(self) -> bool:
+        return True  # ``cached`` is PyG's feature cache here; the structure cache is safe
+
+    @property
+    def cache_features(self) -> bool:
+        """Whether S^K x is kept (PyG's ``cached``; settable as ``cached``)."""
+        return self.cached
+
+    @property
+    def _cached_x(self):
+        """The kept features S^K x (the name PyG's SGConv uses), or None."""
+        return None if self._feat is None else self._feat[2]
 
     def _pyg_weights(self) -> list[str]:
         return ["lin.weight"]

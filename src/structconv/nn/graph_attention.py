@@ -265,7 +265,8 @@ class _EdgeAttention(PyGCompatible):
 
     def _merge(self, out: Tensor) -> Tensor:
         """(N, K, C) -> (N, K·C) concatenated, or the mean over heads (N, C)."""
-        return out.reshape(out.shape[0], -1) if self.concat else out.mean(1)
+        return out.reshape(out.shape[0], self.heads * self.out_channels) if self.concat \
+            else out.mean(1)
 
 
 def _out_size(x_src: Tensor, x_dst: Tensor | None, size) -> tuple[int, int]:
@@ -549,6 +550,10 @@ class TransformerConv(_EdgeAttention):
         for lin in (self.lin_key, self.lin_query, self.lin_value, self.lin_edge, self.lin_skip,
                     self.lin_beta):
             _init_linear(lin, glorot=False)
+
+    #: PyG's TransformerConv keeps the last attention weights here between two calls (None
+    #: after each); this layer returns them directly and never keeps them
+    _alpha = None
 
     def extra_repr(self):
         return (f"{self.in_channels}, {self.out_channels}, heads={self.heads}, "
