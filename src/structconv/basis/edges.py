@@ -85,7 +85,10 @@ def as_edge_index(edge_index, what: str = "edge_index") -> EdgeInput:
             _bad_index(edge_index, what)
             size = edge_index.sparse_size() if callable(getattr(edge_index, "sparse_size",
                                                                 None)) else None
-            plain = edge_index.as_subclass(Tensor)
+            # PyG's EdgeIndex holds its plain tensor (the same object every call: the
+            # structure cache's key); another subclass is viewed as a plain tensor
+            plain = edge_index.as_tensor() if callable(getattr(edge_index, "as_tensor", None)) \
+                else edge_index.as_subclass(Tensor)
             return EdgeInput(plain, None, None if size is None else tuple(size), "edge_index")
     if callable(getattr(edge_index, "coo", None)) and \
             callable(getattr(edge_index, "sparse_sizes", None)):

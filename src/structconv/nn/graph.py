@@ -141,7 +141,7 @@ class GraphConvolution(PyGCompatible):
             self.bias = nn.Parameter(torch.zeros(out_channels))
         else:
             self.register_parameter("bias", None)
-        self._init_weights()
+        self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """Draw the weights afresh, as PyG's layer of the same name initialises them (a lazy

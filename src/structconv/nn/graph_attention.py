@@ -322,6 +322,7 @@ class GATConv(_EdgeAttention):
         else:
             self.register_parameter("res", None)
         self.bias = nn.Parameter(torch.zeros(total)) if bias else None
+        self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """Draw the weights afresh as PyG's GATConv: glorot projections and attention
@@ -444,6 +445,7 @@ class GATv2Conv(_EdgeAttention):
         else:
             self.register_parameter("res", None)
         self.bias = nn.Parameter(torch.zeros(total)) if bias else None
+        self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """Draw the weights afresh as PyG's GATv2Conv: glorot projections (zero biases) and
@@ -543,6 +545,7 @@ class TransformerConv(_EdgeAttention):
         total = HC if concat else out_channels
         self.lin_skip = _linear(ins[1], total, bias, glorot=False)
         self.lin_beta = nn.Linear(3 * total, 1, bias=False) if self.beta else None
+        self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """Draw the weights afresh as PyG's TransformerConv: every projection with its

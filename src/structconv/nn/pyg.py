@@ -69,6 +69,9 @@ class PyGCompatible(nn.Module):
             if t is not None and is_lazy(p):
                 p.materialize(t.shape)
                 self._sized_from(name, t)
+        for m in self.modules():  # a lazy Linear's in_features, now known
+            if isinstance(m, nn.Linear) and m.in_features == -1 and not is_lazy(m.weight):
+                m.in_features = m.weight.shape[1]
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
 
