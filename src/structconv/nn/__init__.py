@@ -15,6 +15,7 @@ from .grid import GridAvgPool, GridConv
 from .layers import Convolution
 from .lm import CausalSelfAttention, TransformerLM
 from .pervasive import AttentionPooling, PervasiveAttention, SourcePooling
+from .pyg import pyg_compatible, pyg_state_dict
 from .seq2seq import CrossAttention, SelfAttention, Seq2Seq
 
 __all__ = ["Convolution", "from_torch", "from_pyg", "to_torch", "register_torch", "register_pyg",
@@ -24,4 +25,5 @@ __all__ = ["Convolution", "from_torch", "from_pyg", "to_torch", "register_torch"
            "MixedAttention", "GridConv", "GridAvgPool", "CausalSelfAttention", "TransformerLM",
            "SparseDropout", "sparse_dropout", "Canon",
            "Seq2Seq", "SelfAttention", "CrossAttention",
-           "PervasiveAttention", "AttentionPooling", "SourcePooling"]
+           "PervasiveAttention", "AttentionPooling", "SourcePooling",
+           "pyg_compatible", "pyg_state_dict"]

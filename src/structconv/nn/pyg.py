@@ -32,9 +32,18 @@ def _pyg_loaded() -> bool:
     return "torch_geometric" in sys.modules
 
 
+#: structconv graph layer classes by name (to find their MessagePassing classes by name)
+_LAYERS: dict[str, type] = {}
+
+
 class PyGCompatible(nn.Module):
     """Base of the structconv graph layers: built as a ``MessagePassing`` when PyG is loaded
     (module doc), reads PyG's explain masks, maps PyG's parameter names when loading."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if not getattr(cls, "_is_message_passing", False) and not cls.__name__.startswith("_"):
+            _LAYERS.setdefault(cls.__name__, cls)
 
     def __new__(cls, *args, **kwargs):
         if _pyg_loaded() and not getattr(cls, "_is_message_passing", False):
@@ -117,15 +126,13 @@ def message_passing_class(cls: type) -> type | None:
 
 
 def __getattr__(name: str):
-    # unpickling a layer built as a MessagePassing finds its class here
-    from . import graph, graph_attention
-    for mod in (graph, graph_attention):
-        cls = getattr(mod, name, None)
-        if isinstance(cls, type) and issubclass(cls, PyGCompatible):
-            mp = message_passing_class(cls)
-            if mp is not None:
-                return mp
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # unpickling a layer built as a MessagePassing finds its class here (the structconv
+    # classes registered themselves when ``structconv.nn``, imported first, defined them)
+    cls = _LAYERS.get(name)
+    mp = None if cls is None else message_passing_class(cls)
+    if mp is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return mp
 
 
 def pyg_compatible(model: nn.Module) -> nn.Module:
