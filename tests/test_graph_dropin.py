@@ -292,6 +292,19 @@ def test_reset_parameters_draws_again_and_runs_at_construction(name, monkeypatch
     assert calls
 
 
+@pytest.mark.parametrize("form", [sc.params.Full(3, 4, 5), sc.params.Grouped(3, 4, 6, 2),
+                                  sc.params.DepthwiseSeparable(3, 4, 5),
+                                  sc.params.ControlledSeparable(3, 4, 5, 2),
+                                  sc.params.LowRank(3, 4, 5, 2)])
+def test_the_parameter_forms_the_layers_hold_reset_too(form):
+    torch.manual_seed(0)
+    before = form().detach().clone()
+    form.reset_parameters()
+    after = form().detach()
+    assert not torch.equal(before, after)
+    assert after.abs().max() <= 3 * before.abs().max()  # the same distribution's range
+
+
 # ------------------------------------------------------------------------------------------------
 # checkpoints both ways
 @pytest.mark.parametrize("name,over", [(n, {}) for n in LAYERS] + [
