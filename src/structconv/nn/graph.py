@@ -133,6 +133,9 @@ class GraphConvolution(PyGCompatible):
         self.cached, self.route = bool(cached), route
         self._plans: dict = {}  # (basis id, x shape, ...) -> (basis, Plan): see plan_for
         self.param: Parameterization = Full(K, max(in_channels, 1), out_channels)
+        #: the input width theta is sized for (None until a lazy layer's first call); a plain
+        #: attribute, read on every call
+        self._P = None if in_channels == -1 else in_channels
         if in_channels == -1:
             self.param.weight = lazy_parameter()
         else:
@@ -175,14 +178,14 @@ class GraphConvolution(PyGCompatible):
 
     def _sized_from(self, name: str, t: Tensor) -> None:
         if name == "param.weight":
-            self.param.P = t.shape[1]
+            self.param.P = self._P = t.shape[1]
             _linear_layout_(self.param.weight)
 
     def _materialize(self, P: int) -> None:
         """Size a lazy theta for P input features (the first call), drawn as at construction."""
         w = self.param.weight
         w.materialize((self.param.K, P, self.out_channels))
-        self.param.P = P
+        self.param.P = self._P = P
         _linear_layout_(w)
         b = None if self.bias is None else self.bias.detach().clone()
         self._init_weights()
@@ -228,10 +231,10 @@ class GraphConvolution(PyGCompatible):
         x = _node_features(x, type(self).__name__)
         if x.layout != torch.strided:  # sparse features (PyG accepts them): as dense rows
             x = x.to_dense()
-        if is_lazy(self.param.weight):
+        if self._P is None:
             self._materialize(x.shape[-1])
-        if x.shape[-1] != self.param.P:
-            raise ValueError(f"{type(self).__name__} has in_channels={self.param.P} but x "
+        if x.shape[-1] != self._P:
+            raise ValueError(f"{type(self).__name__} has in_channels={self._P} but x "
                              f"has {x.shape[-1]} features (shape {tuple(x.shape)})")
         return x
 
@@ -241,7 +244,7 @@ class GraphConvolution(PyGCompatible):
         restriction to a sampled block, whose N targets are the first of its M inputs), used
         as it is."""
         x = self.check_x(x)
-        if x.shape[-2] == 0 or x.device.type == "meta":
+        if x.shape[-2] == 0 or x.is_meta:
             return self._no_propagation(x)
         if isinstance(edge_index, Basis):
             b = self._given(edge_index)
@@ -292,13 +295,14 @@ class GraphConvolution(PyGCompatible):
     def _structure(self, key: tuple, opts: tuple, build, form, make) -> Basis:
         """The cached basis of this call, or, under PyG's ``Explainer``, the basis of the
         edge form ``form()`` with its entries scaled by the edge mask (never cached)."""
-        mask = self._explain_mask()
+        mask = self._explain_mask() if self.__dict__.get("_explain") else None
         if mask is None:
-            return cached(self._cache_structure(), key, opts, build)
+            return cached(self.cached or self._always_cache, key, opts, build)
         return _masked_basis(form(), mask, make)
 
-    def _cache_structure(self) -> bool:
-        return self.cached
+    #: build the structure through the cache whatever ``cached`` says (SGConv's ``cached`` is
+    #: PyG's feature cache)
+    _always_cache = False
 
     @property
     def _cached_edge_index(self):
@@ -470,8 +474,7 @@ class SGConv(GraphConvolution):
         # PyG's SGConv is a torch.nn.Linear with bias: its default init
         self._linear_init(bias=True)
 
-    def _cache_structure(self) -> bool:
-        return True  # ``cached`` is PyG's feature cache here; the structure cache is safe
+    _always_cache = True  # ``cached`` is PyG's feature cache here; the structure cache is safe
 
     @property
     def cache_features(self) -> bool:
