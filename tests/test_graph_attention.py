@@ -222,7 +222,7 @@ def test_layers_refuse_bad_edge_features_by_name():
         sc.nn.TransformerConv(5, 3, edge_dim=2).double()(x, ei)
     with pytest.raises(ValueError, match="outside"):
         sc.nn.GATConv(5, 3).double()(x, torch.tensor([[0], [9]]))
-    with pytest.raises(ValueError, match="integer"):
+    with pytest.raises(TypeError, match="integer"):  # a dtype error, not a shape error
         sc.nn.GATv2Conv(5, 3).double()(x, ei.double())
     with pytest.raises(ValueError, match="x_dst"):
         sc.nn.GATv2Conv((5, 4), 3).double()((x, None), ei)

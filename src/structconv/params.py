@@ -50,6 +50,10 @@ class Parameterization(nn.Module):
     def extra_repr(self) -> str:
         return f"K={self.K}, P={self.P}, Q={self.Q}"
 
+    def reset_parameters(self) -> None:
+        """Draw the weights afresh from the form's initial distribution."""
+        raise NotImplementedError(f"{type(self).__name__} has no reset_parameters")
+
     @property
     def fan_in(self) -> int:
         """Inputs feeding one output channel of one entry (as torch's conv: K * P / groups)."""
@@ -127,6 +131,11 @@ class Full(Parameterization):
         b = 1.0 / math.sqrt(self.fan_in)
         self.weight = nn.Parameter(torch.empty(K, P, Q).uniform_(-b, b))
 
+    def reset_parameters(self) -> None:
+        b = 1.0 / math.sqrt(self.fan_in)
+        with torch.no_grad():
+            self.weight.uniform_(-b, b)
+
     def forward(self) -> Tensor:
         return self.weight
 
@@ -147,6 +156,11 @@ class Grouped(Parameterization):
     @property
     def fan_in(self):
         return self.K * self.P // self.groups
+
+    def reset_parameters(self) -> None:
+        b = 1.0 / math.sqrt(self.fan_in)
+        with torch.no_grad():
+            self.weight.uniform_(-b, b)
 
     def extra_repr(self):
         return super().extra_repr() + f", groups={self.groups}"
@@ -213,6 +227,11 @@ class DepthwiseSeparable(Parameterization):
         self.depth = nn.Parameter(torch.empty(K, P).uniform_(-1, 1) / math.sqrt(K))
         self.point = nn.Parameter(torch.empty(P, Q).uniform_(-1, 1) / math.sqrt(P))
 
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.depth.uniform_(-1, 1).div_(math.sqrt(self.K))
+            self.point.uniform_(-1, 1).div_(math.sqrt(self.P))
+
     def forward(self) -> Tensor:
         return self.depth.unsqueeze(2) * self.point.unsqueeze(0)
 
@@ -261,6 +280,12 @@ class ControlledSeparable(Parameterization):
         # var(theta) = H var(coef) var(channel) = 1 / (3 K P), as a Full theta's
         b = math.sqrt(3.0 / self.fan_in)
         self.channel = nn.Parameter(torch.empty(H, P, Q).uniform_(-b, b))
+
+    def reset_parameters(self) -> None:
+        b = math.sqrt(3.0 / self.fan_in)
+        with torch.no_grad():
+            self.basis_coef.uniform_(-1, 1).div_(math.sqrt(self.H))
+            self.channel.uniform_(-b, b)
 
     def extra_repr(self):
         return super().extra_repr() + f", H={self.H}"
@@ -311,6 +336,12 @@ class LowRank(Parameterization):
         self.value = nn.Parameter(torch.empty(K, P, rank).uniform_(-1, 1) / math.sqrt(P))
         b = math.sqrt(3.0 / (K * rank))
         self.out = nn.Parameter(torch.empty(K, rank, Q).uniform_(-b, b))
+
+    def reset_parameters(self) -> None:
+        b = math.sqrt(3.0 / (self.K * self.rank))
+        with torch.no_grad():
+            self.value.uniform_(-1, 1).div_(math.sqrt(self.P))
+            self.out.uniform_(-b, b)
 
     def extra_repr(self):
         return super().extra_repr() + f", rank={self.rank}"

@@ -16,15 +16,18 @@ degree on sources), in the same order, so that float64 results agree to rounding
 from __future__ import annotations
 
 import numbers
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from .._checks import check_index_tensor
 
-__all__ = ["EdgeForm", "check_num_nodes", "check_edges", "check_K", "check_norm",
+__all__ = ["EdgeForm", "EdgeInput", "as_edge_index", "check_num_nodes", "check_edges", "check_K",
+           "check_norm",
            "check_edge_type", "infer_num_relations", "check_sorts", "value_dtype", "gcn_norm",
            "laplacian", "random_walk", "relation_values", "graph_hops", "FILL_REDUCTIONS"]
 
@@ -33,6 +36,113 @@ __all__ = ["EdgeForm", "check_num_nodes", "check_edges", "check_K", "check_norm"
 FILL_REDUCTIONS = ("mean", "add", "sum", "max", "min", "amax", "amin", "mul")
 
 _INF = float("inf")
+
+
+# ------------------------------------------------------------------------------------------------
+# the edge inputs PyG's layers accept, as one (2, E) edge list
+class EdgeInput(NamedTuple):
+    """A graph argument as an edge list: ``index`` (2, E) [source; target] (a plain tensor),
+    ``value`` (E, ...) the entries a sparse adjacency carries (None for an edge list), ``size``
+    (num_src, num_dst) where the input states it (a sparse adjacency, a sized ``EdgeIndex``),
+    and ``kind``: "edge_index", "torch_sparse" or "sparse_tensor" (``torch_sparse``)."""
+
+    index: Tensor
+    value: Tensor | None
+    size: tuple[int | None, int | None] | None
+    kind: str
+
+
+_SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
+
+#: the last converted sparse adjacencies, by identity and checked against their content, so
+#: that an ``adj_t`` reused every epoch gives the same edge list (the structure cache's key)
+_CONVERTED: dict = {}
+_CONVERTED_MAX = 8
+
+
+def _bad_index(t: Tensor, what: str) -> None:
+    if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+        raise TypeError(f"{what} must be an integer (2, E) tensor [source; target], got dtype "
+                        f"{t.dtype}")
+    if t.dim() != 2 or t.shape[0] != 2:
+        raise ValueError(f"{what} must be an integer (2, E) tensor [source; target], got shape "
+                         f"{tuple(t.shape)}")
+
+
+def as_edge_index(edge_index, what: str = "edge_index") -> EdgeInput:
+    """Any graph argument of PyG's layers as an ``EdgeInput``: a (2, E) integer tensor (returned
+    as it is), PyG's ``EdgeIndex``, a torch sparse ``adj_t`` (COO/CSR/CSC, shape (num_dst,
+    num_src): entry [n, m] is the edge m -> n, its values the edge weights) or a
+    ``torch_sparse.SparseTensor`` ``adj_t`` (duck-typed). A bool or floating edge list is a
+    TypeError; the edges of a sparse input come in its storage order."""
+    if type(edge_index) is Tensor and edge_index.layout == torch.strided:
+        _bad_index(edge_index, what)  # the common path: a few attribute reads
+        return EdgeInput(edge_index, None, None, "edge_index")
+    if isinstance(edge_index, Tensor):
+        if edge_index.layout in _SPARSE_LAYOUTS:
+            return _from_torch_sparse(edge_index, what)
+        if edge_index.layout == torch.strided:  # a subclass: PyG's EdgeIndex
+            _bad_index(edge_index, what)
+            size = edge_index.sparse_size() if callable(getattr(edge_index, "sparse_size",
+                                                                None)) else None
+            # PyG's EdgeIndex holds its plain tensor (the same object every call: the
+            # structure cache's key); another subclass is viewed as a plain tensor
+            plain = edge_index.as_tensor() if callable(getattr(edge_index, "as_tensor", None)) \
+                else edge_index.as_subclass(Tensor)
+            return EdgeInput(plain, None, None if size is None else tuple(size), "edge_index")
+    if callable(getattr(edge_index, "coo", None)) and \
+            callable(getattr(edge_index, "sparse_sizes", None)):
+        row, col, value = edge_index.coo()  # adj_t: rows are targets
+        n_dst, n_src = edge_index.sparse_sizes()
+        return EdgeInput(torch.stack([col, row]), value, (int(n_src), int(n_dst)),
+                         "sparse_tensor")
+    raise TypeError(f"{what} must be a (2, E) integer tensor, an EdgeIndex, a torch sparse "
+                    f"adjacency adj_t (num_dst, num_src) or a torch_sparse.SparseTensor, got "
+                    f"{type(edge_index).__name__}")
+
+
+def _sparse_parts(adj: Tensor) -> tuple[Tensor, ...]:
+    if adj.layout == torch.sparse_coo:
+        return (adj._indices(), adj._values())
+    if adj.layout == torch.sparse_csr:
+        return (adj.crow_indices(), adj.col_indices(), adj.values())
+    return (adj.ccol_indices(), adj.row_indices(), adj.values())
+
+
+def _from_torch_sparse(adj: Tensor, what: str) -> EdgeInput:
+    if adj.sparse_dim() != 2:
+        raise ValueError(f"{what}: a sparse adjacency must have 2 sparse dims (num_dst, num_src), "
+                         f"got shape {tuple(adj.shape)} with {adj.sparse_dim()} sparse dims")
+    key = id(adj)
+    hit = _CONVERTED.get(key)
+    parts = _sparse_parts(adj)
+    if hit is not None and hit[0]() is adj and len(hit[1]) == len(parts) and all(
+            a.shape == b.shape and torch.equal(a, b) for a, b in zip(hit[1], parts)):
+        return hit[2]
+    out = _convert_sparse(adj)
+    if not torch.compiler.is_compiling() and not adj.requires_grad and \
+            adj.device.type != "meta":
+        if len(_CONVERTED) >= _CONVERTED_MAX:
+            _CONVERTED.pop(next(iter(_CONVERTED)))
+        _CONVERTED[key] = (weakref.ref(adj, lambda _r, k=key: _CONVERTED.pop(k, None)),
+                           tuple(p.detach().clone() for p in parts), out)
+    return out
+
+
+def _convert_sparse(adj: Tensor) -> EdgeInput:
+    n_dst, n_src = int(adj.shape[0]), int(adj.shape[1])
+    if adj.layout == torch.sparse_coo:
+        c = adj if adj.is_coalesced() else adj.coalesce()
+        idx, value = c.indices(), c.values()
+        dst, src = idx[0], idx[1]
+    elif adj.layout == torch.sparse_csr:
+        crow, src, value = adj.crow_indices(), adj.col_indices(), adj.values()
+        dst = torch.repeat_interleave(torch.arange(n_dst, device=crow.device), crow.diff())
+    else:
+        ccol, dst, value = adj.ccol_indices(), adj.row_indices(), adj.values()
+        src = torch.repeat_interleave(torch.arange(n_src, device=ccol.device), ccol.diff())
+    return EdgeInput(torch.stack([src.long(), dst.long()]), value, (n_src, n_dst),
+                     "torch_sparse")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from .pool import (
                         global_max_pool,
                         global_mean_pool,
 )
+from .pyg import pyg_compatible, pyg_state_dict
 from .sage import SAGEConv
 from .seq2seq import CrossAttention, SelfAttention, Seq2Seq
 from .typed import TypedGraphConv, TypedModel, to_hetero
@@ -40,4 +41,5 @@ __all__ = ["Convolution", "from_torch", "from_pyg", "to_torch", "register_torch"
            "PervasiveAttention", "AttentionPooling", "SourcePooling",
            "GINConv", "GINEConv", "gin_conv", "gine_conv", "global_add_pool", "global_mean_pool",
            "global_max_pool", "AttentionalAggregation", "NodeGate", "SAGEConv",
-           "HeteroConv", "TypedGraphConv", "TypedModel", "to_hetero", "HGTConv", "HANConv"]
+           "HeteroConv", "TypedGraphConv", "TypedModel", "to_hetero", "HGTConv", "HANConv",
+           "pyg_compatible", "pyg_state_dict"]

@@ -10,6 +10,7 @@ by every layer and epoch; see ``sc.basis.graph`` for how graphs are keyed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
 
@@ -19,10 +20,11 @@ from torch import Tensor, nn
 from ..basis import graph as G
 from ..basis.base import Basis
 from ..basis.cache import cached
-from ..basis.edges import check_K, check_norm
+from ..basis.edges import as_edge_index, check_edges, check_K, check_norm, gcn_norm, laplacian
 from ..engine import convolve, plan
 from ..params import ControlledSeparable, Full, Grouped, Parameterization, glorot_
 from .convert import register_pyg
+from .pyg import PyGCompatible, check_mask, is_lazy, lazy_parameter
 
 __all__ = ["GCNConv", "ChebConv", "TAGConv", "SGConv", "RGCNConv", "GraphConvolution"]
 
@@ -36,14 +38,14 @@ def _bias_like(bias: Tensor | None, x: Tensor) -> Tensor | None:
     return bias if bias is None or bias.dtype == x.dtype else bias.to(x.dtype)
 
 
-def _linear_layout_(param: Full) -> None:
-    """Keep theta (K, P, Q) in (K, Q, P) memory, torch.nn.Linear's layout (values unchanged).
+def _linear_layout_(w: nn.Parameter) -> None:
+    """Keep theta (K, P, Q) in (K, Q, P) memory, torch.nn.Linear's layout (values unchanged;
+    the same Parameter object, so an optimizer built before a lazy layer's first call holds it).
 
     The weight gradient x^T·g is then computed as (g^T·x)^T, the faster GEMM shape when x is
     tall (many nodes): about 1.5x on the backward of a PubMed-sized layer.
     """
-    w = param.weight.detach()
-    param.weight = nn.Parameter(w.transpose(1, 2).contiguous().transpose(1, 2))
+    w.data = w.detach().transpose(1, 2).contiguous().transpose(1, 2)
 
 
 def _check_flow(flow: str) -> str:
@@ -70,13 +72,28 @@ def _node_features(x, layer: str) -> Tensor:
     return x
 
 
-def _edge_tensor(edge_index, layer: str) -> Tensor:
-    if not isinstance(edge_index, Tensor) or edge_index.layout != torch.strided:
-        raise TypeError(f"{layer} expects edge_index as a dense (2, E) integer tensor "
-                        f"[source; target], got {type(edge_index).__name__}"
-                        + (f" with layout {edge_index.layout}" if isinstance(edge_index, Tensor)
-                           else ""))
-    return edge_index
+def _check_channels(name: str, v, lazy: bool = True) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or not (v >= 1 or (lazy and v == -1)):
+        raise ValueError(f"{name} must be a positive int{' or -1 (lazy)' if lazy else ''}, "
+                         f"got {v!r}")
+
+
+def _edges(edge_index, edge_weight, layer: str, n: int):
+    """(edge_index (2, E), edge_weight or None) of any graph input (``as_edge_index``); a
+    sparse adjacency's values are the edge weights, its size must be (n, n)."""
+    if type(edge_index) is Tensor and edge_index.layout == torch.strided:  # the common path
+        if edge_index.dtype == torch.bool or edge_index.is_floating_point():
+            raise TypeError(f"{layer}: edge_index must be an integer (2, E) tensor, got dtype "
+                            f"{edge_index.dtype}")
+        return edge_index, edge_weight
+    e = as_edge_index(edge_index, f"{layer}: edge_index")
+    if e.size is not None and any(s is not None and s != n for s in e.size):
+        raise ValueError(f"{layer}: the adjacency is {e.size[1]} x {e.size[0]} (num_dst x "
+                         f"num_src) but x has {n} nodes")
+    if e.value is not None and edge_weight is None and e.value.dim() == 1 and \
+            e.value.is_floating_point():
+        edge_weight = e.value
+    return e.index, edge_weight
 
 
 def _transposed(basis_fn):
@@ -91,29 +108,110 @@ def _transposed(basis_fn):
     return build
 
 
-class GraphConvolution(nn.Module):
+def _masked_basis(form, mask: Tensor, make) -> Basis:
+    """The basis ``make(op)`` of an edge form whose input edges' entries are scaled by an
+    explain mask (PyG's ``explain_message``: the entries the operator adds keep theirs)."""
+    check_mask(mask, form.src.shape[0], "explain")
+    form = dataclasses.replace(form, value=form.value * mask.to(form.value.dtype))
+    return make(G.operator_of(form))
+
+
+class GraphConvolution(PyGCompatible):
     """Common part of the graph layers: ``param`` (theta (K, P, Q)), ``bias`` (Q,), planner.
 
     Subclasses implement ``basis(x, edge_index, ...)``; ``forward`` is
     ``convolve(x, basis, param) + bias`` with x (N, P) or (B, N, P) -> (N, Q) or (B, N, Q).
+    ``in_channels=-1`` sizes theta on the first call (or from a loaded checkpoint).
     """
 
     def __init__(self, in_channels: int, out_channels: int, K: int, bias: bool = True,
                  cached: bool = True, route: str = "auto"):
         super().__init__()
-        for name, v in (("in_channels", in_channels), ("out_channels", out_channels)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        _check_channels("in_channels", in_channels)
+        _check_channels("out_channels", out_channels, lazy=False)
         self.in_channels, self.out_channels = in_channels, out_channels
         self.cached, self.route = bool(cached), route
         self._plans: dict = {}  # (basis id, x shape, ...) -> (basis, Plan): see plan_for
-        self.param: Parameterization = Full(K, in_channels, out_channels)
-        glorot_(self.param.weight)
-        _linear_layout_(self.param)
+        self.param: Parameterization = Full(K, max(in_channels, 1), out_channels)
+        #: the input width theta is sized for (None until a lazy layer's first call); a plain
+        #: attribute, read on every call
+        self._P = None if in_channels == -1 else in_channels
+        if in_channels == -1:
+            self.param.weight = lazy_parameter()
+        else:
+            _linear_layout_(self.param.weight)
         if bias:
             self.bias = nn.Parameter(torch.zeros(out_channels))
         else:
             self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Draw the weights afresh, as PyG's layer of the same name initialises them (a lazy
+        layer's theta once it is sized)."""
+        self._init_weights()
+        if hasattr(self, "reset_cache"):
+            self.reset_cache()
+
+    def _init_weights(self) -> None:
+        # glorot theta, zero bias (PyG's GCNConv / ChebConv)
+        w = self.param.weight
+        if not is_lazy(w):
+            with torch.no_grad():
+                w.copy_(glorot_(torch.empty(w.shape, dtype=w.dtype, device=w.device)))
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def _linear_init(self, bias: bool = False) -> None:
+        """torch.nn.Linear's default init (PyG's TAGConv / SGConv weights): U(±1/sqrt(P))."""
+        w = self.param.weight
+        if is_lazy(w):
+            return
+        b = 1.0 / math.sqrt(w.shape[1])
+        with torch.no_grad():
+            w.copy_(torch.empty(w.shape, dtype=w.dtype, device=w.device).uniform_(-b, b))
+            if self.bias is not None:
+                if bias:
+                    self.bias.uniform_(-b, b)
+                else:
+                    self.bias.zero_()
+
+    def _sized_from(self, name: str, t: Tensor) -> None:
+        if name == "param.weight":
+            self.param.P = self._P = t.shape[1]
+            _linear_layout_(self.param.weight)
+
+    def _materialize(self, P: int) -> None:
+        """Size a lazy theta for P input features (the first call), drawn as at construction."""
+        w = self.param.weight
+        w.materialize((self.param.K, P, self.out_channels))
+        self.param.P = self._P = P
+        _linear_layout_(w)
+        b = None if self.bias is None else self.bias.detach().clone()
+        self._init_weights()
+        if b is not None:  # only theta is new
+            with torch.no_grad():
+                self.bias.copy_(b)
+
+    def _pyg_weights(self) -> list[str]:
+        """PyG's names of the K slices theta_k^T (Q, P) of this layer."""
+        return [f"lins.{k}.weight" for k in range(self.param.K)]
+
+    def _pyg_keys(self) -> dict[str, str]:
+        return {"bias": "bias"}
+
+    def _load_from_state_dict(self, state_dict, prefix, *args):
+        names = self._pyg_weights()
+        if prefix + "param.weight" not in state_dict and all(
+                prefix + n in state_dict for n in names):
+            state_dict[prefix + "param.weight"] = torch.stack(
+                [state_dict.pop(prefix + n).t() for n in names])
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
+    def _to_pyg_tensors(self, sd: dict, prefix: str) -> None:
+        w = sd.pop(prefix + "param.weight")
+        for k, n in enumerate(self._pyg_weights()):
+            sd[prefix + n] = w[k].t().contiguous()
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, {self.out_channels}, K={self.param.K}, "
@@ -128,18 +226,26 @@ class GraphConvolution(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} does not describe its basis")
 
     def check_x(self, x) -> Tensor:
-        """x as node features of this layer's in_channels (else a clear error)."""
+        """x as node features of this layer's in_channels (else a clear error); sizes a lazy
+        layer on its first call."""
         x = _node_features(x, type(self).__name__)
-        if x.shape[-1] != self.in_channels:
-            raise ValueError(f"{type(self).__name__} has in_channels={self.in_channels} but x "
+        if x.layout != torch.strided:  # sparse features (PyG accepts them): as dense rows
+            x = x.to_dense()
+        if self._P is None:
+            self._materialize(x.shape[-1])
+        if x.shape[-1] != self._P:
+            raise ValueError(f"{type(self).__name__} has in_channels={self._P} but x "
                              f"has {x.shape[-1]} features (shape {tuple(x.shape)})")
         return x
 
     def forward(self, x: Tensor, edge_index: Tensor | Basis, *args, **kwargs) -> Tensor:
-        """x (N, P) or (B, N, P) -> (N, Q) or (B, N, Q). ``edge_index`` may also be a built
-        basis of this layer's K (e.g. its restriction to a sampled block, whose N targets are
-        the first of its M inputs), used as it is."""
+        """x (N, P) or (B, N, P) -> (N, Q) or (B, N, Q). ``edge_index`` is a (2, E) tensor, an
+        ``EdgeIndex``, a sparse ``adj_t`` or a built basis of this layer's K (e.g. its
+        restriction to a sampled block, whose N targets are the first of its M inputs), used
+        as it is."""
         x = self.check_x(x)
+        if x.shape[-2] == 0 or x.is_meta:
+            return self._no_propagation(x)
         if isinstance(edge_index, Basis):
             b = self._given(edge_index)
         else:
@@ -149,6 +255,15 @@ class GraphConvolution(nn.Module):
         xb = x if x.dim() == 3 else x.unsqueeze(0)
         y = self.plan_for(b, xb).run(xb, self.param, _bias_like(self.bias, xb))
         return y if x.dim() == 3 else y.squeeze(0)
+
+    def _no_propagation(self, x: Tensor) -> Tensor:
+        """The output when nothing propagates: no nodes (PyG's empty (0, Q)), or shapes only
+        (the meta device)."""
+        shape = (*x.shape[:-1], self.out_channels)
+        if x.device.type == "meta":
+            return x.new_empty(shape)
+        y = x @ self.param().sum(0).to(x.dtype)  # (…, 0, Q), tied to theta for autograd
+        return y if self.bias is None else y + self.bias.to(x.dtype)
 
     def __getstate__(self):
         # kept plans hold the planner's route closures (and a graph's CSR tensors), which
@@ -177,6 +292,26 @@ class GraphConvolution(nn.Module):
                              f"given basis has K={basis.K} matrices")
         return basis
 
+    def _structure(self, key: tuple, opts: tuple, build, form, make) -> Basis:
+        """The cached basis of this call, or, under PyG's ``Explainer``, the basis of the
+        edge form ``form()`` with its entries scaled by the edge mask (never cached)."""
+        mask = self._explain_mask() if self.__dict__.get("_explain") else None
+        if mask is None:
+            return cached(self.cached or self._always_cache, key, opts, build)
+        return _masked_basis(form(), mask, make)
+
+    #: build the structure through the cache whatever ``cached`` says (SGConv's ``cached`` is
+    #: PyG's feature cache)
+    _always_cache = False
+
+    @property
+    def _cached_edge_index(self):
+        """The structure of the last call while ``cached`` (the name PyG's GCNConv uses), or
+        None."""
+        if not self.cached or not self._plans:
+            return None
+        return next(reversed(self._plans.values()))[0]
+
     def plan(self, x: Tensor, edge_index: Tensor, *args, **kwargs):
         """The planner's decision for this call (see ``sc.plan``)."""
         x = self.check_x(x)
@@ -194,11 +329,15 @@ class GCNConv(GraphConvolution):
             add_self_loops = normalize
         if add_self_loops and not normalize:
             raise ValueError("GCNConv cannot add self loops without normalize=True "
-                             "(as PyG's GCNConv)")
+                             "(as PyG's GCNConv, which 'does not support adding self-loops' "
+                             "unnormalised)")
         super().__init__(in_channels, out_channels, 1, bias, cached)
         self.improved, self.add_self_loops, self.normalize = improved, add_self_loops, normalize
         self.flow = _check_flow(flow)
         self.aggr = _check_aggr(aggr, ("add", "sum"), "GCNConv")
+
+    def _pyg_weights(self) -> list[str]:
+        return ["lin.weight"]
 
     def basis_spec(self) -> dict:
         """This layer's basis as a kind and its options (``sc.sampling.GraphRestriction``)."""
@@ -206,16 +345,22 @@ class GCNConv(GraphConvolution):
                 "normalize": self.normalize, "improved": self.improved}
 
     def basis(self, x, edge_index, edge_weight=None):
-        edge_index = _edge_tensor(edge_index, "GCNConv")
         n = x.shape[-2]
+        edge_index, edge_weight = _edges(edge_index, edge_weight, "GCNConv", n)
         t2s = self.flow == "target_to_source"
         opts = ("GCNConv", n, self.improved, self.add_self_loops, self.normalize, t2s, x.dtype)
+        ei = (lambda: edge_index.flip(0)) if t2s else (lambda: edge_index)
 
         def build():
-            ei = edge_index.flip(0) if t2s else edge_index
-            return G.gcn(ei, n, edge_weight, self.add_self_loops, self.normalize,
+            return G.gcn(ei(), n, edge_weight, self.add_self_loops, self.normalize,
                          improved=self.improved, dtype=x.dtype)
-        return cached(self.cached, (edge_index, edge_weight), opts, build)
+
+        def form():
+            check_edges(ei(), n, edge_weight=edge_weight)
+            return gcn_norm(ei(), n, edge_weight, add_self_loops=self.add_self_loops,
+                            normalize=self.normalize, improved=self.improved, dtype=x.dtype)
+        return self._structure((edge_index, edge_weight), opts, build, form,
+                               lambda op: G.PowerBasis(op, (1,)))
 
 
 class ChebConv(GraphConvolution):
@@ -237,19 +382,30 @@ class ChebConv(GraphConvolution):
         return {"kind": "chebyshev", "K": self.param.K, "normalization": self.normalization}
 
     def basis(self, x, edge_index, edge_weight=None, batch=None, lambda_max=None):
-        edge_index = _edge_tensor(edge_index, "ChebConv")
         n = x.shape[-2]
+        edge_index, edge_weight = _edges(edge_index, edge_weight, "ChebConv", n)
         lam_t = lambda_max if isinstance(lambda_max, Tensor) else None
         lam_v = None if isinstance(lambda_max, Tensor) else lambda_max
         opts = ("ChebConv", n, self.param.K, self.normalization, lam_v, self.flow, x.dtype)
+        t2s = self.flow == "target_to_source"
 
         def build():
             return G.chebyshev(edge_index, n, self.param.K, edge_weight, self.normalization,
                                lambda_max, batch=batch, dtype=x.dtype)
-        if self.flow == "target_to_source":
+        if t2s:
             # PyG keeps the Laplacian of the given edges and sends messages backwards
             build = _transposed(build)
-        return cached(self.cached, (edge_index, edge_weight, batch, lam_t), opts, build)
+
+        def form():
+            check_edges(edge_index, n, edge_weight=edge_weight)
+            return laplacian(edge_index, n, edge_weight, normalization=self.normalization,
+                             lambda_max=lambda_max, batch=batch, dtype=x.dtype)
+
+        def make(op):
+            if t2s:
+                op = G.SparseOperator(op.dst, op.src, op.value, op.N, op.M)
+            return G.ChebyshevBasis(op, self.param.K)
+        return self._structure((edge_index, edge_weight, batch, lam_t), opts, build, form, make)
 
 
 class TAGConv(GraphConvolution):
@@ -259,14 +415,15 @@ class TAGConv(GraphConvolution):
                  normalize: bool = True, *, cached: bool = True, flow: str = "source_to_target",
                  aggr: str = "add"):
         check_K(K, low=0)
+        self.K = K
         super().__init__(in_channels, out_channels, K + 1, bias, cached)
-        self.K, self.normalize = K, normalize
+        self.normalize = normalize
         self.flow = _check_flow(flow)
         self.aggr = _check_aggr(aggr, ("add", "sum"), "TAGConv")
-        # PyG's TAGConv uses torch.nn.Linear's default init
-        b = 1.0 / math.sqrt(in_channels)
-        with torch.no_grad():
-            self.param.weight.uniform_(-b, b)
+
+    def _init_weights(self) -> None:
+        # PyG's TAGConv: torch.nn.Linear's default init of the weights, zero bias
+        self._linear_init(bias=False)
 
     def basis_spec(self) -> dict:
         """This layer's basis as a kind and its options (``sc.sampling.GraphRestriction``)."""
@@ -274,16 +431,21 @@ class TAGConv(GraphConvolution):
                 "normalization": "sym" if self.normalize else None}
 
     def basis(self, x, edge_index, edge_weight=None):
-        edge_index = _edge_tensor(edge_index, "TAGConv")
         n = x.shape[-2]
+        edge_index, edge_weight = _edges(edge_index, edge_weight, "TAGConv", n)
         t2s = self.flow == "target_to_source"
         opts = ("TAGConv", n, self.K, self.normalize, t2s, x.dtype)
+        norm = "sym" if self.normalize else None
+        ei = (lambda: edge_index.flip(0)) if t2s else (lambda: edge_index)
 
         def build():
-            ei = edge_index.flip(0) if t2s else edge_index
-            return G.diffusion(ei, n, self.K, edge_weight,
-                               "sym" if self.normalize else None, dtype=x.dtype)
-        return cached(self.cached, (edge_index, edge_weight), opts, build)
+            return G.diffusion(ei(), n, self.K, edge_weight, norm, dtype=x.dtype)
+
+        def form():
+            check_edges(ei(), n, edge_weight=edge_weight)
+            return G.diffusion_form(ei(), n, edge_weight, norm, dtype=x.dtype)
+        return self._structure((edge_index, edge_weight), opts, build, form,
+                               lambda op: G.PowerBasis(op, tuple(range(self.K + 1))))
 
 
 class SGConv(GraphConvolution):
@@ -302,41 +464,71 @@ class SGConv(GraphConvolution):
                  add_self_loops: bool = True, bias: bool = True, *,
                  flow: str = "source_to_target", aggr: str = "add"):
         check_K(K)
-        super().__init__(in_channels, out_channels, 1, bias, cached=True)
-        self.K, self.add_self_loops, self.cache_features = K, add_self_loops, bool(cached)
+        self._feat = None
+        super().__init__(in_channels, out_channels, 1, bias, cached=cached)
+        self.K, self.add_self_loops = K, add_self_loops
         self.flow = _check_flow(flow)
         self.aggr = _check_aggr(aggr, ("add", "sum"), "SGConv")
+
+    def _init_weights(self) -> None:
         # PyG's SGConv is a torch.nn.Linear with bias: its default init
-        b = 1.0 / math.sqrt(in_channels)
-        with torch.no_grad():
-            self.param.weight.uniform_(-b, b)
-            if self.bias is not None:
-                self.bias.uniform_(-b, b)
-        self._feat = None
+        self._linear_init(bias=True)
+
+    _always_cache = True  # ``cached`` is PyG's feature cache here; the structure cache is safe
+
+    @property
+    def cache_features(self) -> bool:
+        """Whether S^K x is kept (PyG's ``cached``; settable as ``cached``)."""
+        return self.cached
+
+    @property
+    def _cached_x(self):
+        """The kept features S^K x (the name PyG's SGConv uses), or None."""
+        return None if self._feat is None else self._feat[2]
+
+    def _pyg_weights(self) -> list[str]:
+        return ["lin.weight"]
+
+    def _pyg_keys(self) -> dict[str, str]:
+        return {"lin.bias": "bias"}
+
+    def _to_pyg_tensors(self, sd: dict, prefix: str) -> None:
+        super()._to_pyg_tensors(sd, prefix)
+        if prefix + "bias" in sd:
+            sd[prefix + "lin.bias"] = sd.pop(prefix + "bias")
 
     def basis_spec(self) -> dict:
         """This layer's basis as a kind and its options (``sc.sampling.GraphRestriction``)."""
         return {"kind": "sgc", "K": self.K, "add_self_loops": self.add_self_loops}
 
     def basis(self, x, edge_index, edge_weight=None):
-        edge_index = _edge_tensor(edge_index, "SGConv")
         n = x.shape[-2]
+        edge_index, edge_weight = _edges(edge_index, edge_weight, "SGConv", n)
         t2s = self.flow == "target_to_source"
         opts = ("SGConv", n, self.K, self.add_self_loops, t2s, x.dtype)
+        ei = (lambda: edge_index.flip(0)) if t2s else (lambda: edge_index)
 
         def build():
-            ei = edge_index.flip(0) if t2s else edge_index
-            return G.sgc(ei, n, self.K, edge_weight, self.add_self_loops, dtype=x.dtype)
-        return cached(self.cached, (edge_index, edge_weight), opts, build)
+            return G.sgc(ei(), n, self.K, edge_weight, self.add_self_loops, dtype=x.dtype)
+
+        def form():
+            check_edges(ei(), n, edge_weight=edge_weight)
+            return gcn_norm(ei(), n, edge_weight, add_self_loops=self.add_self_loops,
+                            dtype=x.dtype)
+        return self._structure((edge_index, edge_weight), opts, build, form,
+                               lambda op: G.PowerBasis(op, (self.K,)))
 
     def reset_cache(self) -> None:
         """Drop the kept features (``cached=True``)."""
         self._feat = None
 
     def forward(self, x, edge_index, edge_weight=None):
-        if not self.cache_features or isinstance(edge_index, Basis):
+        if not self.cache_features or isinstance(edge_index, Basis) or \
+                self._explain_mask() is not None:
             return super().forward(x, edge_index, edge_weight)
         x = self.check_x(x)
+        if x.shape[-2] == 0 or x.device.type == "meta":
+            return self._no_propagation(x)
         keys = (x, edge_index, edge_weight)
         sig = tuple(None if t is None else (t._version, tuple(t.shape), t.dtype) for t in keys)
         hit = self._feat
@@ -354,7 +546,7 @@ class SGConv(GraphConvolution):
         return y if self.bias is None else y + self.bias
 
 
-class RGCNConv(nn.Module):
+class RGCNConv(PyGCompatible):
     """PyG's RGCNConv: y_n = Σ_r mean_{m -r-> n} x_m W_r + x_n W_root + b.
 
     Called ``(x, edge_index, edge_type)``; x is (N, P) floats, None or an index tensor
@@ -397,23 +589,42 @@ class RGCNConv(nn.Module):
                              f"in_channels {in_channels!r}")
         if num_bases is not None:
             self.param = ControlledSeparable(R, P, Q, num_bases)
-            glorot_(self.param.channel)
-            glorot_(self.param.basis_coef)  # PyG's comp is (R, H): same bound
         elif num_blocks is not None:
             self.param = Grouped(R, P, Q, num_blocks)
-            glorot_(self.param.weight)
         else:
             self.param = Full(R, P, Q)
-            glorot_(self.param.weight)
         if root_weight:
             self.root = nn.Parameter(torch.empty(pair[1], Q))
-            glorot_(self.root)
         else:
             self.register_parameter("root", None)
         if bias:
             self.bias = nn.Parameter(torch.zeros(Q))
         else:
             self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Draw the weights afresh as PyG's RGCNConv does: glorot weights (and comp, whose
+        bound is the same for structconv's (H, R) basis_coef), glorot root, zero bias."""
+        for p in self.param.parameters():
+            glorot_(p)
+        if self.root is not None:
+            glorot_(self.root)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def _pyg_keys(self) -> dict[str, str]:
+        if self.num_bases is not None:
+            return {"weight": "param.channel", "comp": "param.basis_coef"}
+        return {"weight": "param.weight"}
+
+    def _from_pyg_tensor(self, ours: str, t: Tensor) -> Tensor:
+        return t.t() if ours == "param.basis_coef" else t
+
+    def _to_pyg_tensors(self, sd: dict, prefix: str) -> None:
+        for pyg, ours in self._pyg_keys().items():
+            t = sd.pop(prefix + ours)
+            sd[prefix + pyg] = self._from_pyg_tensor(ours, t).contiguous()
 
     def extra_repr(self) -> str:
         sorts = "" if self.sorts is None else (
@@ -462,7 +673,7 @@ class RGCNConv(nn.Module):
         return next(self.param.parameters()).dtype
 
     def _basis(self, M, N, edge_index, edge_type, dtype):
-        edge_index = _edge_tensor(edge_index, "RGCNConv")
+        edge_index, edge_type = self._edges(edge_index, edge_type, M, N)
         if edge_type is None:
             raise ValueError("RGCNConv needs edge_type (E,) with edge_index (2, E)")
         t2s = self.flow == "target_to_source"
@@ -491,14 +702,45 @@ class RGCNConv(nn.Module):
             if not isinstance(x, tuple):
                 x_r = x_r[:b.N]
         else:
+            M, N = x_l.shape[0], x_r.shape[0]
+            if M == 0 or N == 0 or x_l.device.type == "meta":
+                return self._no_propagation(x_l, x_r)
             dtype = x_l.dtype if x_l.is_floating_point() else self._dtype()
-            b = self._basis(x_l.shape[0], x_r.shape[0], edge_index, edge_type, dtype)
+            b = self._basis(M, N, edge_index, edge_type, dtype)
         if x_l.is_floating_point():
             y = convolve(x_l, b, self.param, route=self.route)
         else:
             # one-hot inputs: X Θ_k is a row gather of Θ_k, then Σ_r A_rᵀ (X Θ_r)
             z = self.param()[:, x_l].permute(1, 0, 2).unsqueeze(0)  # (1, M, R, Q)
             y = b.propagate_sum(z.contiguous())[0]
+        if self.root is not None:
+            y = y + (x_r @ self.root if x_r.is_floating_point() else self.root[x_r])
+        return y if self.bias is None else y + self.bias
+
+    def _edges(self, edge_index, edge_type, M: int, N: int):
+        """(edge_index (2, E), edge_type) of any graph input: a ``SparseTensor``'s values and
+        an integer torch sparse adjacency's are the edge types (PyG's convention)."""
+        if type(edge_index) is Tensor and edge_index.layout == torch.strided:
+            return edge_index, edge_type
+        e = as_edge_index(edge_index, "RGCNConv: edge_index")
+        if e.size is not None and tuple(e.size) != (M, N):
+            raise ValueError(f"RGCNConv: the adjacency is {e.size[1]} x {e.size[0]} (num_dst x "
+                             f"num_src) but x gives {N} targets and {M} sources")
+        if edge_type is None and e.value is not None and not e.value.is_floating_point():
+            edge_type = e.value
+        return e.index, edge_type
+
+    def _no_propagation(self, x_l: Tensor, x_r: Tensor) -> Tensor:
+        """No source or no target nodes: the root term and the bias (PyG's output), or shapes
+        only (the meta device)."""
+        N, Q = x_r.shape[0], self.out_channels
+        if x_l.device.type == "meta" or x_r.device.type == "meta":
+            return torch.empty(N, Q, device="meta", dtype=self._dtype())
+        theta = self.param()
+        if x_l.is_floating_point():
+            y = (x_l @ theta.sum(0).to(x_l.dtype)).sum(0).expand(N, Q)  # zeros, tied to theta
+        else:
+            y = theta[:, x_l].sum((0, 1)).expand(N, Q)
         if self.root is not None:
             y = y + (x_r @ self.root if x_r.is_floating_point() else self.root[x_r])
         return y if self.bias is None else y + self.bias

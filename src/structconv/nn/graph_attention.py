@@ -36,17 +36,60 @@ from ..attention.edges import (
     edge_features,
 )
 from ..attention.mechanisms import GATScores, GraphMasked, HeadDot, LeakyReLU, Softmax
+from ..basis.edges import as_edge_index
 from .convert import register_pyg
+from .pyg import PyGCompatible, check_mask, is_lazy, lazy_parameter
 
 __all__ = ["GATConv", "GATv2Conv", "TransformerConv"]
 
 
-def _glorot_linear(i: int, o: int, bias: bool = False) -> nn.Linear:
-    lin = nn.Linear(i, o, bias=bias)
-    nn.init.xavier_uniform_(lin.weight)
-    if bias:
-        nn.init.zeros_(lin.bias)
+def _linear(i: int, o: int, bias: bool = False, glorot: bool = True) -> nn.Linear:
+    """A linear map i -> o; ``i = -1``: its weight is sized on the first call (lazy)."""
+    if isinstance(i, bool) or not isinstance(i, int) or not (i >= 1 or i == -1):
+        raise ValueError(f"in_channels must be a positive int or -1 (lazy), got {i!r}")
+    lin = nn.Linear(max(i, 1), o, bias=bias)
+    if i == -1:
+        lin.weight, lin.in_features = lazy_parameter(), -1
+    _init_linear(lin, glorot)
     return lin
+
+
+def _glorot_linear(i: int, o: int, bias: bool = False) -> nn.Linear:
+    return _linear(i, o, bias, glorot=True)
+
+
+def _init_linear(lin: nn.Linear | None, glorot: bool) -> None:
+    """PyG's init of a ``Linear``: glorot weight and zero bias, or torch's default."""
+    if lin is None or is_lazy(lin.weight):
+        return
+    if glorot:
+        nn.init.xavier_uniform_(lin.weight)
+        if lin.bias is not None:
+            nn.init.zeros_(lin.bias)
+    else:
+        lin.reset_parameters()
+
+
+def _size_linear(lin: nn.Linear | None, x: Tensor | None, glorot: bool, who: str,
+                 what: str) -> None:
+    """Size a lazy ``lin`` for x's width (drawn as at construction), then check the width."""
+    if lin is None or x is None:
+        return
+    if is_lazy(lin.weight):
+        lin.weight.materialize((lin.out_features, x.shape[-1]))
+        lin.in_features = x.shape[-1]
+        _init_linear(lin, glorot)
+    if x.shape[-1] != lin.in_features:
+        raise ValueError(f"{who}: {what} must have {lin.in_features} features (in_channels), "
+                         f"got {x.shape[-1]} (shape {tuple(x.shape)})")
+
+
+def _reglorot(*params) -> None:
+    with torch.no_grad():
+        for p in params:
+            if p is not None:
+                s = math.sqrt(6.0 / (p.shape[-2] + p.shape[-1]))
+                p.uniform_(-s, s)
 
 
 def _edge_linear(lin: nn.Linear) -> nn.Linear:
@@ -89,18 +132,71 @@ def _fill(value, who: str):
 
 
 def _pair(x, who: str) -> tuple[Tensor, Tensor | None]:
-    """(x_src, x_dst) of ``x`` (N, F) or a pair; x_src must be (M, F)."""
+    """(x_src, x_dst) of ``x`` (N, F) or a pair; x_src must be (M, F) floats."""
     x_src, x_dst = (x, x) if isinstance(x, Tensor) else tuple(x)
     if not isinstance(x_src, Tensor) or x_src.dim() != 2:
         got = tuple(x_src.shape) if isinstance(x_src, Tensor) else type(x_src).__name__
         raise ValueError(f"{who} expects node features (N, F) or a pair (x_src, x_dst), got "
                          f"x_src {got}")
+    for t, what in ((x_src, "x_src"), (x_dst, "x_dst")):
+        if isinstance(t, Tensor) and not t.is_floating_point():
+            raise TypeError(f"{who} expects floating node features, got {what} of dtype "
+                            f"{t.dtype}")
+    if x_dst is not None and (not isinstance(x_dst, Tensor) or x_dst.dim() != 2):
+        got = tuple(x_dst.shape) if isinstance(x_dst, Tensor) else type(x_dst).__name__
+        raise ValueError(f"{who} expects x_dst as (N, F) node features or None, got {got}")
     return x_src, x_dst
 
 
-class _EdgeAttention(nn.Module):
+def _empty_heads(h: Tensor, N: int) -> Tensor:
+    """(N, K, C) zeros tied to h (M, K, C) for autograd: the aggregate where no edge can be."""
+    return (h.sum(0) * 0).expand(N, *h.shape[1:])
+
+
+def _sparse_alpha(adj, ei: Tensor, alpha: Tensor, M: int, N: int):
+    """Attention weights in the form of the adjacency given: a torch sparse (N, M, K) tensor
+    (PyG's ``set_sparse_value``), or a ``SparseTensor`` (N, M) with the weights as values."""
+    if not isinstance(adj, Tensor):  # torch_sparse.SparseTensor (duck-typed)
+        return type(adj)(row=ei[1], col=ei[0], value=alpha, sparse_sizes=(N, M))
+    return torch.sparse_coo_tensor(ei.flip(0), alpha, (N, M, alpha.shape[-1])).coalesce()
+
+
+def _with_weights(out: Tensor, adj, ei: Tensor, alpha: Tensor, M: int, N: int):
+    """(out, weights) as PyG's GAT layers return them for the graph input's kind."""
+    if adj is None:
+        return out, (ei, alpha)
+    if isinstance(adj, Tensor):
+        return out, (_sparse_alpha(adj, ei, alpha, M, N), alpha)
+    return out, _sparse_alpha(adj, ei, alpha, M, N)
+
+
+class _EdgeAttention(PyGCompatible):
     """What the three layers share: the graph (self loops, cached sparse structure), the edge
     features (with the loops'), the basis and the output (concat / mean)."""
+
+    def _edge_input(self, edge_index, edge_attr):
+        """(edge_index (2, E), edge_attr, (M, N) or None, the sparse input or None) of any graph
+        input (``as_edge_index``); a ``SparseTensor``'s values are the edge features."""
+        if type(edge_index) is Tensor and edge_index.layout == torch.strided:  # common path
+            if edge_index.dtype == torch.bool or edge_index.is_floating_point():
+                raise TypeError(f"{type(self).__name__}: edge_index must be an integer (2, E) "
+                                f"tensor, got dtype {edge_index.dtype}")
+            return edge_index, edge_attr, None, None
+        e = as_edge_index(edge_index, f"{type(self).__name__}: edge_index")
+        if e.kind == "sparse_tensor" and edge_attr is None and self.edge_dim is not None:
+            edge_attr = e.value
+        return e.index, edge_attr, e.size, (None if e.kind == "edge_index" else edge_index)
+
+    def _explained(self, ei: Tensor, alpha: Tensor, msg: Tensor, N: int, E_in: int,
+                   keep: Tensor | None, mask: Tensor) -> Tensor:
+        """Σ_e alpha[e] · msg[e] · mask[e] at each target (PyG's ``explain_message``: the added
+        self loops weigh 1): (N, K, C), under PyG's ``Explainer``."""
+        check_mask(mask, E_in, type(self).__name__)
+        if keep is not None:
+            mask = torch.cat([mask[keep], mask.new_ones(ei.shape[1] - int(keep.sum()))])
+        w = (alpha * mask.to(alpha.dtype).unsqueeze(-1)).unsqueeze(-1)
+        out = msg.new_zeros(N, *msg.shape[1:])
+        return out.index_add(0, ei[1].long(), w * msg)
 
     heads: int
     out_channels: int
@@ -115,7 +211,7 @@ class _EdgeAttention(nn.Module):
         with its self loops replaced by one per node < ``loops`` (None: as given) and the
         loops' features from ``fill_value``, both by ``add_self_loops``."""
         if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or \
-                edge_index.shape[0] != 2 or edge_index.is_floating_point():
+                edge_index.shape[0] != 2:
             got = tuple(edge_index.shape) if isinstance(edge_index, Tensor) else edge_index
             raise ValueError(f"{type(self).__name__}: edge_index must be an integer (2, E) "
                              f"tensor, got {got}")
@@ -169,7 +265,8 @@ class _EdgeAttention(nn.Module):
 
     def _merge(self, out: Tensor) -> Tensor:
         """(N, K, C) -> (N, K·C) concatenated, or the mean over heads (N, C)."""
-        return out.reshape(out.shape[0], -1) if self.concat else out.mean(1)
+        return out.reshape(out.shape[0], self.heads * self.out_channels) if self.concat \
+            else out.mean(1)
 
 
 def _out_size(x_src: Tensor, x_dst: Tensor | None, size) -> tuple[int, int]:
@@ -225,6 +322,16 @@ class GATConv(_EdgeAttention):
         else:
             self.register_parameter("res", None)
         self.bias = nn.Parameter(torch.zeros(total)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Draw the weights afresh as PyG's GATConv: glorot projections and attention
+        vectors, zero bias (a lazy projection once it is sized)."""
+        for lin in (self.lin, self.lin_src, self.lin_dst, self.lin_edge, self.res):
+            _init_linear(lin, glorot=True)
+        _reglorot(self.att_src, self.att_dst, self.att_edge)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
 
     def extra_repr(self):
         return (f"{self.in_channels}, {self.out_channels}, heads={self.heads}, "
@@ -258,26 +365,51 @@ class GATConv(_EdgeAttention):
             h_dst = None if x_dst is None else self.lin_dst(x_dst).view(-1, H, C)
         return h_src, h_dst
 
+    def _size(self, x_src: Tensor, x_dst: Tensor | None) -> None:
+        """Size lazy projections on the first call; check the feature widths."""
+        if self.lin is not None:
+            _size_linear(self.lin, x_src, True, "GATConv", "x_src")
+            _size_linear(self.lin, x_dst, True, "GATConv", "x_dst")
+        else:
+            _size_linear(self.lin_src, x_src, True, "GATConv", "x_src")
+            _size_linear(self.lin_dst, x_dst, True, "GATConv", "x_dst")
+        _size_linear(self.res, x_dst, True, "GATConv", "x_dst")
+
     def forward(self, x, edge_index: Tensor, edge_attr: Tensor | None = None, size=None,
                 return_attention_weights: bool | None = None):
         x_src, x_dst = _pair(x, "GATConv")
+        self._size(x_src, x_dst)
+        edge_index, edge_attr, given, adj = self._edge_input(edge_index, edge_attr)
+        size = given if size is None and given is not None else size
         res = self.res(x_dst) if (self.res is not None and x_dst is not None) else None
         h_src, h_dst = self._project(x_src, x_dst)
         M, N = _out_size(x_src, h_dst, size)
+        if x_src.device.type == "meta":
+            return x_src.new_empty(N, self.out_channels * (self.heads if self.concat else 1))
+        if M == 0 or N == 0:
+            return self._finish(self._merge(_empty_heads(h_src, N)), res)
         loops = None
         if self.add_self_loops:
             loops = min(M, N) if size is None else min(size)
         ei, ea, st = self._graph(edge_index, edge_attr, M, N, loops)
         mech = self.mechanism(ei, with_edges=ea is not None)
         basis = self._basis(mech, h_src, N if h_dst is None else h_dst, st, ea)
-        out = self._merge(basis.propagate_heads(h_src.unsqueeze(0))[0])
+        mask = self._explain_mask()
+        if mask is None:
+            out = basis.propagate_heads(h_src.unsqueeze(0))[0]
+        else:
+            keep = None if loops is None else edge_index[0] != edge_index[1]
+            out = self._explained(ei, basis.alpha[0], h_src[ei[0].long()], N,
+                                  edge_index.shape[1], keep, mask)
+        out = self._finish(self._merge(out), res)
+        if return_attention_weights:
+            return _with_weights(out, adj, ei, basis.alpha[0], M, N)
+        return out
+
+    def _finish(self, out: Tensor, res: Tensor | None) -> Tensor:
         if res is not None:
             out = out + res
-        if self.bias is not None:
-            out = out + self.bias
-        if return_attention_weights:
-            return out, (ei, basis.alpha[0])
-        return out
+        return out if self.bias is None else out + self.bias
 
 
 # ------------------------------------------------------------------------------------------------
@@ -313,6 +445,16 @@ class GATv2Conv(_EdgeAttention):
         else:
             self.register_parameter("res", None)
         self.bias = nn.Parameter(torch.zeros(total)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Draw the weights afresh as PyG's GATv2Conv: glorot projections (zero biases) and
+        attention vector, zero bias (a lazy projection once it is sized)."""
+        for lin in (self.lin_l, self.lin_r, self.lin_edge, self.res):
+            _init_linear(lin, glorot=True)
+        _reglorot(self.att)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
 
     def extra_repr(self):
         return (f"{self.in_channels}, {self.out_channels}, heads={self.heads}, "
@@ -335,6 +477,10 @@ class GATv2Conv(_EdgeAttention):
         x_src, x_dst = _pair(x, "GATv2Conv")
         if x_dst is None:
             raise ValueError("GATv2Conv needs target features: x_dst of the pair is None")
+        for lin, t, what in ((self.lin_l, x_src, "x_src"), (self.lin_r, x_dst, "x_dst"),
+                             (self.res, x_dst, "x_dst")):
+            _size_linear(lin, t, True, "GATv2Conv", what)
+        edge_index, edge_attr, _, adj = self._edge_input(edge_index, edge_attr)
         res = self.res(x_dst) if self.res is not None else None
         if x_dst is x_src:  # one input: both projections in one GEMM
             lins = [self.lin_l] + ([] if self.share_weights else [self.lin_r])
@@ -345,17 +491,29 @@ class GATv2Conv(_EdgeAttention):
             x_l = self.lin_l(x_src).view(-1, H, C)
             x_r = self.lin_r(x_dst).view(-1, H, C)
         M, N = x_l.shape[0], x_r.shape[0]
+        if x_src.device.type == "meta":
+            return x_src.new_empty(N, C * (H if self.concat else 1))
+        if M == 0 or N == 0:
+            return self._finish(self._merge(_empty_heads(x_l, N)), res)
         loops = min(M, N) if self.add_self_loops else None
         ei, ea, st = self._graph(edge_index, edge_attr, M, N, loops)
         basis = self._basis(self.mechanism(ei), x_l, x_r, st, ea)
-        out = self._merge(basis.propagate_heads(x_l.unsqueeze(0))[0])
+        mask = self._explain_mask()
+        if mask is None:
+            out = basis.propagate_heads(x_l.unsqueeze(0))[0]
+        else:
+            keep = None if loops is None else edge_index[0] != edge_index[1]
+            out = self._explained(ei, basis.alpha[0], x_l[ei[0].long()], N,
+                                  edge_index.shape[1], keep, mask)
+        out = self._finish(self._merge(out), res)
+        if return_attention_weights:
+            return _with_weights(out, adj, ei, basis.alpha[0], M, N)
+        return out
+
+    def _finish(self, out: Tensor, res: Tensor | None) -> Tensor:
         if res is not None:
             out = out + res
-        if self.bias is not None:
-            out = out + self.bias
-        if return_attention_weights:
-            return out, (ei, basis.alpha[0])
-        return out
+        return out if self.bias is None else out + self.bias
 
 
 # ------------------------------------------------------------------------------------------------
@@ -379,14 +537,26 @@ class TransformerConv(_EdgeAttention):
         self.concat, self.dropout, self.edge_dim = concat, float(dropout), edge_dim
         ins = (in_channels, in_channels) if isinstance(in_channels, int) else in_channels
         HC = heads * out_channels
-        self.lin_key = nn.Linear(ins[0], HC, bias=bias)
-        self.lin_query = nn.Linear(ins[1], HC, bias=bias)
-        self.lin_value = nn.Linear(ins[0], HC, bias=bias)
+        self.lin_key = _linear(ins[0], HC, bias, glorot=False)
+        self.lin_query = _linear(ins[1], HC, bias, glorot=False)
+        self.lin_value = _linear(ins[0], HC, bias, glorot=False)
         self.lin_edge = None if edge_dim is None else \
             _edge_linear(nn.Linear(edge_dim, HC, bias=False))
         total = HC if concat else out_channels
-        self.lin_skip = nn.Linear(ins[1], total, bias=bias)
+        self.lin_skip = _linear(ins[1], total, bias, glorot=False)
         self.lin_beta = nn.Linear(3 * total, 1, bias=False) if self.beta else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Draw the weights afresh as PyG's TransformerConv: every projection with its
+        default init (a lazy projection once it is sized)."""
+        for lin in (self.lin_key, self.lin_query, self.lin_value, self.lin_edge, self.lin_skip,
+                    self.lin_beta):
+            _init_linear(lin, glorot=False)
+
+    #: PyG's TransformerConv keeps the last attention weights here between two calls (None
+    #: after each); this layer returns them directly and never keeps them
+    _alpha = None
 
     def extra_repr(self):
         return (f"{self.in_channels}, {self.out_channels}, heads={self.heads}, "
@@ -418,6 +588,11 @@ class TransformerConv(_EdgeAttention):
         x_src, x_dst = _pair(x, "TransformerConv")
         if x_dst is None:
             raise ValueError("TransformerConv needs target features: x_dst of the pair is None")
+        for lin, t, what in ((self.lin_key, x_src, "x_src"), (self.lin_value, x_src, "x_src"),
+                             (self.lin_query, x_dst, "x_dst"), (self.lin_skip, x_dst, "x_dst")):
+            _size_linear(lin, t, False, "TransformerConv", what)
+        given = edge_index
+        edge_index, edge_attr, _, adj = self._edge_input(edge_index, edge_attr)
         if self.edge_dim is not None and edge_attr is None:
             raise ValueError(f"TransformerConv(edge_dim={self.edge_dim}) needs edge_attr "
                              f"(E, {self.edge_dim})")
@@ -428,11 +603,21 @@ class TransformerConv(_EdgeAttention):
             k, v = _packed(x_src, [self.lin_key, self.lin_value])
             q, *x_r = _packed(x_dst, [self.lin_query, *skip])
         q, k, v = q.view(-1, H, C), k.view(-1, H, C), v.view(-1, H, C)
-        ei, ea, st = self._graph(edge_index, edge_attr, k.shape[0], q.shape[0], None)
+        M, N = k.shape[0], q.shape[0]
+        if x_src.device.type == "meta":
+            return x_src.new_empty(N, C * (H if self.concat else 1))
+        if M == 0 or N == 0:
+            out = self._merge(_empty_heads(v, N))
+            return self._skip(out, x_r[0]) if self.root_weight else out
+        ei, ea, st = self._graph(edge_index, edge_attr, M, N, None)
         # the edge keys ê = W_e e, projected once: in the scores q·(k + ê) and in the messages
         ek = None if ea is None else self.lin_edge(ea).view(-1, H, C)
         basis = self._basis(self.mechanism(ei), k, q, st, ek)
-        if ek is None:
+        mask = self._explain_mask()
+        if mask is not None:
+            msg = v[ei[0].long()] if ek is None else v[ei[0].long()] + ek
+            out = self._explained(ei, basis.alpha[0], msg, N, ei.shape[1], None, mask)
+        elif ek is None:
             out = basis.propagate_heads(v.unsqueeze(0))[0]
         else:
             # edge-valued messages Σ_e alpha[e, k] · (v[m, k] + ê[e, k]), in one pass
@@ -441,7 +626,10 @@ class TransformerConv(_EdgeAttention):
         if self.root_weight:
             out = self._skip(out, x_r[0])
         if isinstance(return_attention_weights, bool):
-            return out, (edge_index, basis.probabilities[0])
+            p = basis.probabilities[0]
+            if adj is not None and not isinstance(adj, Tensor):
+                return out, adj.set_value(p, layout="coo")
+            return out, (given if adj is not None else edge_index, p)
         return out
 
 
