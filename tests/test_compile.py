@@ -34,6 +34,30 @@ SRC, TGT = torch.randint(3, 11, (2, 7)), torch.randint(3, 13, (2, 6))
 SRC[1, 5:] = 0  # a padded source row
 
 
+# a typed graph: three node types, five relations (one with no edges), float32 features
+NUM = {"a": 5, "b": 7, "c": 3}
+META = (["a", "b", "c"], [("a", "r", "b"), ("b", "s", "a"), ("a", "t", "a"), ("c", "u", "b"),
+                          ("b", "w", "c")])
+XD = {t: torch.randn(n, 4) for t, n in NUM.items()}
+EID = {e: torch.stack([torch.randint(0, NUM[e[0]], (0 if e[1] == "w" else 9,)),
+                       torch.randint(0, NUM[e[2]], (0 if e[1] == "w" else 9,))])
+       for e in META[1]}
+BATCH = torch.tensor([0] * 9 + [1] * 8 + [2] * 7)  # X's 24 nodes in 3 graphs
+
+
+def _mlp(p, q):
+    return nn.Sequential(nn.Linear(p, 8), nn.ReLU(), nn.Linear(8, q))
+
+
+class _TwoSage(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = sc.nn.SAGEConv(4, 6), sc.nn.SAGEConv(6, 3)
+
+    def forward(self, x, edge_index):
+        return self.c2(self.c1(x, edge_index).relu(), edge_index)
+
+
 def _lm(**kw):
     return lambda: sc.nn.TransformerLM(11, 16, 2, 2, **kw)
 
@@ -107,6 +131,20 @@ def _cases():
         "AttentionPooling": (lambda: sc.nn.AttentionPooling(8, 5, heads=2),
                              (torch.randn(2, 3, 4, 8),)),
         "SparseDropout-eval": (lambda: sc.nn.SparseDropout(0.5).eval(), (X,)),
+        "GINConv": (lambda: sc.nn.GINConv(_mlp(6, 4), train_eps=True), (X, EI)),
+        "GINEConv": (lambda: sc.nn.GINEConv(_mlp(6, 4), edge_dim=3), (X, EI, EA)),
+        "AttentionalAggregation": (lambda: sc.nn.AttentionalAggregation(
+            nn.Linear(6, 1), _mlp(6, 5)), (X, BATCH, None, 3)),
+        "NodeGate": (lambda: sc.nn.NodeGate(nn.Linear(6, 2)), (X, 3)),
+        "SAGEConv": (lambda: sc.nn.SAGEConv(6, 4), (X, EI)),
+        "SAGEConv-max-project": (lambda: sc.nn.SAGEConv(6, 4, aggr="max", project=True,
+                                                        normalize=True), (X, EI)),
+        "HeteroConv": (lambda: sc.nn.HeteroConv({e: sc.nn.SAGEConv(4, 3) for e in META[1]},
+                                                aggr="sum"), (XD, EID)),
+        "TypedGraphConv": (lambda: sc.nn.TypedGraphConv(4, 3, META), (XD, EID)),
+        "TypedModel": (lambda: sc.nn.to_hetero(_TwoSage(), META), (XD, EID)),
+        "HGTConv": (lambda: sc.nn.HGTConv(4, 6, META, heads=2), (XD, EID)),
+        "HANConv": (lambda: sc.nn.HANConv(4, 6, META, heads=2), (XD, EID)),
     }
 
 
@@ -117,22 +155,39 @@ INDUCTOR = ("GridConv", "from_torch-Conv2d", "GCNConv", "CausalSelfAttention")
 
 
 def _out(y):
+    if isinstance(y, dict):  # a typed layer: its node types' outputs, in a fixed order
+        return torch.cat([y[t] for t in sorted(y) if y[t] is not None])
     return y[0] if isinstance(y, tuple) else y
+
+
+def _input(a):
+    if isinstance(a, dict):
+        return {k: _input(v) for k, v in a.items()}
+    if isinstance(a, torch.Tensor) and a.is_floating_point() and not a.is_sparse:
+        return a.clone().requires_grad_()
+    return a
+
+
+def _leaves(ins):
+    for a in ins:
+        if isinstance(a, dict):
+            yield from _leaves(a.values())
+        elif isinstance(a, torch.Tensor) and a.requires_grad:
+            yield a
 
 
 def _run(layer, args, gy=None):
     """(output, grads of (parameters, floating inputs), the upstream gradient used)."""
-    ins = [a.clone().requires_grad_() if a.is_floating_point() and not a.is_sparse else a
-           for a in args]
+    ins = [_input(a) for a in args]
     y = _out(layer(*ins))
     if y.is_sparse:
         y = y.to_dense()
-    wrt = [*(p for p in layer.parameters() if p.requires_grad), *(a for a in ins
-                                                                   if a.requires_grad)]
+    wrt = [*(p for p in layer.parameters() if p.requires_grad), *_leaves(ins)]
     if not wrt:
         return y, [], None
     gy = torch.randn_like(y) if gy is None else gy
-    return y, torch.autograd.grad(y, wrt, gy), gy
+    # a typed layer's relation without edges leaves its parameters unused: zero gradients
+    return y, torch.autograd.grad(y, wrt, gy, allow_unused=True, materialize_grads=True), gy
 
 
 def _check(name, backend):

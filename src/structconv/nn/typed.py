@@ -327,9 +327,14 @@ class TypedModel(nn.Module):
         # the source model is read for get_attr nodes only: not a submodule (its homogeneous
         # parameters are not this model's)
         self.__dict__["_source"] = model
+        # the graph as plain steps (node references as step numbers): torch.compile traces a
+        # loop over them, where it refuses to walk an fx graph's nodes
+        number = {node: i for i, node in enumerate(self.graph.nodes)}
+        self._steps = [(node.op, node.target, _refs(node.args, number), _refs(node.kwargs, number))
+                       for node in self.graph.nodes]
 
-    def _module(self, node, args, kwargs):
-        m = self.layers[self.typed_modules[node.target]]
+    def _module(self, target, args, kwargs):
+        m = self.layers[self.typed_modules[target]]
         if _graph_layer(m):
             return m(*args, **kwargs)
         if isinstance(m, nn.ModuleDict):
@@ -337,23 +342,57 @@ class TypedModel(nn.Module):
         return _per_key(m, args, kwargs)
 
     def forward(self, *inputs, **named):
-        env: dict = {}
+        env: list = []
         pos = iter(inputs)
-        load = lambda a: torch.fx.node.map_arg(a, lambda n: env[n])  # noqa: E731
-        for node in self.graph.nodes:
-            if node.op == "placeholder":
-                env[node] = named[node.target] if node.target in named else next(pos, None)
-            elif node.op == "get_attr":
-                env[node] = operator.attrgetter(node.target)(self._source)
-            elif node.op == "call_module":
-                env[node] = self._module(node, load(node.args), load(node.kwargs))
-            elif node.op == "call_function":
-                env[node] = _per_key(node.target, load(node.args), load(node.kwargs))
-            elif node.op == "call_method":
-                args = load(node.args)
-                env[node] = _per_key(_method(node.target), args, load(node.kwargs))
-            else:  # output
-                return load(node.args[0])
+        for op, target, args, kwargs in self._steps:
+            if op == "output":
+                return _load(args[0], env)
+            args, kwargs = _load(args, env), _load(kwargs, env)
+            if op == "placeholder":
+                env.append(named[target] if target in named else next(pos, None))
+            elif op == "get_attr":
+                env.append(operator.attrgetter(target)(self._source))
+            elif op == "call_module":
+                env.append(self._module(target, args, kwargs))
+            elif op == "call_function":
+                env.append(_per_key(target, args, kwargs))
+            else:  # call_method
+                env.append(_per_key(_method(target), args, kwargs))
+
+
+class _Ref:
+    """A reference to the value of an earlier step of a ``TypedModel``'s graph."""
+
+    __slots__ = ("i",)
+
+    def __init__(self, i: int):
+        self.i = i
+
+
+def _refs(a, number: dict):
+    """``a`` (an fx node's args) with every node replaced by a ``_Ref`` to its step."""
+    if isinstance(a, torch.fx.Node):
+        return _Ref(number[a])
+    if isinstance(a, (tuple, list)):
+        return type(a)(_refs(v, number) for v in a)
+    if isinstance(a, dict):
+        return {k: _refs(v, number) for k, v in a.items()}
+    if isinstance(a, slice):
+        return slice(_refs(a.start, number), _refs(a.stop, number), _refs(a.step, number))
+    return a
+
+
+def _load(a, env: list):
+    """``a`` with every ``_Ref`` replaced by the value its step computed."""
+    if isinstance(a, _Ref):
+        return env[a.i]
+    if isinstance(a, (tuple, list)):
+        return type(a)(_load(v, env) for v in a)
+    if isinstance(a, dict):
+        return {k: _load(v, env) for k, v in a.items()}
+    if isinstance(a, slice):
+        return slice(_load(a.start, env), _load(a.stop, env), _load(a.step, env))
+    return a
 
 
 def _method(name: str):
