@@ -33,9 +33,10 @@ EXAMPLES = {
     "cyclic_shift": r"routes .+ agree to \d\.\de-\d+ \(float64\)",
     "sampled_graph": r"test accuracy \(exact layer-wise inference\): [01]\.\d+",
     "train_config": r"gcn_karate_dict on karate: val acc \d\.\d+, test acc \d\.\d+",
+    "gin_tu": r"best validation accuracy [01]\.\d+ at epoch \d+: test accuracy [01]\.\d+",
 }
 #: examples that read a dataset from the data home
-NEEDS = {"gcn_cora": "cora"}
+NEEDS = {"gcn_cora": "cora", "gin_tu": "tu-mutag"}
 #: the packages whose every public name must have an API entry (more: any ``::: module`` line)
 PACKAGES = ["structconv", "structconv.basis", "structconv.params", "structconv.attention",
             "structconv.nn", "structconv.kg", "structconv.sampling", "structconv.data"]

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MARK = re.compile(r"^<!-- structconv:(\S+)(?: (\S+))? -->$", re.M)
 
 #: examples that read a dataset from the data home: without it their page says so
-EXAMPLE_DATA = {"gcn_cora": "cora"}
+EXAMPLE_DATA = {"gcn_cora": "cora", "gin_tu": "tu-mutag"}
 
 #: the meaning of every config key, "table.key" (top-level keys by their name)
 MEANINGS = {

@@ -6,6 +6,7 @@ in ``graph``; random-walk sorts by name and their mining in ``sorts``. Attention
 """
 
 from .base import Basis, Dense, Product, Sparse, Stack, as_basis, density
+from .batch import READOUTS, Readout, adjacency, readout
 from .graph import *  # noqa: F403
 from .graph import __all__ as _graph_all
 from .grid import *  # noqa: F403
@@ -31,4 +32,5 @@ __all__ = ["Basis", "Dense", "Sparse", "Stack", "Product", "as_basis", "density"
            "register", "build", "check", "Structure", "BASES", "KindError", "Sampled", "as_spec",
            "with_defaults", "sampled", "identity",
            "mine_sorts", "MinedSort", "single_and_mined_sorts", "parse_sorts", "sort_name",
-           "inverse_name", "INVERSE"]
+           "inverse_name", "INVERSE",
+           "readout", "Readout", "adjacency", "READOUTS"]

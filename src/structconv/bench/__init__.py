@@ -5,4 +5,4 @@ prints a table, and writes JSON (atomically) into ``args.out``. Timings are medi
 always reported as ratios against the anchor measured in the same run.
 """
 
-SUITES = ("routes", "grid", "graph", "attention", "lm", "kg", "scale")
+SUITES = ("routes", "grid", "graph", "attention", "lm", "kg", "scale", "graphs")

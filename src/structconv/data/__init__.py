@@ -9,12 +9,16 @@ from . import (  # noqa: F401  (the loader modules, imported for their registrat
     graphs_nx,
     images,
     kg,
+    molecules,
     planetoid,
     rgcn,
     series,
     synthetic,
     text,
+    tu,
 )
+from .batch import GraphBatch, GraphDataset, GraphLoader
 from .registry import DATASETS, dataset_names, load_dataset, register_dataset
 
-__all__ = ["DATASETS", "dataset_names", "load_dataset", "register_dataset"]
+__all__ = ["DATASETS", "dataset_names", "load_dataset", "register_dataset", "GraphBatch",
+           "GraphDataset", "GraphLoader"]

@@ -9,12 +9,20 @@ from .attention import (
 from .canon import Canon
 from .convert import from_pyg, from_torch, register_pyg, register_torch, to_torch
 from .dropout import SparseDropout, sparse_dropout
+from .gin import GINConv, GINEConv, gin_conv, gine_conv
 from .graph import ChebConv, GCNConv, RGCNConv, SGConv, TAGConv
 from .graph_attention import GATConv, GATv2Conv, TransformerConv
 from .grid import GridAvgPool, GridConv
 from .layers import Convolution
 from .lm import CausalSelfAttention, TransformerLM
 from .pervasive import AttentionPooling, PervasiveAttention, SourcePooling
+from .pool import (
+                        AttentionalAggregation,
+                        NodeGate,
+                        global_add_pool,
+                        global_max_pool,
+                        global_mean_pool,
+)
 from .seq2seq import CrossAttention, SelfAttention, Seq2Seq
 
 __all__ = ["Convolution", "from_torch", "from_pyg", "to_torch", "register_torch", "register_pyg",
@@ -24,4 +32,6 @@ __all__ = ["Convolution", "from_torch", "from_pyg", "to_torch", "register_torch"
            "MixedAttention", "GridConv", "GridAvgPool", "CausalSelfAttention", "TransformerLM",
            "SparseDropout", "sparse_dropout", "Canon",
            "Seq2Seq", "SelfAttention", "CrossAttention",
-           "PervasiveAttention", "AttentionPooling", "SourcePooling"]
+           "PervasiveAttention", "AttentionPooling", "SourcePooling",
+           "GINConv", "GINEConv", "gin_conv", "gine_conv", "global_add_pool", "global_mean_pool",
+           "global_max_pool", "AttentionalAggregation", "NodeGate"]

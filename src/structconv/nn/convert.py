@@ -16,7 +16,8 @@ _TORCH: dict[type, object] = {}
 _PYG: dict[str, object] = {}
 _TO_TORCH: list = []
 # modules whose import registers converters (loaded lazily: PyG is optional)
-_PROVIDERS = ("structconv.nn.grid", "structconv.nn.attention", "structconv.nn.graph")
+_PROVIDERS = ("structconv.nn.grid", "structconv.nn.attention", "structconv.nn.graph",
+              "structconv.nn.gin", "structconv.nn.pool")
 
 
 def _load():
