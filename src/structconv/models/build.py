@@ -32,8 +32,9 @@ from ..config import (
 from .declared import StructNet
 from .seq2seq import build_seq2seq
 
-__all__ = ["build_model", "build_gin", "graph_feature_dims", "build_lm", "build_link", "build_seq2seq_model", "data_info",
-           "link_sorts", "optimizer_copies", "memory_estimate", "check_memory", "sampled_share"]
+__all__ = ["build_model", "build_gin", "graph_feature_dims", "build_lm", "build_link",
+           "build_seq2seq_model", "data_info", "link_sorts", "optimizer_copies",
+           "memory_estimate", "check_memory", "sampled_share"]
 
 
 def _need(cond: bool, msg: str):

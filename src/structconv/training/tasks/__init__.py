@@ -21,9 +21,9 @@ from .node import NodeTask, SampledNodeTask
 from .seq2seq import Seq2SeqTask, decode_result
 from .text import TextTask
 
-__all__ = ["TASKS", "Task", "ItemTask", "ImageTask", "GraphTask", "NodeTask", "SampledNodeTask", "TextTask",
-           "LinkTask", "TripleTask", "Seq2SeqTask", "task_for", "load_data", "check_train_split",
-           "evaluate", "evaluate_link", "decode_result", "train_link"]
+__all__ = ["TASKS", "Task", "ItemTask", "ImageTask", "GraphTask", "NodeTask", "SampledNodeTask",
+           "TextTask", "LinkTask", "TripleTask", "Seq2SeqTask", "task_for", "load_data",
+           "check_train_split", "evaluate", "evaluate_link", "decode_result", "train_link"]
 
 #: a dataset's ``task`` -> the task that trains on it
 TASKS: dict[str, type[Task]] = {"image": ImageTask, "node": NodeTask, "text": TextTask,

@@ -70,11 +70,12 @@ class GraphTask(Task):
         self.binary = not self.regression and data.num_classes == 2
         self.panels = REGRESSION_PANELS if self.regression else CLASSIFICATION_PANELS
         mon = cfg["train"]["monitor"]
-        if (self.regression and mon != "val_loss") or (mon == "val_auc" and not self.binary):
-            raise ConfigError(f"train.monitor={mon!r} needs a two-class dataset; "
-                              f"{data.name} is a {'regression' if self.regression else 'multi-class'}"
-                              f" task: monitor val_loss" + ("" if self.regression else
-                                                            " or val_acc"))
+        if self.regression and mon != "val_loss":
+            raise ConfigError(f"train.monitor={mon!r}: {data.name} has float labels "
+                              "(regression), monitor val_loss")
+        if mon == "val_auc" and not self.binary:
+            raise ConfigError(f"train.monitor='val_auc' needs two classes; {data.name} has "
+                              f"{data.num_classes}: monitor val_acc or val_loss")
         self.dims = graph_feature_dims(data)
         self.edges = gin_spec(cfg)["edge_features"]
         self.train_set = data.subset(self.ids["train"])
