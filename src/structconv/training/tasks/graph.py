@@ -153,6 +153,8 @@ class GraphTask(Task):
             raise ConfigError(f"the {split} split of {self.data.name} is empty")
         was = model.training
         model.eval()
+        self.dev = device or self.dev
+        self.dtype = self.dtype or next(model.parameters()).dtype
         ids, b = self.ids[split], self.cfg["data"]["eval_batch_size"]
         outs, losses = [], []
         for i in range(0, ids.numel(), b):
