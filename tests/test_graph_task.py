@@ -161,3 +161,23 @@ def test_float_labels_train_a_regression_with_mse_and_mae():
     assert "acc" not in res
     with pytest.raises(ConfigError, match="train.monitor"):
         GraphTask(_cfg(), ds)  # val_acc: no accuracy for float labels
+
+
+def test_a_cross_validation_sweep_interrupted_and_resumed_ends_with_the_same_numbers(
+        monkeypatch, tmp_path):
+    import json
+
+    from test_interrupts import _stop_at
+
+    argv = ["reproduce", "tu-gin", "--quick", "--folds", "2"]
+    assert main([*argv, "--out", str(tmp_path / "ref")]) == 0
+    with monkeypatch.context() as m:
+        _stop_at(m, 18)  # fold 0 takes 15 steps (3 epochs of 5): fold 1, epoch 1, step 3
+        assert main([*argv, "--out", str(tmp_path / "run")]) == 130
+    fold1 = tmp_path / "run" / "tu-gin-mutag" / "fold-1"
+    assert (fold1 / "checkpoint.json").is_file() and not (fold1 / "result.json").exists()
+    assert main([*argv, "--out", str(tmp_path / "run")]) == 0
+    ref, run = (json.loads((tmp_path / d / "tu-gin-mutag.json").read_text())
+                for d in ("ref", "run"))
+    assert [r["test_acc"] for r in run["runs"]] == [r["test_acc"] for r in ref["runs"]]
+    assert run["test_acc_mean"] == ref["test_acc_mean"] and len(run["runs"]) == 2
