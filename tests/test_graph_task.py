@@ -181,3 +181,12 @@ def test_a_cross_validation_sweep_interrupted_and_resumed_ends_with_the_same_num
                 for d in ("ref", "run"))
     assert [r["test_acc"] for r in run["runs"]] == [r["test_acc"] for r in ref["runs"]]
     assert run["test_acc_mean"] == ref["test_acc_mean"] and len(run["runs"]) == 2
+
+
+def test_accumulated_half_batches_are_the_whole_batch(tmp_path):
+    # no batch norm: a micro-batch's statistics would differ from the whole batch's
+    base = ["model.gin.batch_norm=false", "model.gin.dropout=0.0", "train.epochs=1"]
+    whole = sc.train(_cfg(*base, "data.batch_size=32"), tmp_path / "a")
+    halves = sc.train(_cfg(*base, "data.batch_size=16", "train.accumulate=2"), tmp_path / "b")
+    assert halves["val_loss"] == pytest.approx(whole["val_loss"], rel=1e-5)
+    assert halves["test_loss"] == pytest.approx(whole["test_loss"], rel=1e-5)
