@@ -47,8 +47,8 @@ MEANINGS = {
                  "`synthetic:nodes=1000,edges=5000`",
     "data.root": "the dataset's folder (default: its folder in the data home)",
     "data.options": "keyword options of the dataset's loader (e.g. `{ limit = 2000 }`)",
-    "data.batch_size": "examples per optimizer step (image and text tasks; split across "
-                       "processes)",
+    "data.batch_size": "examples per optimizer step (image, text and graph-level tasks; split "
+                       "across processes)",
     "data.seq_len": "characters per training window (text tasks)",
     "data.eval_batch_size": "examples per evaluation batch",
     "data.batches_per_epoch": "batches in an epoch; 0: one pass over the training split",
@@ -62,6 +62,16 @@ MEANINGS = {
     "model.dtype": "`float32` or `float64`",
     "model.lm": "the `[model.lm]` table: a `sc.nn.TransformerLM` instead of layers",
     "model.link": "the `[model.link]` table: a `sc.kg.LinkPredictor` for a knowledge graph",
+    "model.gin": "the `[model.gin]` table: a graph-level GIN (`sc.models.GIN`) for a dataset "
+                 "of many graphs (tu-mutag, tu-proteins, tu-nci1, hiv)",
+    "model.gin.hidden": "channels of every GIN layer",
+    "model.gin.layers": "GIN layers (each a two-layer MLP after the neighbour sum)",
+    "model.gin.readout": "one vector per graph: `sum`, `mean`, `max` or `attention`",
+    "model.gin.dropout": "dropout before the linear head",
+    "model.gin.edge_features": "GINE layers reading the dataset's edge features (categorical "
+                               "columns one-hot, e.g. HIV's bond features)",
+    "model.gin.train_eps": "learn each layer's eps (GIN-eps) instead of 0 (GIN-0)",
+    "model.gin.batch_norm": "batch norm inside each layer's MLP",
     "model.seq2seq": "the `[model.seq2seq]` table: a sequence-to-sequence model "
                      "(`sc.nn.Seq2Seq` or `sc.nn.PervasiveAttention`) for word pairs",
     "model.seq2seq.kind": "`transformer` (an encoder-decoder Transformer) or `pervasive` "
@@ -99,7 +109,7 @@ MEANINGS = {
     "train.patience": "stop after this many epochs without a better `monitor` (0: never)",
     "train.monitor": "the validation figure that picks the best epoch: `val_acc` or "
                      "`val_loss` (link prediction: `val_mrr`, `val_hits@1`, `val_hits@3`, "
-                     "`val_hits@10`)",
+                     "`val_hits@10`; a `[model.gin]` model of two classes: also `val_auc`)",
     "train.grad_clip": "clip the gradient's norm to this value (0: no clipping)",
     "train.checkpoint_every": "a checkpoint every this many epochs; 0: by time (below), and "
                               "always after the last epoch",
@@ -264,7 +274,7 @@ def _schema() -> dict[str, dict]:
     top = {"seed": C.DEFAULTS["seed"], "name": None, "description": None}
     return {"top": top, "data": C.DEFAULTS["data"], "model": C.DEFAULTS["model"],
             "train": C.DEFAULTS["train"], "model.lm": C.LM_KEYS, "model.link": C.LINK_KEYS,
-            "model.seq2seq": C.SEQ2SEQ_KEYS,
+            "model.seq2seq": C.SEQ2SEQ_KEYS, "model.gin": C.GIN_KEYS,
             "train.link": C.LINK_TRAIN_KEYS, "train.sampler": C.SAMPLER_KEYS,
             "layer": LAYER_DEFAULTS}
 

@@ -15,7 +15,8 @@ Each ``[[model.layers]]`` entry names its basis in the paper's terms (a register
 sampled mini-batches; ``[model.lm]`` (``LM_KEYS``) describes a language model instead of layers,
 ``[model.seq2seq]`` (``SEQ2SEQ_KEYS``) a sequence-to-sequence model (grapheme-to-phoneme data),
 ``[model.link]`` (``LINK_KEYS``) a knowledge-graph link predictor trained as ``[train.link]``
-(``LINK_TRAIN_KEYS``) says.
+(``LINK_TRAIN_KEYS``) says; ``[model.gin]`` (``GIN_KEYS``) a graph-level GIN for a dataset of
+many graphs.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ __all__ = ["ConfigError", "load_config", "parse_config", "apply_overrides", "val
            "graph_layer_hops", "shipped_configs", "LINK_KEYS", "LINK_TRAIN_KEYS", "LM_KEYS",
            "LINK_MONITORS", "ACTIVATIONS", "link_spec", "link_train_spec", "is_link",
            "is_content", "import_paths", "config_from", "SEQ2SEQ_KEYS", "SEQ2SEQ_KINDS",
-           "seq2seq_spec", "is_seq2seq"]
+           "seq2seq_spec", "is_seq2seq", "GIN_KEYS", "gin_spec", "is_gin"]
 
 
 class ConfigError(ValueError):
@@ -52,7 +53,7 @@ DEFAULTS = {
     "data": {"name": "digits", "root": None, "options": {}, "batch_size": 64, "seq_len": 64,
              "eval_batch_size": 512, "batches_per_epoch": 0},
     "model": {"layers": [], "readout": "auto", "classifier": "auto", "embedding": 0,
-              "dtype": "float32", "lm": {}, "link": None, "seq2seq": None},
+              "dtype": "float32", "lm": {}, "link": None, "seq2seq": None, "gin": None},
     "train": {"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "momentum": 0.9,
               "epochs": 10, "patience": 0, "monitor": "val_acc", "grad_clip": 0.0,
               "checkpoint_every": 0, "checkpoint_seconds": 10.0, "sampler": {}, "link": {},
@@ -287,7 +288,7 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
                                       f"{', '.join(sorted(DEFAULTS[sec]))})")
         # (a run directory written before these keys existed has none of them)
         missing = [f"{sec}.{k}" for k in DEFAULTS[sec]
-                   if k not in {*cfg[sec], "sampler", "link", "seq2seq", *_LATER_KEYS}]
+                   if k not in {*cfg[sec], "sampler", "link", "seq2seq", "gin", *_LATER_KEYS}]
         _need(not missing, f"{source}: missing key(s) {', '.join(missing)}")
     t = cfg["train"]
     for k in ("epochs", "patience", "checkpoint_every"):
@@ -346,12 +347,18 @@ def _check_model(cfg: dict, source: str) -> dict:
         return _check_rest(cfg, source)
     _need(not t.get("link"), f"{source}: [train.link] trains a link predictor: it needs a "
                              "[model.link] table")
-    _need(t["monitor"] in ("val_acc", "val_loss"),
-          f"{source}: train.monitor must be val_acc or val_loss, got {t['monitor']!r}"
+    _need(m.get("gin") is None or isinstance(m["gin"], dict),
+          f"{source}: model.gin must be a table ([model.gin]), got {m['gin']!r}")
+    _need(t["monitor"] in ("val_acc", "val_loss") or (is_gin(cfg) and t["monitor"] == "val_auc"),
+          f"{source}: train.monitor must be val_acc or val_loss (or val_auc for a [model.gin] "
+          f"model of a two-class dataset), got {t['monitor']!r}"
           + (" (the val_mrr / val_hits@K monitors are for [model.link] models)"
              if t["monitor"] in LINK_MONITORS else ""))
     if is_seq2seq(cfg):
         _check_seq2seq(m, f"{source}: model.seq2seq")
+        return _check_rest(cfg, source)
+    if is_gin(cfg):
+        _check_gin(m, f"{source}: model.gin")
         return _check_rest(cfg, source)
     if m["lm"]:
         _check_lm(m, f"{source}: model.lm")
@@ -567,6 +574,39 @@ def _check_seq2seq(m: dict, where: str) -> None:
     if s["kind"] == "transformer":
         _check_attention_stack(s, where, SEQ2SEQ_POSITIONS)
         _check_applies(m["seq2seq"], s, where)
+
+
+GIN_KEYS = {"hidden": 64, "layers": 5, "readout": "sum", "dropout": 0.0, "edge_features": False,
+            "train_eps": False, "batch_norm": True}
+"""``[model.gin]``: a graph-level GIN (``sc.models.GIN``) for a dataset of many graphs: ``layers``
+GIN layers of ``hidden`` channels (two-layer MLPs, with ``batch_norm``), GIN-eps where
+``train_eps``, GINE layers reading the dataset's edge features where ``edge_features``, a
+``readout`` (sum, mean, max or attention) to one vector per graph, ``dropout`` before the
+linear head."""
+
+
+def gin_spec(cfg: dict) -> dict:
+    """The ``[model.gin]`` table with its defaults filled in."""
+    return {**GIN_KEYS, **(cfg["model"].get("gin") or {})}
+
+
+def is_gin(cfg: dict) -> bool:
+    """Whether ``cfg`` describes a graph-level GIN (a ``[model.gin]`` table)."""
+    return cfg["model"].get("gin") is not None
+
+
+def _check_gin(m: dict, where: str) -> None:
+    for k in m["gin"]:
+        _need(k in GIN_KEYS, f"{where}: unknown key {k!r} (known: {', '.join(GIN_KEYS)})")
+    _need(not m["layers"] and not m["lm"] and m.get("seq2seq") is None,
+          f"{where}: a [model.gin] model takes no [[model.layers]], [model.lm] or "
+          "[model.seq2seq]")
+    s = {**GIN_KEYS, **m["gin"]}
+    _check_ints(s, where, ("hidden", "layers"), ())
+    _need(s["readout"] in ("sum", "mean", "max", "attention"),
+          f"{where}.readout must be sum, mean, max or attention, got {s['readout']!r}")
+    for k in ("edge_features", "train_eps", "batch_norm"):
+        _need(isinstance(s[k], bool), f"{where}.{k} must be true or false, got {s[k]!r}")
 
 
 def _check_link_sorts(spec: dict, where: str) -> None:

@@ -129,6 +129,8 @@ def molecules(smiles: list[str], y: torch.Tensor, name: str = "molecules") -> Gr
     ds = GraphDataset.from_graphs(graphs, name=name, num_classes=2)
     ds.y = y
     ds.splits = scaffold_split(smiles)
+    # the categorical columns' sizes: a model one-hot encodes them (OGB's embeddings' inputs)
+    ds.feature_dims, ds.edge_feature_dims = ATOM_FEATURE_DIMS, BOND_FEATURE_DIMS
     return ds
 
 

@@ -7,7 +7,8 @@ loops removed, edges sorted by (source, target) with duplicates merged, graph la
 ``0..C-1`` in sorted order. Each dataset carries 10 folds (``folds[i]``: ``train``, ``val``,
 ``test`` graph ids): Errica et al.'s (ICLR 2020) for PROTEINS and NCI1 (``tu/splits/``: outer
 test fold, inner holdout), and for MUTAG, which their study does not cover, a stratified
-10-fold split drawn from seed 0 with a stratified 10% inner holdout.
+10-fold split drawn from seed 0 with a stratified 10% inner holdout. The registered loaders
+take ``fold`` (0-9, default 0): ``splits`` is then that fold's, what a graph task trains on.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import numpy as np
 import torch
 
 from .batch import GraphDataset
-from .registry import DatasetError, register_dataset
+from .registry import DatasetError, check_int, register_dataset
 
-__all__ = ["load_tu", "stratified_folds", "TU_DATASETS"]
+__all__ = ["load_tu", "stratified_folds", "with_fold", "TU_DATASETS"]
 
 TU_DATASETS = {"MUTAG": ("MUTAG", None),
                "PROTEINS": ("PROTEINS", "PROTEINS_full_splits.json"),
@@ -149,6 +150,13 @@ def stratified_folds(y: torch.Tensor, k: int = 10, seed: int = 0,
     return out
 
 
+def with_fold(ds: GraphDataset, fold: int) -> GraphDataset:
+    """``ds`` training on outer fold ``fold``: ``splits`` is that fold's ``train`` / ``val``
+    (the inner holdout) / ``test`` graph ids."""
+    ds.splits = dict(ds.folds[fold])
+    return ds
+
+
 def _register(key: str, name: str, split_file: str | None):
     files = [f"{name}/{name}_A.txt", f"{name}/{name}_graph_indicator.txt",
              f"{name}/{name}_graph_labels.txt", f"{name}/{name}_node_labels.txt"]
@@ -158,9 +166,10 @@ def _register(key: str, name: str, split_file: str | None):
 
     @register_dataset(key, "tu", f"TU {name} graph classification (original TU files), {where}",
                       files=files)
-    def load(root, node_attributes: bool = False):
-        return load_tu(root, name, node_attributes,
-                       Path(root) / "splits" / split_file if split_file else None)
+    def load(root, node_attributes: bool = False, fold: int = 0):
+        ds = load_tu(root, name, node_attributes,
+                     Path(root) / "splits" / split_file if split_file else None)
+        return with_fold(ds, check_int(key, "fold", fold, 0, len(ds.folds) - 1))
 
     return load
 

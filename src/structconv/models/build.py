@@ -2,7 +2,8 @@
 
 ``build_model`` picks the model kind from the config (``[model.link]``: ``sc.kg.LinkPredictor``;
 ``[model.lm]``: ``sc.nn.TransformerLM``; ``[model.seq2seq]``: ``sc.nn.Seq2Seq`` or
-``sc.nn.PervasiveAttention``; else a ``StructNet`` of declared layers).
+``sc.nn.PervasiveAttention``; ``[model.gin]``: ``sc.models.GIN``; else a ``StructNet`` of
+declared layers).
 ``memory_estimate`` reads the built model's parameter count and per-sample activation count,
 or computes both from the config alone for the link predictor and the sequence models (whose
 sizes a config can make absurd: they are refused before anything is built), so that a run
@@ -19,7 +20,9 @@ from .._checks import available_memory, gib
 from ..config import (
     LM_KEYS,
     ConfigError,
+    gin_spec,
     graph_layer_hops,
+    is_gin,
     is_link,
     is_seq2seq,
     link_spec,
@@ -31,9 +34,9 @@ from .declared import StructNet
 from .seq2seq import build_seq2seq
 from .sizes import lm_parameters, seq2seq_parameters
 
-__all__ = ["build_model", "build_lm", "build_link", "build_seq2seq_model", "data_info",
-           "link_sorts", "optimizer_copies", "estimated_from_config", "memory_estimate",
-           "check_memory", "sampled_share"]
+__all__ = ["build_model", "build_gin", "graph_feature_dims", "build_lm", "build_link",
+           "build_seq2seq_model", "data_info", "link_sorts", "optimizer_copies",
+           "estimated_from_config", "memory_estimate", "check_memory", "sampled_share"]
 
 
 def _need(cond: bool, msg: str):
@@ -114,10 +117,48 @@ def build_link(cfg: dict, data) -> nn.Module:
                          self_dropout=float(s["self_dropout"]), dropout=float(s["dropout"]))
 
 
+def graph_feature_dims(data) -> tuple[tuple | None, tuple | None]:
+    """The sizes of a graph dataset's categorical node and edge columns (long ``x`` /
+    ``edge_attr``, e.g. molecules), which a model reads one-hot; None for float features."""
+
+    def dims(t, named):
+        if t is None or t.is_floating_point():
+            return None
+        return tuple(named) if named is not None else \
+            tuple(int(v) + 1 for v in t.max(0).values.tolist())
+
+    return (dims(data.x, getattr(data, "feature_dims", None)),
+            dims(data.edge_attr, getattr(data, "edge_feature_dims", None)))
+
+
+def build_gin(cfg: dict, data) -> nn.Module:
+    """The ``sc.models.GIN`` of a ``[model.gin]`` table, for a dataset of many graphs (its
+    head: one logit per class, or one output per regression target for float labels)."""
+    from .gin import GIN
+
+    _need(data.task == "graph", f"model.gin reads batches of graphs: it needs a graph-level "
+                                f"dataset (tu-mutag, tu-proteins, tu-nci1, hiv), got a "
+                                f"{data.task} task ({cfg['data']['name']})")
+    s = gin_spec(cfg)
+    xd, ed = graph_feature_dims(data)
+    edge_dim = None
+    if s["edge_features"]:
+        _need(data.edge_attr is not None, f"model.gin.edge_features: dataset "
+                                          f"{cfg['data']['name']!r} has no edge features")
+        edge_dim = sum(ed) if ed else data.num_edge_features
+    y = data.y
+    out = data.num_classes if y is None or not y.is_floating_point() else \
+        (1 if y.dim() == 1 else int(y.shape[1]))
+    return GIN(sum(xd) if xd else data.num_features, s["hidden"], out, s["layers"],
+               readout=s["readout"], dropout=float(s["dropout"]), edge_dim=edge_dim,
+               train_eps=s["train_eps"], batch_norm=s["batch_norm"])
+
+
 def build_model(cfg: dict, data) -> nn.Module:
     """The model described by ``cfg['model']`` for ``data`` (a registry dataset)."""
     try:
-        model = build_link(cfg, data) if is_link(cfg) else \
+        model = build_link(cfg, data) if is_link(cfg) else build_gin(cfg, data) if is_gin(cfg) \
+            else \
             build_seq2seq_model(cfg, data) if is_seq2seq(cfg) else build_lm(cfg, data) \
             if cfg["model"]["lm"] else StructNet(cfg, data_info(data, cfg))
         return model.to(getattr(torch, cfg["model"]["dtype"]))
@@ -221,6 +262,16 @@ def estimated_from_config(cfg: dict) -> bool:
     return is_link(cfg) or is_seq2seq(cfg) or bool(cfg["model"]["lm"])
 
 
+def _gin_activations(cfg: dict, data) -> int:
+    """Activation scalars one graph keeps, about, at the mean graph size: per layer and node
+    the MLP's two linear maps, norms and activations (and an edge's message for GINE)."""
+    s = gin_spec(cfg)
+    G = max(len(data), 1)
+    nodes, edges = data.x.shape[0] / G, data.edge_index.shape[1] / G
+    per_layer = 7 * s["hidden"] * nodes + (s["hidden"] * edges if s["edge_features"] else 0)
+    return int(s["layers"] * per_layer + s["hidden"])
+
+
 def memory_estimate(cfg: dict, data, model: nn.Module | None = None) -> dict | None:
     """Bytes one training step of ``cfg``'s model on ``data`` needs, about: ``params``
     (weights, gradients and optimizer state) and ``activations`` (one batch, kept for the
@@ -236,7 +287,8 @@ def memory_estimate(cfg: dict, data, model: nn.Module | None = None) -> dict | N
     copies = optimizer_copies(t)
     n_params = sum(p.numel() for p in model.parameters()) if model is not None else \
         _sequence_parameters(cfg, data)
-    per_sample = _seq2seq_activations(cfg, data) if is_seq2seq(cfg) else \
+    per_sample = _gin_activations(cfg, data) if is_gin(cfg) else \
+        _seq2seq_activations(cfg, data) if is_seq2seq(cfg) else \
         _lm_activations(cfg, data) if cfg["model"]["lm"] else model.activation_elements
     batch = 1 if data.task == "node" else d["batch_size"]
     if data.task == "node" and sampler_spec(cfg):

@@ -10,27 +10,28 @@ from __future__ import annotations
 
 from torch import nn
 
-from ...config import ConfigError, is_link, is_seq2seq, sampler_spec
+from ...config import ConfigError, is_gin, is_link, is_seq2seq, sampler_spec
 from ...data.registry import load_dataset
 from ..minibatch import SampledEval
 from .base import ItemTask, Task
+from .graph import GraphTask
 from .image import ImageTask
 from .link import LinkTask, TripleTask, evaluate_link, train_link
 from .node import NodeTask, SampledNodeTask
 from .seq2seq import Seq2SeqTask, decode_result
 from .text import TextTask
 
-__all__ = ["TASKS", "Task", "ItemTask", "ImageTask", "NodeTask", "SampledNodeTask", "TextTask",
-           "LinkTask", "TripleTask", "Seq2SeqTask", "task_for", "load_data", "check_train_split",
-           "evaluate", "evaluate_link", "decode_result", "train_link"]
+__all__ = ["TASKS", "Task", "ItemTask", "ImageTask", "GraphTask", "NodeTask", "SampledNodeTask",
+           "TextTask", "LinkTask", "TripleTask", "Seq2SeqTask", "task_for", "load_data",
+           "check_train_split", "evaluate", "evaluate_link", "decode_result", "train_link"]
 
 #: a dataset's ``task`` -> the task that trains on it
 TASKS: dict[str, type[Task]] = {"image": ImageTask, "node": NodeTask, "text": TextTask,
-                                "link": LinkTask, "g2p": Seq2SeqTask}
+                                "link": LinkTask, "g2p": Seq2SeqTask, "graph": GraphTask}
 
 
 def load_data(cfg: dict):
-    """The dataset named by ``cfg['data']`` (image, node, text, link or g2p task), refused
+    """The dataset named by ``cfg['data']`` (image, node, text, link, g2p or graph task), refused
     (ConfigError) where the config's model cannot train on it."""
     d = cfg["data"]
     try:
@@ -52,14 +53,26 @@ def load_data(cfg: dict):
         raise ConfigError(f"model.seq2seq maps a sequence to a sequence: it needs a "
                           f"grapheme-to-phoneme dataset (cmudict), but dataset {d['name']!r} is "
                           f"a {task} task")
+    _check_graph(cfg, d["name"], task)
     if task not in TASKS:
         raise ConfigError(f"dataset {d['name']!r} is a {task or '?'} task; train handles "
-                          "image, node, text, link and g2p tasks")
+                          "image, node, text, link, g2p and graph tasks")
     if sampler_spec(cfg) and TASKS[task] is not NodeTask:
         raise ConfigError(f"train.sampler samples graph neighbourhoods, but dataset "
                           f"{d['name']!r} is a {task} task: use a node-classification "
                           "(graph) dataset or remove [train.sampler]")
     return data
+
+
+def _check_graph(cfg: dict, name: str, task) -> None:
+    """A graph-level dataset trains a [model.gin] model, and that model nothing else."""
+    if task == "graph" and not is_gin(cfg):
+        raise ConfigError(f"dataset {name!r} is a graph-level task (many graphs): describe "
+                          "the model with a [model.gin] table (hidden, layers, readout, ...)")
+    if is_gin(cfg) and task != "graph":
+        raise ConfigError(f"model.gin reads batches of graphs: it needs a graph-level dataset "
+                          f"(tu-mutag, tu-proteins, tu-nci1, hiv), but dataset {name!r} is a "
+                          f"{task} task")
 
 
 def task_for(cfg: dict, data) -> Task:
