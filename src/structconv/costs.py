@@ -225,7 +225,7 @@ def constant_when_traced(fn: Callable) -> Callable:
     mark is set here unless the compiler is already loaded (then its own decorator sets it)."""
     if "torch._dynamo" in sys.modules:
         return torch.compiler.assume_constant_result(fn)
-    fn._dynamo_marked_constant = True  # what the decorator sets (tests/test_first_contact.py)
+    fn._dynamo_marked_constant = True  # what the decorator sets (tests/cli/test_first_contact.py)
     return fn
 
 

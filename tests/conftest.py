@@ -1,0 +1,62 @@
+"""Shared by every test folder: the repository's paths, the command line as the tests run it,
+real datasets found where the library finds them, and a float64 default dtype."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from structconv.data.registry import data_root, data_root_source, dataset_dir, missing_files
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository
+SRC = ROOT / "src" / "structconv"
+
+# -- the command line: one torch thread, warnings off, in a subprocess -------------------------
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+CLI = [sys.executable, "-m", "structconv.cli"]
+
+
+def run_cli(*args, cwd=None, env=None, timeout=None) -> subprocess.CompletedProcess:
+    """``structconv ARGS`` in a subprocess; stdout and stderr captured as text."""
+    return subprocess.run(CLI + [str(a) for a in args], env=env or ENV, capture_output=True,
+                          text=True, cwd=cwd, timeout=timeout)
+
+
+# -- real datasets: the data home ($STRUCTCONV_DATA, else the per-user folder). A test that needs
+# one skips, naming what is missing and where, only when its files are truly absent. ----------
+def absent(name: str) -> str | None:
+    """Why registered dataset ``name`` cannot be read (None: its files are all there)."""
+    missing = missing_files(name)
+    if not missing:
+        return None
+    more = f" (+{len(missing) - 3} more)" if len(missing) > 3 else ""
+    return (f"{name} is not in the data home {data_root()} ({data_root_source()}): missing "
+            f"{', '.join(missing[:3])}{more} in {dataset_dir(name)}")
+
+
+def need(name: str) -> Path:
+    """The folder holding dataset ``name``'s files; skips the test where they are absent."""
+    why = absent(name)
+    if why:
+        pytest.skip(why)
+    return dataset_dir(name)
+
+
+def needs(*names: str) -> pytest.MarkDecorator:
+    """A marker: skip unless every named dataset is in the data home."""
+    why = [w for w in map(absent, names) if w]
+    return pytest.mark.skipif(bool(why), reason="; ".join(why))
+
+
+@pytest.fixture
+def float64():
+    """torch's default dtype is float64 for the test, restored after it."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)

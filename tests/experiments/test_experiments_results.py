@@ -1,0 +1,176 @@
+"""Smoke and exactness tests of the results' experiment modules (tiny sizes, float64)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+import torch
+
+from structconv.experiments import fashion, mixed_heads, routes_models, separability, shift_heads
+from tests.conftest import need
+
+
+# -- fashion: the grid network is the torch network ------------------------------------------
+@pytest.mark.parametrize("native", [True, False])
+def test_grid_cnn_matches_torch(float64, native):
+    torch.manual_seed(0)
+    ref = fashion.torch_cnn(channels=(3, 5), side=12, classes=4)
+    net = fashion.structconv_cnn(ref, native=native)
+    x = torch.randn(3, 1, 12, 12)
+    torch.testing.assert_close(net(x), ref(x))
+    assert sum(p.numel() for p in net.parameters()) == sum(p.numel() for p in ref.parameters())
+
+
+# -- shift heads ------------------------------------------------------------------------------
+def test_window_losses_score_the_right_positions(float64):
+    torch.manual_seed(1)
+    m = shift_heads.TransformerLM(11, 8, 1, 2, "alibi").double().eval()
+    ids = torch.randint(0, 11, (41,))
+    L = 8
+    # non-overlapping: every position of each whole window once
+    want = torch.cat([torch.nn.functional.cross_entropy(m(ids[s:s + L][None])[0],
+                                                        ids[s + 1:s + L + 1], reduction="none")
+                      for s in range(0, 40 - L + 1, L)]).mean().detach()
+    assert math.isclose(shift_heads.window_loss(m, ids, L), float(want), rel_tol=1e-12)
+    # sliding: windows advanced by 4, only their last 4 positions scored
+    want = torch.cat([torch.nn.functional.cross_entropy(m(ids[s:s + L][None])[0, -4:],
+                                                        ids[s + L - 3:s + L + 1],
+                                                        reduction="none")
+                      for s in range(0, 40 - L + 1, 4)]).mean().detach()
+    assert math.isclose(shift_heads.window_loss(m, ids, L, 4), float(want), rel_tol=1e-12)
+
+
+def test_shift_likeness_of_uniform_attention(float64):
+    # zero queries and keys: every head attends uniformly to the past, so each offset gets
+    # the mean of 1/(n+1) over the measured queries
+    m = shift_heads.TransformerLM(11, 8, 2, 2, "none").double()
+    with torch.no_grad():
+        for b in m.blocks:
+            b.attn.in_proj.weight[:16].zero_()
+            b.attn.in_proj.bias[:16].zero_()
+    a = argparse.Namespace(context=24)
+    got = shift_heads.shift_likeness(m, torch.randint(0, 11, (500,)), a, windows=3)
+    want = float(torch.tensor([1 / (n + 1) for n in range(16, 24)]).mean())
+    assert len(got) == 2 and all(len(layer) == 2 for layer in got)
+    for layer in got:
+        for h in layer:
+            assert math.isclose(h["mass"], want, rel_tol=1e-9) and 0 <= h["offset"] <= 16
+
+
+def test_shift_heads_recipe_runs_and_resumes(tmp_path):
+    import subprocess
+    import sys
+
+    need("tinyshakespeare")  # the subprocess finds it the same way, from the same environment
+    cmd = [sys.executable, "-m", "structconv.cli", "reproduce", "shift-heads", "--quick",
+           "--kinds", "none,learned,shift", "--long-kinds", "shift", "--out", str(tmp_path)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "shift_heads.json").read_text())
+    assert set(res["kinds"]) == {"none", "learned", "shift"} and len(res["long_runs"]) == 1
+    assert res["kinds"]["learned"]["extrapolation"]["nonoverlap"].keys() == {"1"}
+    assert len(res["kinds"]["shift"]["extrapolation"]["sliding"]) == 5
+    runs = sorted(p.name for p in (tmp_path / "shift_heads_runs").iterdir())
+    assert "shift-s0-6.safetensors" in runs and "shift-s0-8.json" in runs
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # resumes: no training
+    assert r.returncode == 0 and "seed 0 (6 steps)" not in r.stdout
+
+
+# -- mixed heads: attention heads are GAT, index heads are GCN --------------------------------
+def test_attention_heads_match_pyg_gat(float64):
+    pyg = pytest.importorskip("torch_geometric.nn")
+    torch.manual_seed(3)
+    N, F, A, r = 9, 5, 3, 4
+    ei = torch.randint(0, N, (2, 30))
+    ref = pyg.GATConv(F, r, heads=A, concat=True).double().eval()
+    src, dst = ei
+    keep = src != dst
+    i = torch.arange(N)
+    s2, d2 = torch.cat([src[keep], i]), torch.cat([dst[keep], i])
+    layer = mixed_heads.HeadsLayer(s2, d2, N, F, r, A, None, True, 0.0).eval()
+    with torch.no_grad():
+        W = ref.lin.weight.T.reshape(F, A, r)  # PyG: out channel (head, c) from lin's rows
+        layer.theta.value.copy_(W.permute(1, 0, 2))
+        layer.att_src.copy_(ref.att_src[0])
+        layer.att_dst.copy_(ref.att_dst[0])
+        layer.bias.copy_(ref.bias)
+    x = torch.randn(N, F)
+    torch.testing.assert_close(layer(x), ref(x, ei))
+
+
+def test_index_head_is_gcn(float64):
+    from structconv.basis.graph import PowerBasis, gcn
+
+    torch.manual_seed(4)
+    N, F, Q = 8, 4, 3
+    ei = torch.randint(0, N, (2, 20))
+    op = gcn(ei, N).op
+    layer = mixed_heads.HeadsLayer(ei[0], ei[1], N, F, Q, 0, PowerBasis(op, (1, 2)), True, 0.0)
+    x = torch.randn(N, F)
+    S = gcn(ei, N).to_dense()[0]  # (M, N)
+    V = layer.theta.value.detach()
+    ref = torch.cat([S.T @ x @ V[0], S.T @ S.T @ x @ V[1]], 1) + layer.bias
+    torch.testing.assert_close(layer(x), ref)
+
+
+# -- separability ------------------------------------------------------------------------------
+def test_forms_and_counts():
+    assert sum(p.numel() for p in separability.make_form("H3", 25, 16, 32).parameters()) == \
+        3 * (25 + 16 * 32)
+    assert sum(p.numel() for p in separability.make_form("depthwise", 25, 16, 32).parameters()) \
+        == 25 * 16 + 16 * 32
+    with pytest.raises(ValueError, match="unknown form"):
+        separability.make_form("H0", 2, 2, 2)
+    net = separability.DigitsCNN("H2")
+    assert net(torch.randn(3, 1, 8, 8)).shape == (3, 10)
+    assert net.form_parameters() == 2 * (25 + 16 * 32)
+
+
+def test_separability_quick_run(tmp_path):
+    args = argparse.Namespace(model="cnn", dataset=None, data=None, forms="H1,full", seeds=1,
+                              epochs=2, lr=None, batch=64, hidden=16, train_size=100,
+                              threads=0, plot=None, quick=True, seed=0, out=str(tmp_path))
+    assert separability.run(args) == 0
+    res = json.loads((tmp_path / "separability-cnn.json").read_text())
+    assert set(res["forms"]) == {"H1", "full"}
+    assert res["forms"]["H1"]["form_params"] == 25 + 16 * 32
+    assert all(0 <= r["test_acc_mean"] <= 100 for r in res["forms"].values())
+    assert (tmp_path / "separability-cnn.png").stat().st_size > 1000
+
+
+# -- routes -------------------------------------------------------------------------------------
+def test_routes_time_case_covers_all_routes():
+    from structconv.basis.grid import Grid
+    from structconv.params import ControlledSeparable
+
+    def make():
+        return torch.randn(2, 36, 3), Grid((6, 6), (3, 3), padding=1), ControlledSeparable(
+            9, 3, 4, 2)
+
+    r = routes_models.time_case("tiny", make, repeats=1)
+    assert {"input_param", "basis_input", "basis_param", "native", "separable_input",
+            "separable_basis", "auto"} <= set(r["times"])
+    assert r["best"] in r["times"] and r["best"] != "auto"
+    assert math.isfinite(r["auto_over_best"]) and r["auto_over_best"] > 0
+
+
+def test_sparse_input_path_equals_dense(float64):
+    torch.manual_seed(5)
+    N, F, C = 10, 7, 3
+    ei = torch.randint(0, N, (2, 30))
+    x = torch.randn(N, F) * (torch.rand(N, F) < 0.3)
+    torch.manual_seed(6)
+    dense = mixed_heads.HeadsNet(ei, N, F, C, att=2, hops=2, r=4)
+    torch.manual_seed(6)
+    sparse = mixed_heads.HeadsNet(ei, N, F, C, att=2, hops=2, r=4, sparse=True)
+    torch.testing.assert_close(sparse.eval()(x), dense.eval()(x))
+    dense.train()
+    sparse.train()
+    torch.manual_seed(7)
+    y1 = dense.conv1(dense.input_dropout(x))
+    torch.manual_seed(7)
+    y2 = sparse.conv1(sparse.sparse_input(x))  # the same dropout draws, in the same order
+    torch.testing.assert_close(y2, y1)

@@ -1,0 +1,234 @@
+"""Graph models against PyG's layers (float64) and smoke tests of the training recipes."""
+
+from __future__ import annotations
+
+import json
+from argparse import Namespace
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import structconv.models.graph as mg
+from structconv.data.planetoid import PlanetoidData
+from structconv.experiments import planetoid as rp
+from structconv.experiments import rgcn as rr
+from tests.conftest import need
+
+pyg = pytest.importorskip("torch_geometric.nn")
+
+N, F_IN, HID, C = 13, 5, 4, 3
+
+
+@pytest.fixture
+def graph():
+    g = torch.Generator().manual_seed(0)
+    # random directed edges with duplicates and self loops; nodes 11 and 12 isolated
+    ei = torch.randint(0, 11, (2, 40), generator=g)
+    ei = torch.cat([ei, torch.tensor([[3, 3, 5], [3, 4, 4]])], 1)
+    x = torch.randn(N, F_IN, generator=g, dtype=torch.float64)
+    return ei, x
+
+
+pytestmark = pytest.mark.usefixtures("float64")  # every test here runs in float64
+
+
+def test_gcn_layer_equals_pyg(graph):
+    ei, x = graph
+    m = mg.GCN(ei, N, F_IN, HID, C).eval()
+    ref = pyg.GCNConv(F_IN, HID)
+    ref.lin.weight.data = m.conv1.param.weight[0].T.clone()
+    ref.bias.data = torch.randn(HID)
+    m.conv1.bias.data = ref.bias.data.clone()
+    torch.testing.assert_close(m.conv1(x), ref(x, ei), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("K", [1, 2, 3, 4])
+def test_cheb_layer_equals_pyg(graph, K):
+    ei, x = graph
+    m = mg.ChebNet(ei, N, F_IN, HID, C, K=K).eval()
+    ref = pyg.ChebConv(F_IN, HID, K)
+    for k in range(K):
+        ref.lins[k].weight.data = m.conv1.param.weight[k].T.clone()
+    ref.bias.data = m.conv1.bias.data.clone()
+    torch.testing.assert_close(m.conv1(x), ref(x, ei), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("K", [1, 2, 3])
+def test_sgc_equals_pyg(graph, K):
+    ei, x = graph
+    m = mg.SGC(ei, N, F_IN, C, K=K)
+    ref = pyg.SGConv(F_IN, C, K=K)
+    ref.lin.weight.data = m.conv.param.weight[0].T.clone()
+    ref.lin.bias.data = m.conv.bias.data.clone()
+    torch.testing.assert_close(m(x), ref(x, ei), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("bases", [None, 2])
+def test_rgcn_layer_equals_pyg(graph, bases):
+    ei, x = graph
+    R = 4
+    et = torch.randint(0, R, (ei.shape[1],), generator=torch.Generator().manual_seed(1))
+    m = mg.RGCN(ei, et, N, R, HID, C, num_bases=bases, in_channels=F_IN)
+    ref = pyg.RGCNConv(F_IN, HID, R, num_bases=bases, aggr="mean")
+    layer = m.conv1
+    if bases is None:
+        ref.weight.data = layer.conv.param.weight.data.clone()
+    else:
+        ref.weight.data = layer.conv.param.channel.data.clone()
+        ref.comp.data = layer.conv.param.basis_coef.data.T.clone()
+    ref.root.data = layer.root.param.weight[0].clone()
+    ref.bias.data = torch.randn(HID)
+    layer.root.bias.data = ref.bias.data.clone()
+    torch.testing.assert_close(layer(x), ref(x, ei, et), rtol=1e-12, atol=1e-12)
+    # featureless nodes: the same layer on one-hot features, without forming the identity
+    m2 = mg.RGCN(ei, et, N, R, HID, C, num_bases=bases)
+    torch.testing.assert_close(m2.conv1(None), m2.conv1(torch.eye(N)), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(m2(), m2.conv2(torch.relu(m2.conv1(torch.eye(N)))))
+
+
+def test_featureless_gradient():
+    ei = torch.tensor([[0, 1, 2, 2, 4, 4], [1, 2, 0, 3, 3, 3]])
+    et = torch.tensor([0, 1, 0, 1, 1, 1])
+    conv = mg.RGCN(ei, et, 5, 2, 3, 2).conv1.conv
+    A = conv.basis.to_dense()  # (K, M, N)
+    G = torch.randn(5, 3)
+    y = mg.featureless_convolve(conv)
+    torch.testing.assert_close(y, torch.einsum("kmn,kmq->nq", A, conv.param.weight))
+    (y * G).sum().backward()
+    # d/dΘ_k of <Σ_k A_kᵀ Θ_k, G> is A_k G
+    torch.testing.assert_close(conv.param.weight.grad, A @ G)
+
+
+def test_gat_equals_pyg(graph):
+    ei, x = graph
+    m = mg.GAT(ei, N, F_IN, HID, C, heads=3, out_heads=2, dropout=0.0).eval()
+    for conv, ref, inp in ((m.conv1, pyg.GATConv(F_IN, HID, heads=3), x),
+                           (m.conv2, pyg.GATConv(3 * HID, C, heads=2, concat=False),
+                            torch.randn(N, 3 * HID, dtype=torch.float64))):
+        ref.lin.weight.data = conv.lin.weight.data.clone()
+        ref.att_src.data = conv.att_src.data.clone()
+        ref.att_dst.data = conv.att_dst.data.clone()
+        ref.bias.data = torch.randn_like(ref.bias)
+        conv.bias.data = ref.bias.data.clone()
+        torch.testing.assert_close(conv(inp, m.edge_index), ref(inp, ei), rtol=1e-12,
+                                   atol=1e-12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 4), st.integers(0, 30), st.integers(0, 2**16))
+def test_relational_basis_is_a_mean(n, R, E, seed):
+    g = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, n, (2, E), generator=g)
+    et = torch.randint(0, R, (E,), generator=g)
+    A = mg.relational_basis(ei, et, n, R).to_dense()
+    assert A.shape == (R, n, n)
+    # A[r, m, n] = (# edges m -> n of type r) / (# edges of type r into n)
+    cnt = torch.zeros(R, n, n)
+    cnt.index_put_((et, ei[0], ei[1]), torch.ones(E), accumulate=True)
+    into = cnt.sum(1, keepdim=True)
+    torch.testing.assert_close(A, torch.where(into > 0, cnt / into.clamp(min=1), 0.0))
+
+
+def test_input_dropout():
+    drop = mg.InputDropout(0.5)
+    x = torch.zeros(200, 50)
+    x[::3, ::2] = torch.rand(67, 25) + 0.5
+    torch.manual_seed(0)
+    y = drop(x)
+    kept = y != 0
+    assert not (kept & (x == 0)).any()  # zeros stay zero
+    torch.testing.assert_close(y[kept], 2 * x[kept])  # survivors rescaled by 1 / (1 - p)
+    frac = kept.sum() / (x != 0).sum()
+    assert 0.4 < float(frac) < 0.6
+    x[0, 1] = 7.0  # an in-place change of the input invalidates the cached non-zeros
+    assert float(drop(x)[0, 1]) in (0.0, 14.0)
+    drop.eval()
+    assert drop(x) is x
+    with pytest.raises(ValueError, match=r"dropout probability must be in \[0, 1\), got 1.5"):
+        mg.InputDropout(1.5)
+
+
+def test_model_input_errors():
+    ei = torch.tensor([[0, 5], [1, 2]])
+    with pytest.raises(ValueError, match=r"node ids in \[0, 5\] but num_nodes=4"):
+        mg.GCN(ei, 4, 3, 2, 2)
+    with pytest.raises(ValueError, match=r"edge_type must be \(2,\)"):
+        mg.relational_basis(ei, torch.zeros(3, dtype=torch.long), 6, 1)
+    with pytest.raises(ValueError, match=r"edge_type ids must be < num_relations=2, got max 3"):
+        mg.relational_basis(ei, torch.tensor([0, 3]), 6, 2)
+    with pytest.raises(ValueError, match="K .* must be a positive int"):
+        mg.SGC(ei, 6, 3, 2, K=0)
+
+
+# ------------------------------------------------------------------------------- recipes
+def _toy_data() -> PlanetoidData:
+    # two noisy communities whose features carry the class: every model should fit them
+    g = torch.Generator().manual_seed(0)
+    n = 40
+    y = torch.arange(n) % 2
+    same = y[:, None] == y[None, :]
+    adj = (torch.rand(n, n, generator=g) < torch.where(same, 0.3, 0.02)).triu(1)
+    src, dst = adj.nonzero().T
+    ei = torch.cat([torch.stack([src, dst]), torch.stack([dst, src])], 1)
+    x = torch.rand(n, 6, generator=g) + 0.5 * torch.nn.functional.one_hot(y, 6)
+    masks = [torch.zeros(n, dtype=torch.bool) for _ in range(3)]
+    masks[0][:10], masks[1][10:20], masks[2][20:] = True, True, True
+    return PlanetoidData(x=x.float(), y=y, edge_index=ei, train_mask=masks[0],
+                         val_mask=masks[1], test_mask=masks[2], num_classes=2, name="toy")
+
+
+@pytest.mark.parametrize("model", ["gcn", "cheb", "sgc", "gat"])
+def test_recipe_training_reduces_loss(model):
+    torch.set_default_dtype(torch.float32)
+    s = rp.settings(model, "cora", epochs=30, patience=None)
+    r = rp.train_seed(model, _toy_data(), s, seed=0)
+    assert r["train_loss"][-1] < 0.8 * r["train_loss"][0]
+    assert 1 <= r["epoch"] <= 30 and 0 <= r["test_acc"] <= 100
+
+
+def test_recipe_settings():
+    assert rp.settings("cheb", "citeseer")["K"] == 2
+    assert rp.settings("cheb", "cora")["K"] == 3
+    assert rp.settings("sgc", "citeseer")["weight_decay"] == 5e-3
+    assert rp.settings("gcn", "cora", epochs=7)["epochs"] == 7
+    with pytest.raises(ValueError, match="unknown model 'mlp'"):
+        rp.settings("mlp", "cora")
+    assert rr.settings("mutag")["num_bases"] == 30 and rr.settings("aifb")["num_bases"] is None
+
+
+def test_planetoid_recipe_smoke(tmp_path, capsys):
+    torch.set_default_dtype(torch.float32)
+    args = Namespace(model="gcn", dataset="cora", seeds=1, seed=0, data=str(need("cora")),
+                     out=str(tmp_path), epochs=15, quick=True, threads=1)
+    assert rp.run(args) == 0
+    res = json.loads((tmp_path / "planetoid-gcn-cora.json").read_text())
+    assert res["seeds"] == 1 and res["published"] == 81.5 and len(res["runs"]) == 1
+    losses = res["runs"][0]["train_loss"]
+    assert len(losses) == 15 and losses[-1] < losses[0]
+    assert "Cora" in capsys.readouterr().out
+
+
+def test_rgcn_recipe_smoke(tmp_path):
+    torch.set_default_dtype(torch.float32)
+    args = Namespace(dataset="aifb", seeds=1, seed=0, data=str(need("aifb")),
+                     out=str(tmp_path), epochs=4, bases=None, cache=str(tmp_path / "cache"),
+                     quick=True, threads=1)
+    assert rr.run(args) == 0
+    res = json.loads((tmp_path / "rgcn-aifb.json").read_text())
+    assert res["graph"]["nodes"] == 8285 and res["graph"]["relations"] == 90
+    losses = res["runs"][0]["train_loss"]
+    assert len(losses) == 4 and losses[-1] < losses[0]
+
+
+def test_gat_stopping_rule_stops_and_selects():
+    torch.set_default_dtype(torch.float32)
+    data = _toy_data()
+    s = rp.settings("sgc", "cora", epochs=300, patience=5, stopping="gat", lr=2.0,
+                    weight_decay=0.05)
+    r = rp.train_seed("sgc", data, s, seed=0)
+    # a large step and strong decay saturate the toy problem at once: 5 epochs in which
+    # neither validation loss nor accuracy improves end the run
+    assert r["epochs_run"] < 300
+    assert 1 <= r["epoch"] <= r["epochs_run"] - 5
