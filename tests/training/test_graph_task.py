@@ -8,8 +8,6 @@ import itertools
 
 import pytest
 import torch
-from datahome import need
-from test_interrupts import _interrupted_then_resumed
 
 import structconv as sc
 from structconv.cli import main
@@ -21,6 +19,8 @@ from structconv.training.checkpoint import load_checkpoint
 from structconv.training.distributed import World
 from structconv.training.tasks import GraphTask, load_data
 from structconv.training.tasks.graph import roc_auc
+from tests.conftest import need
+from tests.training.test_interrupts import _interrupted_then_resumed
 
 TINY = ["train.epochs=2", "model.gin.hidden=8", "model.gin.layers=2",
         "train.checkpoint_seconds=1e9"]
@@ -63,9 +63,8 @@ def test_a_gin_run_stopped_mid_epoch_resumes_exactly(monkeypatch, tmp_path, k, w
 
 
 def test_the_checkpoint_keeps_the_loaders_position(monkeypatch, tmp_path):
-    from test_interrupts import _stop_at
-
     from structconv.training.interrupt import TrainingInterrupted
+    from tests.training.test_interrupts import _stop_at
 
     _stop_at(monkeypatch, 2)
     with pytest.raises(TrainingInterrupted):
@@ -167,7 +166,7 @@ def test_a_cross_validation_sweep_interrupted_and_resumed_ends_with_the_same_num
         monkeypatch, tmp_path):
     import json
 
-    from test_interrupts import _stop_at
+    from tests.training.test_interrupts import _stop_at
 
     argv = ["reproduce", "tu-gin", "--quick", "--folds", "2"]
     assert main([*argv, "--out", str(tmp_path / "ref")]) == 0
