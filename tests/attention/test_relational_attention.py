@@ -201,6 +201,7 @@ def test_recipe_quick_runs_resumes_and_keeps_the_test_set_out_of_tuning(tmp_path
     base = dict(dataset="aifb", seeds=10, seed=0, data=root, out=str(tmp_path), epochs=None,
                 quick=True, threads=1, heads=None, attention=None, bases=None, relations=None,
                 edge_dim=None, device="cpu")
+    base.update(ra.QUICK)  # what the command line's --quick makes of the defaults
     for model in ra.MODELS:
         args = Namespace(**base, model=model, val=0.0)
         assert ra.run(args) == 0

@@ -384,7 +384,8 @@ def test_cli_kg_sorts_kg_link_and_bench(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "3 paths by support" in out and " => " in out.replace("=>", " => ")
     assert main(["reproduce", "kg-link", "--dataset", "wn18rr", "--data", str(root), "--quick",
-                 "--dim", "8", "--batch", "64", "--out", str(tmp_path / "runs")]) == 0
+                 "--dim", "8", "--batch", "64", "--mode", "1vsall", "--epochs", "2",
+                 "--out", str(tmp_path / "runs")]) == 0
     import json
 
     res = json.loads((tmp_path / "runs" / "kg_link" / "wn18rr-distmult-1vsall-d8-enc0" /
