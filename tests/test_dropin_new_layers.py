@@ -319,3 +319,97 @@ def test_explainer_gives_pygs_explanation(key):
         masks.append(ex(x, ei, index=1).edge_mask)
     assert (masks[0] > 0).sum() > 0
     assert torch.allclose(masks[0], masks[1], atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------
+# HGTConv (typed graphs)
+META = (["a", "b", "c"], [("a", "to", "b"), ("b", "back", "a"), ("c", "to", "a")])
+
+
+def _typed(seed=0, nc=3):
+    g = torch.Generator().manual_seed(seed)
+    n = {"a": 5, "b": 4, "c": nc}
+    x = {"a": torch.randn(5, 3, generator=g, dtype=D), "b": torch.randn(4, 6, generator=g,
+                                                                      dtype=D),
+         "c": torch.randn(nc, 3, generator=g, dtype=D)}
+    eis = {}
+    for s, r, d in META[1]:
+        E = 9 if n[s] and n[d] else 0
+        ei = torch.stack([torch.randint(0, max(n[s], 1), (E,), generator=g),
+                          torch.randint(0, max(n[d], 1), (E,), generator=g)])
+        eis[(s, r, d)] = torch.unique(ei, dim=1).contiguous()
+    return x, eis, n
+
+
+WIDTHS = {"a": 3, "b": 6, "c": 3}
+
+
+def _hgt(in_channels=None):
+    in_channels = dict(WIDTHS) if in_channels is None else in_channels
+    torch.manual_seed(3)
+    ref = pyg.HGTConv(in_channels, 4, META, heads=2).to(D)
+    torch.manual_seed(4)
+    ours = sc.nn.HGTConv(in_channels, 4, META, heads=2).to(D)
+    x, eis, _ = _typed()
+    ref(x, eis)  # sizes PyG's lazy maps
+    ours.load_state_dict(ref.state_dict())  # PyG's names load directly
+    return ref, ours
+
+
+def _close(a, b):
+    assert set(a) == set(b)
+    for k in a:
+        assert a[k].shape == b[k].shape and torch.allclose(a[k], b[k], atol=1e-10), k
+
+
+@pytest.mark.parametrize("in_channels", [None, -1])
+def test_hgt_loads_pygs_checkpoint_and_gives_its_outputs_for_every_graph_input(in_channels):
+    ref, ours = _hgt(in_channels)
+    assert isinstance(ours, MessagePassing)
+    x, eis, n = _typed(1)
+    want = ref(x, eis)
+    _close(ours(x, eis), want)
+    for lay in (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc):
+        adj = {et: _adj_t(ei, torch.ones(ei.shape[1], dtype=D), n[et[0]], n[et[2]], lay)
+               for et, ei in eis.items()}
+        _close(ours(x, adj), want)
+    _close(ours(x, {et: EdgeIndex(ei, sparse_size=(n[et[0]], n[et[2]]))
+                    for et, ei in eis.items()}), want)
+    assert set(pyg_state_dict(ours)) == set(ref.state_dict())
+    torch.manual_seed(9)
+    back = pyg.HGTConv(in_channels or WIDTHS, 4, META, heads=2).to(D)
+    back(x, eis)
+    back.load_state_dict(pyg_state_dict(ours))  # structconv -> PyG
+    _close(back(x, eis), want)
+
+
+def test_hgt_lazy_types_are_sized_on_the_first_call_and_load_before_it():
+    ours = sc.nn.HGTConv(-1, 4, META, heads=2).to(D)
+    x, eis, _ = _typed(2)
+    y = ours(x, eis)
+    assert {t: ours.kqv_weight[t].shape[0] for t in x} == {"a": 3, "b": 6, "c": 3}
+    assert y["a"].shape == (5, 4)
+    ref, _ = _hgt()
+    fresh = sc.nn.HGTConv(-1, 4, META, heads=2).to(D)
+    fresh.load_state_dict(ref.state_dict())
+    _close(fresh(x, eis), ref(x, eis))
+    before = ours.kqv_weight["b"].detach().clone()
+    ours.reset_parameters()
+    assert not torch.equal(before, ours.kqv_weight["b"])
+
+
+def test_hgt_with_an_empty_node_type_gives_pygs_outputs():
+    ref, ours = _hgt()
+    x, eis, _ = _typed(3, nc=0)
+    _close(ours(x, eis), ref(x, eis))
+
+
+def test_hgt_refuses_bad_inputs_by_name():
+    _, ours = _hgt()
+    x, eis, _ = _typed()
+    et = ("a", "to", "b")
+    for bad in (eis[et].bool(), eis[et].double()):
+        with pytest.raises(TypeError, match=r"edge_index_dict\[\('a', 'to', 'b'\)\].*integer"):
+            ours(x, {**eis, et: bad})
+    with pytest.raises(TypeError, match=r"x_dict\['b'\].*floating.*int64"):
+        ours({**x, "b": x["b"].long()}, eis)
