@@ -413,3 +413,8 @@ def test_hgt_refuses_bad_inputs_by_name():
             ours(x, {**eis, et: bad})
     with pytest.raises(TypeError, match=r"x_dict\['b'\].*floating.*int64"):
         ours({**x, "b": x["b"].long()}, eis)
+
+
+def test_a_lazy_hgt_prints():
+    text = repr(sc.nn.HGTConv(-1, 4, META, heads=2))
+    assert "uninitialized" in text and "HGTConv" in text

@@ -31,7 +31,7 @@ from ..attention.mechanisms import HeadDot
 from ..basis.edges import as_edge_index
 from ..basis.typed import segment_matmul
 from .convert import register_pyg
-from .pyg import PyGCompatible, lazy_parameter
+from .pyg import PyGCompatible, is_lazy, lazy_parameter
 from .typed import check_metadata
 
 __all__ = ["HGTConv"]
@@ -45,6 +45,15 @@ def _uniform_(t: Tensor, fan: int) -> None:
     b = 1.0 / math.sqrt(fan)
     with torch.no_grad():
         t.uniform_(-b, b)
+
+
+class _TypeWeights(nn.ParameterDict):
+    """The per-type input maps; its repr reads no lazy (not yet sized) map's data, which
+    torch's ParameterDict repr would, raising."""
+
+    def extra_repr(self) -> str:
+        return "\n".join(f"({k}): {'uninitialized' if is_lazy(p) else tuple(p.shape)}"
+                         for k, p in self.items())
 
 
 class HGTConv(PyGCompatible):
@@ -74,7 +83,7 @@ class HGTConv(PyGCompatible):
                         for t in self.node_types}
         Q, D, R = out_channels, out_channels // heads, len(self.edge_types)
         self.dst_types = {e[2] for e in self.edge_types}
-        self.kqv_weight = nn.ParameterDict({
+        self.kqv_weight = _TypeWeights({
             t: lazy_parameter() if w is None else nn.Parameter(torch.empty(w, 3 * Q))
             for t, w in self._widths.items()})
         self.kqv_bias = nn.ParameterDict({t: nn.Parameter(torch.empty(3 * Q))
