@@ -19,14 +19,18 @@ from torch import Tensor, nn
 
 from ..basis.base import Basis
 from ..basis.batch import adjacency
+from ..basis.edges import as_edge_index
 from .convert import register_pyg
 from .pool import reset_module
+from .pyg import PyGCompatible, check_mask
 
 __all__ = ["GINConv", "GINEConv", "gin_conv", "gine_conv", "sum_neighbours"]
 
 
 def _pair(x, who: str) -> tuple[Tensor, Tensor | None]:
-    """(x_src, x_dst) from a tensor (both the same) or a pair (x_dst may be None)."""
+    """(x_src, x_dst) from a tensor (both the same) or a pair (x_dst may be None); node
+    features are (M, F), or (B, M, F) for a batch of graphs on the same edges (PyG's static
+    graphs)."""
     pair = tuple(x) if isinstance(x, (tuple, list)) else (x, x)
     if len(pair) != 2:
         raise ValueError(f"{who} expects x as a tensor or a pair (x_src, x_dst), got "
@@ -34,28 +38,53 @@ def _pair(x, who: str) -> tuple[Tensor, Tensor | None]:
     for t, what in ((pair[0], "x (source)"), (pair[1], "x (target)")):
         if t is None and what == "x (target)":
             continue
-        if not isinstance(t, Tensor) or t.dim() != 2 or not t.is_floating_point():
-            got = (f"shape {tuple(t.shape)} dtype {t.dtype}" if isinstance(t, Tensor)
-                   else type(t).__name__)
-            raise ValueError(f"{who} expects {what} as floating node features (M, F), got {got}")
+        if isinstance(t, Tensor) and t.dim() in (2, 3) and not t.is_floating_point():
+            # a ValueError, as every other malformed x here
+            raise ValueError(f"{who} expects {what} as floating node features, got dtype "
+                            f"{t.dtype}")
+        if not isinstance(t, Tensor) or t.dim() not in (2, 3):
+            got = f"shape {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{who} expects {what} as floating node features (M, F) or "
+                             f"(B, M, F), got {got}")
     return pair[0], pair[1]
+
+
+def _graph(edge_index, size, who: str):
+    """(edge_index (2, E) or a Basis, edge weights or None, edge values or None, size) of any
+    graph input (``as_edge_index``). A torch sparse ``adj_t``'s 1-d values weight the sum (PyG
+    sums by a sparse product with them), its wider values and a ``SparseTensor``'s are
+    GINE's edge features; a sparse input's shape is the size unless ``size`` is given."""
+    if type(edge_index) is Tensor and edge_index.layout == torch.strided:  # the common path
+        if edge_index.dtype == torch.bool or edge_index.is_floating_point():
+            raise TypeError(f"{who}: edge_index must be an integer (2, E) tensor, got dtype "
+                            f"{edge_index.dtype}")
+        return edge_index, None, None, size
+    if isinstance(edge_index, Basis):
+        return edge_index, None, None, size
+    e = as_edge_index(edge_index, f"{who}: edge_index")
+    weight = attr = None
+    if e.value is not None:
+        if e.kind == "torch_sparse" and e.value.dim() == 1 and e.value.is_floating_point():
+            weight = e.value
+        elif e.kind == "sparse_tensor" or e.value.dim() > 1:
+            attr = e.value
+    return e.index, weight, attr, size if size is not None else e.size
 
 
 def _sizes(x_src: Tensor, x_dst, edge_index, size, who: str) -> tuple[int, int]:
     if isinstance(edge_index, Basis) and who == "GINConv":
         b = edge_index
-        N = x_dst.shape[0] if x_dst is not None else b.N
-        if b.K != 1 or b.M != x_src.shape[0] or b.N != N:
+        N = x_dst.shape[-2] if x_dst is not None else b.N
+        if b.K != 1 or b.M != x_src.shape[-2] or b.N != N:
             raise ValueError(f"GINConv: a given basis must be (1, M_src, N_dst) = (1, "
-                             f"{x_src.shape[0]}, {N}), got {b.shape}")
+                             f"{x_src.shape[-2]}, {N}), got {b.shape}")
         return b.M, b.N
-    if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or edge_index.shape[0] != 2 \
-            or edge_index.is_floating_point():
+    if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
         got = tuple(edge_index.shape) if isinstance(edge_index, Tensor) else \
             type(edge_index).__name__
         raise ValueError(f"{who} expects edge_index as a (2, E) integer tensor, got {got}")
-    M = x_src.shape[0]
-    N = x_dst.shape[0] if x_dst is not None else None
+    M = x_src.shape[-2]
+    N = x_dst.shape[-2] if x_dst is not None else None
     if size is not None:
         if len(size) != 2:
             raise ValueError(f"{who}: size must be a pair (M_src, N_dst), got {size!r}")
@@ -69,41 +98,67 @@ def _sizes(x_src: Tensor, x_dst, edge_index, size, who: str) -> tuple[int, int]:
     return M, N
 
 
+def _scale(weight: Tensor | None, mask: Tensor | None, E: int, who: str) -> Tensor | None:
+    """Per-edge factors of the messages: a sparse input's weights times an explain mask."""
+    if mask is not None:
+        check_mask(mask, E, who)
+    if weight is None:
+        return mask
+    return weight if mask is None else weight * mask
+
+
 def sum_neighbours(x_src: Tensor, edge_index: Tensor | Basis, N: int,
-                   cache: bool = True) -> Tensor:
-    """``Aᵀ x_src``: each of the N targets' sum over its incoming edges, (N, F), by the sum
-    basis ``sc.basis.adjacency`` (its structure cached per ``edge_index``), or by the basis
-    given in place of ``edge_index`` (built once and shared by the layers of a model)."""
-    M, F = x_src.shape
+                   cache: bool = True, edge_weight: Tensor | None = None) -> Tensor:
+    """``Aᵀ x_src``: each of the N targets' sum over its incoming edges, (N, F) (or (B, N, F)
+    for x_src (B, M, F)), by the sum basis ``sc.basis.adjacency`` (its structure cached per
+    ``edge_index``), or by the basis given in place of ``edge_index`` (built once and shared
+    by the layers of a model). ``edge_weight`` (E,) scales each edge's message."""
+    M, F = x_src.shape[-2:]
     if isinstance(edge_index, Basis):
         return edge_index.propagate_sum(x_src.reshape(1, M, 1, F))[0]
-    if torch.compiler.is_compiling() or M == 0 or N == 0:
+    if torch.compiler.is_compiling() or M == 0 or N == 0 or x_src.dim() == 3 or \
+            edge_weight is not None:
         # the traced form of the sparse product, sizes symbolic (no per-size graph)
         src, dst = edge_index[0], edge_index[1]
-        return x_src.new_zeros(N, F).index_add(0, dst, x_src.index_select(0, src))
+        msg = x_src.index_select(-2, src)
+        if edge_weight is not None:
+            msg = msg * edge_weight.to(msg.dtype).unsqueeze(-1)
+        return x_src.new_zeros(*x_src.shape[:-2], N, F).index_add(-2, dst, msg)
     basis = adjacency(edge_index, (M, N), dtype=x_src.dtype, cache=cache)
     # Σ_k A_kᵀ z_k with K = 1: one SpMM, no stacking of heads
     return basis.propagate_sum(x_src.reshape(1, M, 1, F))[0]
 
 
 def gin_conv(x, edge_index: Tensor, nn: nn.Module, eps: Tensor | float = 0.0,
-             size=None) -> Tensor:
-    """GIN: ``nn(Σ_{m -> n} x_m + (1 + eps) x_n)``; x (M, F) or a pair (x_src, x_dst)."""
+             size=None, edge_mask: Tensor | None = None) -> Tensor:
+    """GIN: ``nn(Σ_{m -> n} x_m + (1 + eps) x_n)``; x (M, F) or a pair (x_src, x_dst);
+    ``edge_index`` a (2, E) tensor, an ``EdgeIndex``, a sparse ``adj_t`` (N, M) or a built
+    basis; ``edge_mask`` (E,) scales each message (PyG's explain masks)."""
     x_src, x_dst = _pair(x, "GINConv")
+    edge_index, weight, _, size = _graph(edge_index, size, "GINConv")
     M, N = _sizes(x_src, x_dst, edge_index, size, "GINConv")
-    out = sum_neighbours(x_src, edge_index, N)
+    if edge_mask is not None and isinstance(edge_index, Basis):
+        raise ValueError("GINConv: explain masks need edge_index, not a built basis")
+    scale = _scale(weight, edge_mask, edge_index.shape[-1], "GINConv") \
+        if weight is not None or edge_mask is not None else None
+    out = sum_neighbours(x_src, edge_index, N, edge_weight=scale)
     if x_dst is not None:
         out = out + (1 + eps) * x_dst
     return nn(out)
 
 
 def gine_conv(x, edge_index: Tensor, edge_attr: Tensor, nn: nn.Module,
-              eps: Tensor | float = 0.0, lin: nn.Module | None = None, size=None) -> Tensor:
+              eps: Tensor | float = 0.0, lin: nn.Module | None = None, size=None,
+              edge_mask: Tensor | None = None) -> Tensor:
     """GINE: ``nn(Σ_{m -> n} ReLU(x_m + lin(e_mn)) + (1 + eps) x_n)``; ``lin`` None means the
-    edge features are added as they are (same width as x)."""
+    edge features are added as they are (same width as x); a ``SparseTensor`` ``adj_t``
+    carries the edge features as its values."""
     x_src, x_dst = _pair(x, "GINEConv")
+    edge_index, weight, values, size = _graph(edge_index, size, "GINEConv")
     M, N = _sizes(x_src, x_dst, edge_index, size, "GINEConv")
     E = edge_index.shape[1]
+    if edge_attr is None:
+        edge_attr = values
     if not isinstance(edge_attr, Tensor):
         raise ValueError("GINEConv needs edge_attr (E, D) with edge_index (2, E), got "
                          f"{type(edge_attr).__name__}")
@@ -117,14 +172,16 @@ def gine_conv(x, edge_index: Tensor, edge_attr: Tensor, nn: nn.Module,
     if lin is not None:
         e = lin(e)
     # the edge term: one message per edge, summed into its target
-    msg = (x_src.index_select(0, edge_index[0]) + e).relu()
-    out = msg.new_zeros(N, msg.shape[-1]).index_add_(0, edge_index[1], msg)
+    msg = (x_src.index_select(-2, edge_index[0]) + e).relu()
+    if weight is not None or edge_mask is not None:
+        msg = msg * _scale(weight, edge_mask, E, "GINEConv").to(msg.dtype).unsqueeze(-1)
+    out = msg.new_zeros(*msg.shape[:-2], N, msg.shape[-1]).index_add_(-2, edge_index[1], msg)
     if x_dst is not None:
         out = out + (1 + eps) * x_dst
     return nn(out)
 
 
-class GINConv(nn.Module):
+class GINConv(PyGCompatible):
     """PyG's ``GINConv(nn, eps=0.0, train_eps=False)``, called ``(x, edge_index, size=None)``
     with x (M, F) or a bipartite pair (x_src, x_dst): ``nn(Aᵀ x + (1 + eps) x)``.
     ``edge_index`` may also be the built sum basis ``sc.basis.adjacency(edge_index, ...)``
@@ -149,7 +206,8 @@ class GINConv(nn.Module):
         return f"eps={self.initial_eps}, train_eps={isinstance(self.eps, torch.nn.Parameter)}"
 
     def forward(self, x, edge_index: Tensor, size=None) -> Tensor:
-        return gin_conv(x, edge_index, self.nn, self.eps, size)
+        mask = self._explain_mask() if self.__dict__.get("_explain") else None
+        return gin_conv(x, edge_index, self.nn, self.eps, size, mask)
 
 
 def _in_channels(module: nn.Module) -> int:
@@ -162,7 +220,7 @@ def _in_channels(module: nn.Module) -> int:
                      f"({type(first).__name__} has no in_features / in_channels)")
 
 
-class GINEConv(nn.Module):
+class GINEConv(PyGCompatible):
     """PyG's ``GINEConv(nn, eps=0.0, train_eps=False, edge_dim=None)``, called
     ``(x, edge_index, edge_attr, size=None)``: ``nn(Σ_{m -> n} ReLU(x_m + e_mn) +
     (1 + eps) x_n)``, with ``e = Linear(edge_dim, F)(edge_attr)`` when ``edge_dim`` is given."""
@@ -191,7 +249,8 @@ class GINEConv(nn.Module):
 
     def forward(self, x, edge_index: Tensor, edge_attr: Tensor | None = None,
                 size=None) -> Tensor:
-        return gine_conv(x, edge_index, edge_attr, self.nn, self.eps, self.lin, size)
+        mask = self._explain_mask() if self.__dict__.get("_explain") else None
+        return gine_conv(x, edge_index, edge_attr, self.nn, self.eps, self.lin, size, mask)
 
 
 # ------------------------------------------------------------------------------------------------

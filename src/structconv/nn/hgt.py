@@ -28,8 +28,10 @@ from torch import Tensor, nn
 from ..attention.basis import GraphAttention
 from ..attention.masks import edge_softmax
 from ..attention.mechanisms import HeadDot
+from ..basis.edges import as_edge_index
 from ..basis.typed import segment_matmul
 from .convert import register_pyg
+from .pyg import PyGCompatible, is_lazy, lazy_parameter
 from .typed import check_metadata
 
 __all__ = ["HGTConv"]
@@ -39,8 +41,25 @@ def _key(et) -> str:
     return "__".join(et)
 
 
-class HGTConv(nn.Module):
-    """PyG's HGTConv: x_dict {type: (n_t, P_t)}, edge_index_dict -> {target type: (n_t, Q)}."""
+def _uniform_(t: Tensor, fan: int) -> None:
+    b = 1.0 / math.sqrt(fan)
+    with torch.no_grad():
+        t.uniform_(-b, b)
+
+
+class _TypeWeights(nn.ParameterDict):
+    """The per-type input maps; its repr reads no lazy (not yet sized) map's data, which
+    torch's ParameterDict repr would, raising."""
+
+    def extra_repr(self) -> str:
+        return "\n".join(f"({k}): {'uninitialized' if is_lazy(p) else tuple(p.shape)}"
+                         for k, p in self.items())
+
+
+class HGTConv(PyGCompatible):
+    """PyG's HGTConv: x_dict {type: (n_t, P_t)}, edge_index_dict -> {target type: (n_t, Q)}.
+    ``in_channels`` -1 (for all types or one in a dict) sizes that type's map on its first
+    call; an edge type's graph is a (2, E) tensor, an ``EdgeIndex`` or a sparse ``adj_t``."""
 
     def __init__(self, in_channels, out_channels: int, metadata, heads: int = 1):
         super().__init__()
@@ -53,15 +72,20 @@ class HGTConv(nn.Module):
         if not isinstance(in_channels, dict):
             in_channels = {t: in_channels for t in self.node_types}
         bad = {t: in_channels.get(t) for t in self.node_types
-               if not isinstance(in_channels.get(t), int) or in_channels.get(t) < 1}
+               if isinstance(in_channels.get(t), bool) or not isinstance(in_channels.get(t), int)
+               or not (in_channels.get(t) >= 1 or in_channels.get(t) == -1)}
         if bad:
-            raise ValueError(f"HGTConv: in_channels must be a positive int per node type, got "
-                             f"{bad}")
+            raise ValueError(f"HGTConv: in_channels must be a positive int or -1 (lazy) per "
+                             f"node type, got {bad}")
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
+        #: each type's input width (None until a lazy type's first call); a plain dict
+        self._widths = {t: None if in_channels[t] == -1 else in_channels[t]
+                        for t in self.node_types}
         Q, D, R = out_channels, out_channels // heads, len(self.edge_types)
         self.dst_types = {e[2] for e in self.edge_types}
-        self.kqv_weight = nn.ParameterDict({t: nn.Parameter(torch.empty(in_channels[t], 3 * Q))
-                                            for t in self.node_types})
+        self.kqv_weight = _TypeWeights({
+            t: lazy_parameter() if w is None else nn.Parameter(torch.empty(w, 3 * Q))
+            for t, w in self._widths.items()})
         self.kqv_bias = nn.ParameterDict({t: nn.Parameter(torch.empty(3 * Q))
                                           for t in self.node_types})
         self.out_weight = nn.Parameter(torch.empty(len(self.node_types), Q, Q))
@@ -75,20 +99,73 @@ class HGTConv(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """torch.nn.Linear's uniform bounds for the maps, ones for the skips and priors."""
-        def unif(t, fan):
-            b = 1.0 / math.sqrt(fan)
-            t.uniform_(-b, b)
+        """torch.nn.Linear's uniform bounds for the maps (a lazy type's once it is sized),
+        ones for the skips and priors."""
+        for t, w in self._widths.items():
+            if w is not None:
+                _uniform_(self.kqv_weight[t], w)
+                _uniform_(self.kqv_bias[t], w)
+        for p in (self.out_weight, self.out_bias):
+            _uniform_(p, self.out_channels)
+        for p in (self.k_rel, self.v_rel):
+            _uniform_(p, p.shape[1])
         with torch.no_grad():
-            for t in self.node_types:
-                unif(self.kqv_weight[t], self.in_channels[t])
-                unif(self.kqv_bias[t], self.in_channels[t])
-            for p in (self.out_weight, self.out_bias):
-                unif(p, self.out_channels)
-            for p in (self.k_rel, self.v_rel):
-                unif(p, p.shape[1])
             self.skip.fill_(1.0)
             self.p_rel.fill_(1.0)
+
+    def _materialize(self, t: str, P: int) -> None:
+        """Size a lazy type's map for P input features (its first call), drawn as at
+        construction."""
+        self.kqv_weight[t].materialize((P, 3 * self.out_channels))
+        self._widths[t] = P
+        _uniform_(self.kqv_weight[t], P)
+        _uniform_(self.kqv_bias[t], P)
+
+    def _sized_from(self, name: str, t: Tensor) -> None:
+        if name.startswith("kqv_weight."):
+            self._widths[name[len("kqv_weight."):]] = t.shape[0]
+
+    # PyG's names: kqv_lin.lins.<type>, out_lin.lins.<type> (Linear: weight (out, in), bias),
+    # k_rel.weight, v_rel.weight, skip.<type> (1,), p_rel.<s__rel__d> (1, H)
+    def _load_from_state_dict(self, state_dict, prefix, *args):
+        sd, p = state_dict, prefix
+        if p + "k_rel.weight" in sd and p + "k_rel" not in sd:
+            for t in self.node_types:
+                for ours, pyg, f in (("kqv_weight.", "kqv_lin.lins.", "weight"),
+                                     ("kqv_bias.", "kqv_lin.lins.", "bias")):
+                    if p + pyg + t + "." + f in sd:
+                        v = sd.pop(p + pyg + t + "." + f)
+                        sd[p + ours + t] = v.t() if f == "weight" else v
+            for ours, pyg in (("k_rel", "k_rel.weight"), ("v_rel", "v_rel.weight")):
+                sd[p + ours] = sd.pop(p + pyg)
+            ol = [p + f"out_lin.lins.{t}." for t in self.node_types]
+            if all(k + "weight" in sd for k in ol):
+                sd[p + "out_weight"] = torch.stack([sd.pop(k + "weight").t() for k in ol])
+                sd[p + "out_bias"] = torch.stack([sd.pop(k + "bias") for k in ol])
+            sk = [p + f"skip.{t}" for t in self.node_types]
+            if all(k in sd for k in sk):
+                sd[p + "skip"] = torch.cat([sd.pop(k).reshape(1) for k in sk])
+            pr = [p + f"p_rel.{_key(e)}" for e in self.edge_types]
+            if all(k in sd for k in pr):
+                sd[p + "p_rel"] = torch.cat([sd.pop(k).reshape(1, -1) for k in pr])
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
+    def _to_pyg_tensors(self, sd: dict, prefix: str) -> None:
+        p = prefix
+        for t in self.node_types:
+            sd[p + f"kqv_lin.lins.{t}.weight"] = sd.pop(p + f"kqv_weight.{t}").t().contiguous()
+            sd[p + f"kqv_lin.lins.{t}.bias"] = sd.pop(p + f"kqv_bias.{t}")
+        ow, ob, sk = sd.pop(p + "out_weight"), sd.pop(p + "out_bias"), sd.pop(p + "skip")
+        for i, t in enumerate(self.node_types):
+            sd[p + f"out_lin.lins.{t}.weight"] = ow[i].t().contiguous()
+            sd[p + f"out_lin.lins.{t}.bias"] = ob[i].clone()
+        for k in ("k_rel", "v_rel"):
+            sd[p + k + ".weight"] = sd.pop(p + k)
+        for i, t in enumerate(self.node_types):
+            sd[p + f"skip.{t}"] = sk[i].reshape(1).clone()
+        pr = sd.pop(p + "p_rel")
+        for r, e in enumerate(self.edge_types):
+            sd[p + f"p_rel.{_key(e)}"] = pr[r].reshape(1, -1).clone()
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, {self.out_channels}, heads={self.heads}, "
@@ -98,19 +175,16 @@ class HGTConv(nn.Module):
         """k, q, v (N, H, D) of the node types of x_dict, concatenated; their (type, offset,
         count)."""
         types = [t for t in x_dict if t in self.kqv_weight]
-        P = max(self.in_channels[t] for t in types)
+        widths = self._check_x(x_dict, types)
+        P = max(widths[t] for t in types)
         xs, ws, counts = [], [], []
         for t in types:
             x = x_dict[t]
-            if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != self.in_channels[t]:
-                got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-                raise ValueError(f"HGTConv: x_dict[{t!r}] must be (n, {self.in_channels[t]}), "
-                                 f"got {got}")
             xs.append(F.pad(x, (0, P - x.shape[1])))
             ws.append(F.pad(self.kqv_weight[t], (0, 0, 0, P - x.shape[1])))
             counts.append(x.shape[0])
         b = torch.stack([self.kqv_bias[t] for t in types]).to(xs[0].dtype)
-        if len({self.in_channels[t] for t in types}) == 1:  # one width: one segment product
+        if len({widths[t] for t in types}) == 1:  # one width: one segment product
             reps = torch.tensor(counts, device=xs[0].device)
             kqv = segment_matmul(torch.cat(xs), counts, torch.stack(ws)) + \
                 b.repeat_interleave(reps, 0)
@@ -123,6 +197,39 @@ class HGTConv(nn.Module):
         for t, c in zip(types, counts):
             offs[t], acc = (acc, c), acc + c
         return k, q, v, offs
+
+    def _check_x(self, x_dict, types) -> dict:
+        """The input widths of ``types`` (sizing lazy ones), each x checked by name."""
+        widths = self._widths
+        for t in types:
+            x = x_dict[t]
+            if isinstance(x, Tensor) and not x.is_floating_point():
+                raise TypeError(f"HGTConv: x_dict[{t!r}] must be floating node features, got "
+                                f"dtype {x.dtype}")
+            if isinstance(x, Tensor) and x.dim() == 2 and widths[t] is None:
+                self._materialize(t, x.shape[1])
+            if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != widths[t]:
+                got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+                raise ValueError(f"HGTConv: x_dict[{t!r}] must be (n, {widths[t]}), got {got}")
+        if not types:
+            raise ValueError(f"HGTConv: x_dict holds none of the node types "
+                             f"{self.node_types}")
+        return widths
+
+    @staticmethod
+    def _edge_list(ei, et, n_src: int, n_dst: int) -> Tensor:
+        """The (2, E) edge list of edge_index_dict[et] (any input ``as_edge_index`` reads)."""
+        if type(ei) is Tensor and ei.layout == torch.strided:  # the common path
+            if ei.dtype == torch.bool or ei.is_floating_point():
+                raise TypeError(f"HGTConv: edge_index_dict[{et}] must be an integer (2, E) "
+                                f"tensor, got dtype {ei.dtype}")
+            return ei
+        e = as_edge_index(ei, f"HGTConv: edge_index_dict[{et}]")
+        if e.size is not None and any(a is not None and a != b
+                                      for a, b in zip(e.size, (n_src, n_dst))):
+            raise ValueError(f"HGTConv: the adjacency of {et} is {e.size[1]} x {e.size[0]} "
+                             f"(num_dst x num_src) but x_dict gives {n_dst} x {n_src}")
+        return e.index
 
     def _relations(self, edge_index_dict, offs):
         """The relations given, in edge_index_dict's order: their ids, source rows (into the
@@ -138,6 +245,7 @@ class HGTConv(nn.Module):
                 continue
             r = self.edge_types.index(et)
             o, c = offs[s]
+            ei = self._edge_list(ei, et, c, offs[d][1])
             rels.append(r)
             rows.append(torch.arange(o, o + c, device=ei.device))
             src.append(ei[0].long() + n_rows)

@@ -17,10 +17,11 @@ from torch import Tensor, nn
 
 from ..basis import graph as G
 from ..basis.cache import cached
-from ..basis.edges import check_edges, relation_values
+from ..basis.edges import as_edge_index, check_edges, relation_values
 from ..engine import convolve
 from ..params import Full
 from .convert import register_pyg
+from .pyg import PyGCompatible, check_mask, lazy_parameter
 
 __all__ = ["SAGEConv", "sage_aggregate", "sage_basis"]
 
@@ -28,11 +29,12 @@ _AGGRS = ("mean", "sum", "add", "max")
 
 
 def _pair_channels(in_channels) -> tuple[int, int]:
+    """(P_src, P_dst) of ``in_channels`` (an int or a pair; -1: sized on the first call)."""
     pair = tuple(in_channels) if isinstance(in_channels, (tuple, list)) else (in_channels,) * 2
-    if len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
-                             for v in pair):
-        raise ValueError(f"SAGEConv: in_channels must be a positive int or a pair of them, got "
-                         f"{in_channels!r}")
+    if len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or
+                             not (v >= 1 or v == -1) for v in pair):
+        raise ValueError(f"SAGEConv: in_channels must be a positive int, -1 (lazy) or a pair "
+                         f"of them, got {in_channels!r}")
     return pair
 
 
@@ -60,11 +62,15 @@ def sage_basis(edge_index: Tensor, M: int, N: int, aggr: str = "mean", dtype=Non
     return cached(cache, (edge_index,), ("sage", M, N, norm, dtype), build)
 
 
-def sage_aggregate(x_src: Tensor, edge_index: Tensor, N: int, aggr: str) -> Tensor:
+def sage_aggregate(x_src: Tensor, edge_index: Tensor, N: int, aggr: str,
+                   edge_mask: Tensor | None = None) -> Tensor:
     """agg_{m -> n} x_src[m] (N, P) for ``aggr`` "mean", "sum" or "max" (a target without
-    incoming edges gets zeros, as PyG's scatter)."""
+    incoming edges gets zeros, as PyG's scatter); ``edge_mask`` (E,) scales each message
+    before the aggregation (PyG's ``explain_message``)."""
     src, dst = edge_index[0].long(), edge_index[1].long()
     msg = x_src.index_select(0, src)
+    if edge_mask is not None:
+        msg = msg * edge_mask.to(msg.dtype).unsqueeze(1)
     idx = dst.unsqueeze(1).expand_as(msg)
     out = x_src.new_zeros(N, x_src.shape[1])
     if aggr == "max":
@@ -76,11 +82,12 @@ def sage_aggregate(x_src: Tensor, edge_index: Tensor, N: int, aggr: str) -> Tens
     return out
 
 
-class SAGEConv(nn.Module):
+class SAGEConv(PyGCompatible):
     """PyG's SAGEConv: y = W_l agg(x_src) + W_r x_dst + b, x (N, P) or (x_src, x_dst) -> (N, Q).
 
     ``aggr`` is "mean", "sum"/"add" or "max"; ``project`` first maps the sources by
-    relu(x_src W_p + b_p); ``normalize`` L2-normalises the output rows.
+    relu(x_src W_p + b_p); ``normalize`` L2-normalises the output rows. ``in_channels=-1``
+    (or -1 in a pair) sizes the weights on the first call.
     """
 
     def __init__(self, in_channels, out_channels: int, aggr: str = "mean",
@@ -94,62 +101,146 @@ class SAGEConv(nn.Module):
                              f"{out_channels!r}")
         if not isinstance(aggr, str) or aggr not in _AGGRS:
             raise ValueError(f"SAGEConv supports aggr in {list(_AGGRS)}, got {aggr!r}")
+        if project and P_src == -1:
+            raise ValueError("SAGEConv does not support lazy initialization (in_channels=-1) "
+                             "with project=True")
         self.in_channels, self.out_channels = in_channels, out_channels
         self.aggr = "sum" if aggr == "add" else aggr
         self.normalize, self.root_weight, self.project = bool(normalize), bool(root_weight), \
             bool(project)
         self.cached, self.route = bool(cached), route
+        #: input widths the weights are sized for (None until a lazy side's first call);
+        #: plain attributes, read on every call
+        self._P_src = None if P_src == -1 else P_src
+        self._P_dst = None if P_dst == -1 else P_dst
         if self.project:
             self.lin = nn.Linear(P_src, P_src, bias=True)
-        self.param = Full(1, P_src, out_channels)  # W_l as theta (1, P_src, Q)
+        self.param = Full(1, max(P_src, 1), out_channels)  # W_l as theta (1, P_src, Q)
+        if P_src == -1:
+            self.param.weight = lazy_parameter()
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
-        self.root = nn.Parameter(torch.empty(P_dst, out_channels)) if root_weight else None
+        if root_weight:
+            self.root = lazy_parameter() if P_dst == -1 else \
+                nn.Parameter(torch.empty(P_dst, out_channels))
+        else:
+            self.root = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """PyG's initialisation: torch.nn.Linear's uniform bounds for every weight and bias."""
-        P_src, P_dst = _pair_channels(self.in_channels)
+        """PyG's initialisation: torch.nn.Linear's uniform bounds for every weight and bias
+        (a lazy weight once it is sized)."""
         if self.project:
             self.lin.reset_parameters()
-        _uniform_(self.param.weight, P_src)
+        if self._P_src is not None:
+            _uniform_(self.param.weight, self._P_src)
+            if self.bias is not None:
+                _uniform_(self.bias, self._P_src)
+        if self.root is not None and self._P_dst is not None:
+            _uniform_(self.root, self._P_dst)
+
+    def _materialize(self, x_src: Tensor, x_dst: Tensor | None) -> None:
+        """Size the lazy weights for the widths of the first call, drawn as at construction."""
+        if self._P_src is None:
+            P = x_src.shape[1]
+            self.param.weight.materialize((1, P, self.out_channels))
+            self.param.P = self._P_src = P
+            _uniform_(self.param.weight, P)
+            if self.bias is not None:
+                _uniform_(self.bias, P)
+        if self._P_dst is None and x_dst is not None and self.root is not None:
+            self._P_dst = x_dst.shape[1]
+            self.root.materialize((self._P_dst, self.out_channels))
+            _uniform_(self.root, self._P_dst)
+
+    # PyG's names: lin_l (W_l^T (Q, P_src), b), lin_r (W_r^T (Q, P_dst)), lin (the projection)
+    def _pyg_keys(self) -> dict[str, str]:
+        keys = {"lin_l.weight": "param.weight"}
         if self.bias is not None:
-            _uniform_(self.bias, P_src)
+            keys["lin_l.bias"] = "bias"
         if self.root is not None:
-            _uniform_(self.root, P_dst)
+            keys["lin_r.weight"] = "root"
+        return keys
+
+    def _from_pyg_tensor(self, ours: str, t: Tensor) -> Tensor:
+        if ours == "param.weight":
+            return t.t().unsqueeze(0)
+        return t.t() if ours == "root" else t
+
+    def _to_pyg_tensors(self, sd: dict, prefix: str) -> None:
+        for pyg, ours in self._pyg_keys().items():
+            t = sd.pop(prefix + ours)
+            t = t[0].t() if ours == "param.weight" else (t.t() if ours == "root" else t)
+            sd[prefix + pyg] = t.contiguous()
+
+    def _sized_from(self, name: str, t: Tensor) -> None:
+        if name == "param.weight":
+            self.param.P = self._P_src = t.shape[1]
+        elif name == "root":
+            self._P_dst = t.shape[0]
 
     def extra_repr(self) -> str:
-        return f"{self.in_channels}, {self.out_channels}, aggr={self.aggr!r}"
+        return f"{self.in_channels}, {self.out_channels}, aggr={self.aggr}"
 
     def _inputs(self, x):
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else tuple(x)
-        P_src, P_dst = _pair_channels(self.in_channels)
+        if self._P_src is None or (self._P_dst is None and x_dst is not None):
+            self._check_features(x_src, x_dst, None, None)
+            self._materialize(x_src, x_dst)
+        self._check_features(x_src, x_dst, self._P_src, self._P_dst)
+        return x_src, x_dst
+
+    @staticmethod
+    def _check_features(x_src, x_dst, P_src, P_dst) -> None:
         for t, what, P in ((x_src, "x_src", P_src), (x_dst, "x_dst", P_dst)):
             if t is None and what == "x_dst":
                 continue
-            if not isinstance(t, Tensor) or t.dim() != 2 or not t.is_floating_point() or \
-                    t.shape[1] != P:
-                got = (tuple(t.shape), t.dtype) if isinstance(t, Tensor) else type(t).__name__
-                raise ValueError(f"SAGEConv: {what} must be floating (N, {P}), got {got}")
-        return x_src, x_dst
+            if isinstance(t, Tensor) and t.dim() == 2 and not t.is_floating_point():
+                raise TypeError(f"SAGEConv: {what} must be floating node features, got dtype "
+                                f"{t.dtype}")
+            if not isinstance(t, Tensor) or t.dim() != 2 or \
+                    (P is not None and t.shape[1] != P):
+                got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+                raise ValueError(f"SAGEConv: {what} must be floating (N, {P or 'F'}), got {got}")
+
+    def _edges(self, edge_index, size):
+        """(edge_index (2, E), size) of any graph input (``as_edge_index``): a sparse
+        adjacency's shape is the size (its values are not used, as PyG's SAGEConv)."""
+        if type(edge_index) is Tensor and edge_index.layout == torch.strided:  # common path
+            if edge_index.dtype == torch.bool or edge_index.is_floating_point():
+                raise TypeError(f"SAGEConv: edge_index must be an integer (2, E) tensor, got "
+                                f"dtype {edge_index.dtype}")
+            return edge_index, size
+        e = as_edge_index(edge_index, "SAGEConv: edge_index")
+        return e.index, size if size is not None or e.size is None else e.size
 
     def forward(self, x, edge_index: Tensor, size=None) -> Tensor:
-        """x (N, P) or (x_src (M, P_src), x_dst (N, P_dst)) -> (N, Q)."""
+        """x (N, P) or (x_src (M, P_src), x_dst (N, P_dst)) -> (N, Q); ``edge_index`` a (2, E)
+        tensor, an ``EdgeIndex`` or a sparse ``adj_t`` (N, M)."""
         x_src, x_dst = self._inputs(x)
+        edge_index, size = self._edges(edge_index, size)
+        M = x_src.shape[0] if size is None or size[0] is None else int(size[0])
+        N = x_dst.shape[0] if x_dst is not None else M
+        if size is not None and size[1] is not None:
+            N = int(size[1])
+        if x_dst is not None and x_dst.shape[0] != N:
+            raise ValueError(f"SAGEConv: x_dst has {x_dst.shape[0]} rows but the graph has {N} "
+                             f"targets")
         if self.project:
             x_src = F.relu(self.lin(x_src))
-        M = x_src.shape[0] if size is None else int(size[0])
-        N = (x_dst.shape[0] if x_dst is not None else M) if size is None else int(size[1])
-        out = self.propagate(x_src, edge_index, M, N)
+        out = self._propagate(x_src, edge_index, M, N)
         if self.root is not None and x_dst is not None:
             out = out + x_dst @ self.root.to(x_dst.dtype)
         return F.normalize(out, p=2.0, dim=-1) if self.normalize else out
 
-    def propagate(self, x_src: Tensor, edge_index: Tensor, M: int, N: int) -> Tensor:
+    def _propagate(self, x_src: Tensor, edge_index: Tensor, M: int, N: int) -> Tensor:
         """W_l agg(x_src) + b: (M, P) sources -> (N, Q) targets."""
         bias = None if self.bias is None else self.bias.to(x_src.dtype)
-        if self.aggr == "max" or M == 0 or N == 0:
+        mask = self._explain_mask() if self.__dict__.get("_explain") else None
+        if self.aggr == "max" or M == 0 or N == 0 or mask is not None:
             check_edges(edge_index, max(M, 1), max(N, 1))
-            h = sage_aggregate(x_src, edge_index, N, self.aggr)
+            if mask is not None:
+                check_mask(mask, edge_index.shape[1], "SAGEConv")
+            h = sage_aggregate(x_src, edge_index, N, self.aggr, mask)
             y = h @ self.param.weight[0].to(h.dtype)
             return y if bias is None else y + bias
         basis = sage_basis(edge_index, M, N, self.aggr, x_src.dtype, self.cached)
