@@ -266,6 +266,10 @@ class HGTConv(PyGCompatible):
     def forward(self, x_dict: dict, edge_index_dict: dict) -> dict[str, Tensor]:
         """{type: (n_t, P_t)}, {(s, rel, d): (2, E)} -> {type: (n_t, Q)} for each node type
         of x_dict that is a relation's target in ``metadata``."""
+        if self._explain_mask() is not None:
+            # an explanation that ignored its mask would be wrong without a word
+            raise NotImplementedError("HGTConv does not apply PyG's explain edge masks: "
+                                      "Explainer cannot explain a model through it")
         k, q, v, offs = self._kqv(x_dict)
         rels, rows, src, dst, ids, M = self._relations(edge_index_dict, offs)
         N, H, D = q.shape[0], self.heads, self.out_channels // self.heads

@@ -418,3 +418,19 @@ def test_hgt_refuses_bad_inputs_by_name():
 def test_a_lazy_hgt_prints():
     text = repr(sc.nn.HGTConv(-1, 4, META, heads=2))
     assert "uninitialized" in text and "HGTConv" in text
+
+
+def test_hgt_refuses_an_explain_mask_it_would_ignore():
+    # PyG's Explainer sets an edge mask on every MessagePassing layer; HGT does not apply it,
+    # so it says so instead of returning an explanation that ignored the mask
+    pytest.importorskip("torch_geometric")
+    meta = (["a", "b"], [("a", "r", "b"), ("b", "s", "a")])
+    m = sc.nn.HGTConv(4, 4, meta, heads=2)
+    x = {"a": torch.randn(3, 4), "b": torch.randn(2, 4)}
+    ei = {("a", "r", "b"): torch.tensor([[0, 1, 2], [0, 1, 1]]),
+          ("b", "s", "a"): torch.tensor([[0, 1], [2, 0]])}
+    m(x, ei)  # no mask: runs
+    m.__dict__["_explain"] = True
+    m.__dict__["_edge_mask"] = torch.zeros(3)
+    with pytest.raises(NotImplementedError, match="explain edge masks"):
+        m(x, ei)
