@@ -182,7 +182,9 @@ def _toy_data() -> PlanetoidData:
 @pytest.mark.parametrize("model", ["gcn", "cheb", "sgc", "gat"])
 def test_recipe_training_reduces_loss(model):
     torch.set_default_dtype(torch.float32)
-    s = rp.settings(model, "cora", epochs=30, patience=None)
+    # without dropout, so that the loss curve is the optimisation's, not the masks' draw
+    # (GAT's 0.6 on ten training nodes moves a single epoch's loss by +-30%)
+    s = {**rp.settings(model, "cora", epochs=30, patience=None), "dropout": 0.0}
     r = rp.train_seed(model, _toy_data(), s, seed=0)
     assert r["train_loss"][-1] < 0.8 * r["train_loss"][0]
     assert 1 <= r["epoch"] <= 30 and 0 <= r["test_acc"] <= 100

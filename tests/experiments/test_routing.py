@@ -60,7 +60,7 @@ def test_tanh_clip_on_edges_and_in_a_softmax():
 
 @pytest.mark.parametrize("C", [0, -1.0, float("inf"), True])
 def test_tanh_clip_refuses_bad_ranges(C):
-    with pytest.raises(ValueError, match="C must be a finite number > 0"):
+    with pytest.raises(ValueError, match=r"C \(the clipping range\) must be a finite number > 0"):
         at.TanhClip(at.DotProduct(1, 2, 2, 2), C)
     with pytest.raises(TypeError, match="wraps a Mechanism"):
         at.TanhClip(torch.nn.Linear(2, 2))
