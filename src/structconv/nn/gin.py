@@ -181,13 +181,11 @@ def gine_conv(x, edge_index: Tensor, edge_attr: Tensor, nn: nn.Module,
     return nn(out)
 
 
-class GINConv(PyGCompatible):
-    """PyG's ``GINConv(nn, eps=0.0, train_eps=False)``, called ``(x, edge_index, size=None)``
-    with x (M, F) or a bipartite pair (x_src, x_dst): ``nn(Aᵀ x + (1 + eps) x)``.
-    ``edge_index`` may also be the built sum basis ``sc.basis.adjacency(edge_index, ...)``
-    (one structure for every layer of a model, no cache look-up per layer)."""
+class _GIN(PyGCompatible):
+    """What GIN and GINE share: the ``nn`` applied after aggregating, and ``eps`` (a parameter
+    with ``train_eps``, else a buffer), reset to its initial value."""
 
-    def __init__(self, nn: nn.Module, eps: float = 0.0, train_eps: bool = False):
+    def __init__(self, nn: nn.Module, eps: float, train_eps: bool):
         super().__init__()
         self.nn = nn
         self.initial_eps = float(eps)
@@ -195,7 +193,6 @@ class GINConv(PyGCompatible):
             self.eps = torch.nn.Parameter(torch.empty(1))
         else:
             self.register_buffer("eps", torch.empty(1))
-        self.reset_parameters()
 
     def reset_parameters(self) -> None:
         reset_module(self.nn)
@@ -204,6 +201,17 @@ class GINConv(PyGCompatible):
 
     def extra_repr(self) -> str:
         return f"eps={self.initial_eps}, train_eps={isinstance(self.eps, torch.nn.Parameter)}"
+
+
+class GINConv(_GIN):
+    """PyG's ``GINConv(nn, eps=0.0, train_eps=False)``, called ``(x, edge_index, size=None)``
+    with x (M, F) or a bipartite pair (x_src, x_dst): ``nn(Aᵀ x + (1 + eps) x)``.
+    ``edge_index`` may also be the built sum basis ``sc.basis.adjacency(edge_index, ...)``
+    (one structure for every layer of a model, no cache look-up per layer)."""
+
+    def __init__(self, nn: nn.Module, eps: float = 0.0, train_eps: bool = False):
+        super().__init__(nn, eps, train_eps)
+        self.reset_parameters()
 
     def forward(self, x, edge_index: Tensor, size=None) -> Tensor:
         mask = self._explain_mask() if self.__dict__.get("_explain") else None
@@ -220,32 +228,21 @@ def _in_channels(module: nn.Module) -> int:
                      f"({type(first).__name__} has no in_features / in_channels)")
 
 
-class GINEConv(PyGCompatible):
+class GINEConv(_GIN):
     """PyG's ``GINEConv(nn, eps=0.0, train_eps=False, edge_dim=None)``, called
     ``(x, edge_index, edge_attr, size=None)``: ``nn(Σ_{m -> n} ReLU(x_m + e_mn) +
     (1 + eps) x_n)``, with ``e = Linear(edge_dim, F)(edge_attr)`` when ``edge_dim`` is given."""
 
     def __init__(self, nn: nn.Module, eps: float = 0.0, train_eps: bool = False,
                  edge_dim: int | None = None):
-        super().__init__()
-        self.nn = nn
-        self.initial_eps = float(eps)
-        if train_eps:
-            self.eps = torch.nn.Parameter(torch.empty(1))
-        else:
-            self.register_buffer("eps", torch.empty(1))
+        super().__init__(nn, eps, train_eps)
         self.lin = None if edge_dim is None else torch.nn.Linear(edge_dim, _in_channels(nn))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        reset_module(self.nn)
-        with torch.no_grad():
-            self.eps.fill_(self.initial_eps)
+        super().reset_parameters()
         if self.lin is not None:
             self.lin.reset_parameters()
-
-    def extra_repr(self) -> str:
-        return f"eps={self.initial_eps}, train_eps={isinstance(self.eps, torch.nn.Parameter)}"
 
     def forward(self, x, edge_index: Tensor, edge_attr: Tensor | None = None,
                 size=None) -> Tensor:
