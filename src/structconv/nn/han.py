@@ -23,7 +23,7 @@ from ..attention.basis import GraphAttention
 from ..attention.masks import edge_softmax
 from ..attention.mechanisms import GATScores
 from .convert import register_pyg
-from .typed import check_metadata
+from .typed import check_metadata, known_relations
 
 __all__ = ["HANConv", "semantic_attention"]
 
@@ -97,15 +97,8 @@ class HANConv(nn.Module):
         H, D = self.heads, self.out_channels // self.heads
         h = {t: self.proj[t](x).view(-1, H, D) for t, x in x_dict.items() if t in self.proj}
         outs: dict[str, list[Tensor]] = {}
-        for et, ei in edge_index_dict.items():
-            et = tuple(et)
-            if et not in self.edge_types:
-                raise ValueError(f"HANConv: edge type {et} is not in its metadata")
-            s, _, d = et
-            if s not in h or d not in h:
-                continue
-            outs.setdefault(d, []).append(
-                self._relation(self.edge_types.index(et), h[s], h[d], ei.long()))
+        for r, (s, _, d), ei in known_relations("HANConv", edge_index_dict, self.edge_types, h):
+            outs.setdefault(d, []).append(self._relation(r, h[s], h[d], ei.long()))
         res, betas = {}, {}
         for t, zs in outs.items():
             res[t], betas[t] = semantic_attention(zs, self.q, self.k_lin)

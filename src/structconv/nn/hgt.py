@@ -32,7 +32,7 @@ from ..basis.edges import as_edge_index
 from ..basis.typed import segment_matmul
 from .convert import register_pyg
 from .pyg import PyGCompatible, is_lazy, lazy_parameter
-from .typed import check_metadata
+from .typed import check_metadata, known_relations
 
 __all__ = ["HGTConv"]
 
@@ -236,14 +236,8 @@ class HGTConv(PyGCompatible):
         concatenated nodes) and the joined bipartite edges ((relation, source) row -> node)."""
         rels, rows, src, dst, ids = [], [], [], [], []
         n_rows = 0
-        for et, ei in edge_index_dict.items():
-            et = tuple(et)
-            if et not in self.edge_types:
-                raise ValueError(f"HGTConv: edge type {et} is not in its metadata")
+        for r, et, ei in known_relations("HGTConv", edge_index_dict, self.edge_types, offs):
             s, _, d = et
-            if s not in offs or d not in offs:
-                continue
-            r = self.edge_types.index(et)
             o, c = offs[s]
             ei = self._edge_list(ei, et, c, offs[d][1])
             rels.append(r)

@@ -34,7 +34,7 @@ from ..engine import convolve
 from ..params import Parameterization, build, glorot_, make_param
 from .hetero import HeteroConv, edge_key
 
-__all__ = ["TypedGraphConv", "to_hetero", "TypedModel", "check_metadata"]
+__all__ = ["TypedGraphConv", "to_hetero", "TypedModel", "check_metadata", "known_relations"]
 
 _ABSENT = object()
 _NORMS = {"mean": "mean", "sum": None, "add": None, "sym": "sym"}
@@ -51,6 +51,18 @@ def check_metadata(metadata):
             raise ValueError(f"metadata: edge type {e} must be (src, relation, dst) with node "
                              f"types among {nts}")
     return nts, ets
+
+
+def known_relations(who: str, edge_index_dict: dict, edge_types: list, present):
+    """(relation id, edge type, edges) of each relation given whose source and target types
+    are in ``present``, in ``edge_index_dict``'s order; an edge type outside ``edge_types``
+    (the layer's metadata) is refused by name."""
+    for et, ei in edge_index_dict.items():
+        et = tuple(et)
+        if et not in edge_types:
+            raise ValueError(f"{who}: edge type {et} is not in its metadata")
+        if et[0] in present and et[2] in present:
+            yield edge_types.index(et), et, ei
 
 
 def _param(param, K: int, P: int, Q: int) -> Parameterization:
