@@ -17,20 +17,8 @@ import argparse
 import time
 from pathlib import Path
 
-from ..config import load_config
-from ..training import train
-from ._common import (
-    COUNT,
-    THREADS,
-    Bounded,
-    finished,
-    fmt_pm,
-    hardware,
-    mean_std,
-    publish,
-    run_once,
-    set_threads,
-)
+from ._common import COUNT, THREADS, Bounded, fmt_pm, hardware, mean_std, publish, set_threads
+from .sweep import Run, config_run
 
 __all__ = ["DATASETS", "QUICK", "QUICK_MODEL", "add_arguments", "run", "fold_run"]
 
@@ -61,17 +49,9 @@ def _overrides(args) -> list[str]:
 def fold_run(args, fold: int, folder: Path) -> dict:
     """Fold ``fold``'s result: read where finished, resumed where a checkpoint was left,
     trained otherwise (under the fold's lock)."""
-    run = folder / f"fold-{fold}"
-
-    def make() -> dict:
-        if (run / "checkpoint.json").is_file():
-            return train(None, run, resume=True, device=args.device)
-        cfg = load_config(f"gin_{args.dataset}", [*_overrides(args),
-                                                  f"data.options.fold={fold}"])
-        return train(cfg, run, device=args.device)
-
-    return run_once(folder, f"fold-{fold}", "tu-gin", lambda: finished(run / "result.json"),
-                    make)
+    run = Run(f"fold-{fold}", f"gin_{args.dataset}",
+              (*_overrides(args), f"data.options.fold={fold}"))
+    return config_run(folder, run, "tu-gin", args.device)
 
 
 def run(args) -> int:

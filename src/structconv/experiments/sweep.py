@@ -1,0 +1,57 @@
+"""A recipe's sweep: named runs of shipped configs with overrides, each trained at most once.
+
+A recipe is a set of configs plus a sweep: every run is ``(name, config, overrides)`` trained by
+the one training engine (``structconv.training.train``) into its own run directory
+``<folder>/<name>``. A run already finished is read back, one left with a checkpoint is resumed,
+and one never started is trained, under the run's lock; so an interrupted sweep run again ends
+with the numbers of an uninterrupted one, and two processes sharing an ``--out`` never train the
+same run twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..training import train
+from ._common import finished, run_once
+
+__all__ = ["Run", "config_run", "sweep"]
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of a sweep: its folder name, a config (shipped name, TOML path or dict) and
+    ``key=value`` overrides applied over it, in order."""
+
+    name: str
+    config: str | Path | dict
+    overrides: Sequence[str] = field(default_factory=tuple)
+
+
+def config_run(folder: str | Path, run: Run, recipe: str, device: str = "cpu") -> dict:
+    """The result (``result.json``'s summary) of ``run`` in ``<folder>/<run.name>``: read where
+    finished, resumed where a checkpoint was left, trained otherwise (under the run's lock)."""
+    folder = Path(folder)
+    where = folder / run.name
+
+    def make() -> dict:
+        if (where / "checkpoint.json").is_file():
+            return train(None, where, resume=True, device=device)
+        return train(run.config, where, device=device, overrides=list(run.overrides))
+
+    return run_once(folder, run.name, recipe, lambda: finished(where / "result.json"), make)
+
+
+def sweep(folder: str | Path, runs: Iterable[Run], recipe: str, device: str = "cpu",
+          report: Callable[[Run, dict], None] | None = None) -> list[dict]:
+    """The results of ``runs`` in order (each by ``config_run``); ``report(run, result)`` is
+    called after each, to print a line as the sweep goes."""
+    results = []
+    for run in runs:
+        result = config_run(folder, run, recipe, device)
+        if report is not None:
+            report(run, result)
+        results.append(result)
+    return results
