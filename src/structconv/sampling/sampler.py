@@ -70,9 +70,11 @@ def _mix(x: Tensor) -> Tensor:
     return x ^ _lsr(x, 31)
 
 
-def hop_key(base: int, hop: int) -> int:
-    """The counter key of hop ``hop`` of a sample drawn from ``base`` (signed int64)."""
-    return _signed(_mix_int(_mix_int(base) ^ (hop << 40)))
+def hop_key(base: int, hop: int, relation: int = 0) -> int:
+    """The counter key of hop ``hop`` of a sample drawn from ``base`` (signed int64); a typed
+    sample's relation ``relation`` (its index) is mixed into the hop word (relation 0: the
+    homogeneous key)."""
+    return _signed(_mix_int(_mix_int(base) ^ (hop << 40) ^ (relation << 20)))
 
 
 def _node_keys(key: int, index: Tensor) -> Tensor:
@@ -306,6 +308,14 @@ class NeighborSampler:
         key = hop_key(base_seed(generator) if f != ALL else 0, 0)
         pos, seg = self._draw(nodes, f, weighted, replace, key)
         return self.perm[pos], seg
+
+    def draw_keyed(self, nodes: Tensor, fanout: int, key: int, *, replace: bool = False,
+                   weighted: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """One hop's draws with the counter key ``key`` (``hop_key``): (edge ids (P,), their
+        sources (P,), index into ``nodes`` (S,) of their targets (P,)), by target then CSR
+        position; ``fanout`` a checked int (-1: every edge). A typed sampler's step."""
+        pos, seg = self._draw(nodes, fanout, weighted, replace, key)
+        return self.perm[pos], self.sources[pos], seg
 
     def _draw(self, nodes: Tensor, f: int, weighted: bool, replace: bool,
               key: int) -> tuple[Tensor, Tensor]:

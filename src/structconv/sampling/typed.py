@@ -13,8 +13,8 @@ none of it at that hop.
 The draws are the homogeneous sampler's (Floyd's algorithm, the smallest random keys above
 ``floyd_max_fanout``, uniform slots with replacement) with counter-based random numbers keyed by
 (base seed, hop, relation, the node's index in its frontier, slot): relation r of hop h uses the
-key ``hop_key`` with r mixed into the hop word (relation 0 is the homogeneous hop key, so one
-relation sampled typed or homogeneous draws the same). The compiled kernel (``sample_typed`` of
+key ``hop_key(base, h, r)`` (relation 0's is the homogeneous hop key, so one relation sampled
+typed or homogeneous draws the same). The compiled kernel (``sample_typed`` of
 ``kernels/sampler.cpp``: a loop over relations, each parallel over its frontier) and the torch
 ops compute the same samples for a generator state, on any thread count.
 
@@ -39,26 +39,12 @@ from torch import Tensor
 
 from ..basis.graph import PowerBasis
 from ..basis.typed import TypedBasis, relation_operator, typed_basis
-from .sampler import (
-    ALL,
-    NeighborSampler,
-    _mix_int,
-    _signed,
-    base_seed,
-    check_fanout,
-    check_seeds,
-)
+from .sampler import ALL, NeighborSampler, base_seed, check_fanout, check_seeds, hop_key
 
 __all__ = ["TypedNeighborSampler", "TypedSample", "TypedBlock", "typed_fanouts",
-           "relation_key", "apply_typed_layers", "trim"]
+           "apply_typed_layers", "trim"]
 
 EdgeType = tuple[str, str, str]
-
-
-def relation_key(base: int, hop: int, relation: int) -> int:
-    """The counter key of relation ``relation`` at hop ``hop`` of a sample drawn from ``base``
-    (signed int64); relation 0's is the homogeneous ``hop_key(base, hop)``."""
-    return _signed(_mix_int(_mix_int(base) ^ (hop << 40) ^ (relation << 20)))
 
 
 def _graph(graph) -> tuple[dict[str, int], dict[EdgeType, Tensor]]:
@@ -143,10 +129,16 @@ class TypedBlock:
 
     def basis(self, edge_type, normalization: str | None = "mean", dtype=None) -> PowerBasis:
         """Relation ``edge_type``'s restricted rectangular basis (1, |U_h^s|, |U_{h-1}^d|),
-        normalised over the block's edges (``"mean"``, ``"sym"`` or None)."""
+        normalised over the block's edges (``"mean"``, ``"sym"`` or None); a relation without
+        edges gives a zero basis. A basis has at least one row and column: a relation whose
+        source or target type has no node in the block raises (its convolution is empty)."""
         s, _, d = et = _edge_type(edge_type)
         if et not in self.edge_index:
             raise ValueError(f"no edge type {et} in this block: it has {list(self.edge_index)}")
+        if not self.num_src[s] or not self.num_dst[d]:
+            raise ValueError(f"relation {et} has {self.num_src[s]} source and "
+                             f"{self.num_dst[d]} target nodes in this block: a basis needs "
+                             "at least one of each")
         return PowerBasis(relation_operator(self.edge_index[et], self.num_src[s],
                                             self.num_dst[d], normalization, dtype=dtype), (1,))
 
@@ -325,7 +317,7 @@ class TypedNeighborSampler:
         fs = typed_fanouts(fanouts, self.edge_types)
         draws = any(f not in (ALL, 0) for row in fs for f in row)
         base = base_seed(generator) if draws else 0
-        keys = [[relation_key(base, h, r) for r in range(len(self.edge_types))]
+        keys = [[hop_key(base, h, r) for r in range(len(self.edge_types))]
                 for h in range(len(fs))]
         ext = self.compiled()
         if ext is not None:
@@ -357,8 +349,8 @@ class TypedNeighborSampler:
                 continue
             rs = self.relations[et]
             rs.floyd_max_fanout = self.floyd_max_fanout
-            pos, seg = rs._draw(frontier[d], f, False, replace, keys_h[r])
-            out[r] = (rs.sources[pos], rs.perm[pos], lo[d] + seg)
+            eid, src, seg = rs.draw_keyed(frontier[d], f, keys_h[r], replace=replace)
+            out[r] = (src, eid, lo[d] + seg)
         return out
 
     def _sample_torch(self, seeds, fs, keys, replace) -> TypedSample:
