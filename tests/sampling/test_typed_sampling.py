@@ -330,3 +330,18 @@ def test_typed_loader_ranks_and_batch_contents():
         TypedNeighborLoader(G, [1], input_nodes="zz")
     with pytest.raises(ValueError, match="rank"):
         TypedNeighborLoader(G, [1], input_nodes="b", rank=2, world_size=2)
+
+
+def test_bench_scale_times_typed_sampling(tmp_path, capsys):
+    import json
+
+    from structconv.cli import main
+
+    assert main(["bench", "scale", "--quick", "--models", "", "--no-full", "--procs", "1",
+                 "--threads", "1", "--out", str(tmp_path)]) == 0
+    r = json.loads((tmp_path / "scale.json").read_text())["typed_sampling"]
+    assert r["types"] == 4 and r["relations"] == 8
+    assert r["python"]["seeds_per_s"] > 0
+    if native.sampler() is not None:
+        assert r["native"]["seeds_per_s"] > 0 and r["speedup"] > 0
+    assert "typed sampling alone" in capsys.readouterr().out
