@@ -168,6 +168,14 @@ def test_typed_fanouts_and_seed_errors():
         s.sample({"b": torch.tensor([11])}, [1])
     with pytest.raises(TypeError, match="dict"):
         s.sample(torch.tensor([1]), [1])
+    # a relation's bipartite sampler: sources and targets counted apart, one hop at a time
+    rel = NeighborSampler(torch.tensor([[4, 0], [2, 2]]), 3, num_src=5)
+    eid, src, seg = rel.draw_keyed(torch.tensor([2, 0]), -1, 0)
+    assert eid.tolist() == [0, 1] and src.tolist() == [4, 0] and seg.tolist() == [0, 0]
+    with pytest.raises(ValueError, match="bipartite"):
+        rel.sample(torch.tensor([0]), [1])
+    with pytest.raises(ValueError, match="source ids"):
+        NeighborSampler(torch.tensor([[5], [0]]), 3, num_src=5)
 
 
 # ------------------------------------------------------------------------------------------------
