@@ -334,6 +334,11 @@ def test_typed_loader_ranks_and_batch_contents():
     for t in NUM:
         assert torch.equal(b.x_dict[t], G.x[t][b.node_ids[t]])
     assert [blk.num_dst for blk in b.blocks][-1]["b"] == 2  # the last block ends at the seeds
+    moved = b.to("cpu")
+    assert moved.blocks[0].num_src == b.blocks[0].num_src
+    for e in ETS:
+        assert torch.equal(moved.edge_index_dict[e], b.edge_index_dict[e])
+        assert torch.equal(moved.blocks[1].edge_index[e], b.blocks[1].edge_index[e])
     with pytest.raises(ValueError, match="input_nodes"):
         TypedNeighborLoader(G, [1], input_nodes="zz")
     with pytest.raises(ValueError, match="rank"):
