@@ -142,6 +142,10 @@ def test_functions_stay_short():
 PRIVATE_USES = {
     ("sampling/loader.py", "b._apply"): "a Basis maps its held tensors by the _apply protocol "
                                         "torch.nn.Module uses (Basis._apply), as .to does",
+    ("sampling/typed_loader.py", "from loader import _check_int"): "the typed loader shares "
+        "the homogeneous loader's option check, plan seeds and prefetch thread (one package)",
+    ("sampling/typed_loader.py", "from loader import _splitmix"): "the same plan seeds",
+    ("sampling/typed_loader.py", "from loader import _Prefetch"): "the same prefetch thread",
 }
 
 

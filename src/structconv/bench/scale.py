@@ -13,6 +13,9 @@ Sampling alone (sampling and restricting, no model) is timed for the compiled pa
 takes (its time over its time plus the model step's); the training runs use the compiled path
 (``--paths``: python adds a 1-process run on the torch ops; ``--prefetch`` overlaps sampling
 with the step in a background thread). ``--quick`` runs tiny sizes.
+Typed sampling alone (``TypedNeighborLoader``: a fanout per relation, the features gathered) is
+timed on a small synthetic typed graph (default 1M nodes / 10M edges over 4 node types and 8
+relations, ``--typed-*``; ``--typed-types 0`` skips it), compiled against torch ops.
 """
 
 from __future__ import annotations
@@ -29,19 +32,21 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..data.hetero import HeteroGraph
 from ..data.synthetic import synthetic_bytes, synthetic_graph
 from ..io import atomic_write_json
 from ..models.graph import TwoLayerGraphNet
-from ..sampling import GraphRestriction, NeighborLoader
+from ..sampling import GraphRestriction, NeighborLoader, TypedNeighborLoader
 from ..training import distributed as D
 from ._util import ALLOCATOR, peak_memory, record, status_kb
+from .hetero import synthetic as synthetic_typed
 
 __all__ = ["run", "add_arguments", "NAME"]
 
 NAME = "scale"
 MODELS = ("gcn", "sage")
 QUICK = dict(nodes=3000, edges=30000, full_nodes=3000, full_edges=30000, batches=6,
-             batch_size=64)
+             batch_size=64, typed_nodes=4000, typed_edges=40000)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,6 +69,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "ops); python also trains one process on the torch ops")
     p.add_argument("--prefetch", type=int, default=0,
                    help="batches sampled ahead in a background thread during training")
+    p.add_argument("--typed-nodes", type=int, default=1_000_000,
+                   help="nodes of the synthetic typed graph (typed sampling alone)")
+    p.add_argument("--typed-edges", type=int, default=10_000_000, help="its edges")
+    p.add_argument("--typed-types", type=int, default=4,
+                   help="its node types (2 relations each; 0 skips typed sampling)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads of the 1-process runs (default: torch's); an N-process "
                         "run gives each process cores / N")
@@ -200,6 +210,30 @@ def _sampled(kind: str, data, edge_type, args, dims, procs) -> dict:
     return out
 
 
+def _typed(args, n: int, E: int) -> dict:
+    """Typed sampling alone on a synthetic typed graph (``bench hetero``'s: relations "next"
+    and "prev" between neighbouring types), seeds of the first type, the same fanouts for
+    every relation: seeds per second per path and the compiled path's speedup."""
+    T = args.typed_types
+    meta, x, ei = synthetic_typed(T, n, E, args.features, args.seed)
+    per = n // T
+    graph = HeteroGraph({t: per for t in meta[0]}, ei, x)
+    fan = [int(f) for f in args.fanouts.split(",")]
+    loader = TypedNeighborLoader(graph, fan, input_nodes=meta[0][0],
+                                 batch_size=args.batch_size, shuffle=True, seed=args.seed)
+    out = dict(nodes=per * T, edges=sum(v.shape[1] for v in ei.values()), types=T,
+               relations=len(ei))
+    for path in [p.strip() for p in args.paths.split(",") if p.strip()]:
+        loader.use_native(path == "native")
+        loader.set_epoch(0)
+        out[path] = _sampling_alone(loader, args.batches)
+        print(f"  typed sampling alone, {path:<6}: {out[path]['seeds_per_s']:10.0f} seeds/s "
+              f"({T} types, {len(ei)} relations)", flush=True)
+    if "native" in out and "python" in out:
+        out["speedup"] = out["native"]["seeds_per_s"] / out["python"]["seeds_per_s"]
+    return out
+
+
 def _full(kind: str, args, dims, n: int, E: int) -> dict:
     """Full-batch training steps of the same model on an n-node graph: step time, the train
     nodes per second and the step's peak extra memory (forked process)."""
@@ -236,7 +270,8 @@ def _sizes(args):
     if args.quick:
         return dict(QUICK)
     return dict(nodes=args.nodes, edges=args.edges, full_nodes=args.full_nodes,
-                full_edges=args.full_edges, batches=args.batches, batch_size=args.batch_size)
+                full_edges=args.full_edges, batches=args.batches, batch_size=args.batch_size,
+                typed_nodes=args.typed_nodes, typed_edges=args.typed_edges)
 
 
 def run(args) -> int:
@@ -251,6 +286,9 @@ def run(args) -> int:
     procs = sorted({int(p) for p in args.procs.split(",") if p.strip()})
     if not procs or procs[0] < 1:
         raise ValueError(f"--procs must list process counts >= 1, got {args.procs!r}")
+    if args.typed_types < 0 or args.typed_types > s["typed_nodes"]:
+        raise ValueError(f"--typed-types must lie in [0, {s['typed_nodes']}] (the typed "
+                         f"graph's nodes), got {args.typed_types}")
     t0 = time.time()
     print(f"synthetic graph: {s['nodes']:,} nodes, {s['edges']:,} edges, {args.features} "
           f"features (about {synthetic_bytes(s['nodes'], s['edges'], args.features) / 2**30:.2f}"
@@ -276,6 +314,9 @@ def run(args) -> int:
             result["models"][kind]["full_batch"] = _full(kind, args, dims, s["full_nodes"],
                                                          s["full_edges"])
             gc.collect()
+    if args.typed_types > 0:
+        result["typed_sampling"] = _typed(args, s["typed_nodes"], s["typed_edges"])
+        gc.collect()
     result["peak_rss_mib"] = _mib(status_kb("VmHWM"))
     result["conditions"] = record()
     result["seconds"] = time.time() - t0

@@ -20,10 +20,9 @@
 // min(floor(u * deg), deg - 1) per slot with replacement. Output edges of a hop are ordered by
 // target node id, then CSR position (the torch path's canonical order).
 //
-// Typed graphs later: a per-relation fanout is a loop over relations' CSRs inside ``hop`` (a
-// Graph per relation: its rowptr / sources / perm; the node key with the relation mixed into the
-// hop word; edges appended relation after relation), all feeding the one relabelling map;
-// ``restrict``'s groups are already per relation.
+// ``sample_typed`` is the same over typed relations: a CSR per relation, a fanout per relation and
+// hop, the relation's index mixed into the hop's counter key (by the caller), one relabelling map
+// per node type fed by every relation leaving that type; ``restrict``'s groups are per relation.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -159,14 +158,14 @@ void sort_ids(std::vector<int64_t>& v) {
   }
 }
 
-// One hop: the frontier node_ids[lo, hi) draws its edges; appends the new nodes and edges.
-void hop(const Graph& g, std::vector<int64_t>& nodes, IdMap& map, int64_t lo, int64_t f,
-         bool replace, uint64_t hop_key, int64_t floyd_max, std::vector<int64_t>& esrc,
-         std::vector<int64_t>& edst, std::vector<int64_t>& eids) {
-  const int64_t hi = static_cast<int64_t>(nodes.size()), F = hi - lo;
+// One relation's draws of a hop: the frontier fr[0, F) (global ids of the target nodes, local
+// ids lo .. lo + F - 1) draws up to f edges each; appends the edges' targets (local) and ids to
+// edst / eids and writes their sources (global ids) to src.
+void draw_hop(const Graph& g, const int64_t* fr, int64_t F, int64_t lo, int64_t f, bool replace,
+              uint64_t hop_key, int64_t floyd_max, std::vector<int64_t>& src,
+              std::vector<int64_t>& edst, std::vector<int64_t>& eids) {
   std::vector<int64_t> order(F);  // the frontier by node id: the output's edge order
   std::iota(order.begin(), order.end(), int64_t(0));
-  const int64_t* fr = nodes.data() + lo;
   if (!std::is_sorted(fr, fr + F))
     std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return fr[a] < fr[b]; });
   std::vector<int64_t> off(F + 1, 0);
@@ -176,8 +175,7 @@ void hop(const Graph& g, std::vector<int64_t>& nodes, IdMap& map, int64_t lo, in
     off[q + 1] = off[q] + c;
   }
   const int64_t P = off[F], E0 = static_cast<int64_t>(eids.size());
-  std::vector<int64_t> src(P);
-  esrc.resize(E0 + P);
+  src.resize(P);
   edst.resize(E0 + P);
   eids.resize(E0 + P);
   at::parallel_for(0, F, 64, [&](int64_t a, int64_t b) {
@@ -205,22 +203,55 @@ void hop(const Graph& g, std::vector<int64_t>& nodes, IdMap& map, int64_t lo, in
       }
     }
   });
-  // relabel: seen nodes keep their ids, new ones follow in increasing id
+}
+
+// The local ids of drawn sources: parts[j] = (global ids, where their local ids go). Nodes seen
+// before keep their ids; the new ones (over all parts) are appended to ``nodes`` in increasing
+// id and numbered from its size.
+void relabel(IdMap& map, std::vector<int64_t>& nodes,
+             const std::vector<std::pair<const std::vector<int64_t>*, int64_t*>>& parts) {
+  int64_t P = 0;
+  for (const auto& pt : parts) P += static_cast<int64_t>(pt.first->size());
+  const int64_t hi = static_cast<int64_t>(nodes.size());
   map.reserve(map.size + P);
   std::vector<int64_t> fresh;
   std::vector<uint64_t> at(P);  // each edge's slot: its local id once the new ones are numbered
-  for (int64_t p = 0; p < P; ++p) {
-    if (p + 16 < P) map.prefetch(src[p + 16]);
-    const uint64_t i = map.index(src[p]);
-    at[p] = i;
-    if (map.slots[i].val == -1) map.slots[i].val = -2, fresh.push_back(src[p]);
+  int64_t base = 0;
+  for (const auto& pt : parts) {
+    const std::vector<int64_t>& src = *pt.first;
+    const int64_t n = static_cast<int64_t>(src.size());
+    for (int64_t p = 0; p < n; ++p) {
+      if (p + 16 < n) map.prefetch(src[p + 16]);
+      const uint64_t i = map.index(src[p]);
+      at[base + p] = i;
+      if (map.slots[i].val == -1) map.slots[i].val = -2, fresh.push_back(src[p]);
+    }
+    base += n;
   }
   sort_ids(fresh);
   for (size_t r = 0; r < fresh.size(); ++r) *map.slot(fresh[r]) = hi + static_cast<int64_t>(r);
   nodes.insert(nodes.end(), fresh.begin(), fresh.end());
-  at::parallel_for(0, P, 4096, [&](int64_t a, int64_t b) {
-    for (int64_t p = a; p < b; ++p) esrc[E0 + p] = map.slots[at[p]].val;
-  });
+  base = 0;
+  for (const auto& pt : parts) {
+    const int64_t n = static_cast<int64_t>(pt.first->size());
+    int64_t* out = pt.second;
+    const uint64_t* a0 = at.data() + base;
+    at::parallel_for(0, n, 4096, [&](int64_t a, int64_t b) {
+      for (int64_t p = a; p < b; ++p) out[p] = map.slots[a0[p]].val;
+    });
+    base += n;
+  }
+}
+
+// One hop: the frontier node_ids[lo, hi) draws its edges; appends the new nodes and edges.
+void hop(const Graph& g, std::vector<int64_t>& nodes, IdMap& map, int64_t lo, int64_t f,
+         bool replace, uint64_t hop_key, int64_t floyd_max, std::vector<int64_t>& esrc,
+         std::vector<int64_t>& edst, std::vector<int64_t>& eids) {
+  const int64_t hi = static_cast<int64_t>(nodes.size()), E0 = static_cast<int64_t>(eids.size());
+  std::vector<int64_t> src;
+  draw_hop(g, nodes.data() + lo, hi - lo, lo, f, replace, hop_key, floyd_max, src, edst, eids);
+  esrc.resize(eids.size());
+  relabel(map, nodes, {{&src, esrc.data() + E0}});
 }
 
 torch::Tensor vec(const std::vector<int64_t>& v) {
@@ -264,6 +295,88 @@ std::vector<torch::Tensor> sample(torch::Tensor rowptr, torch::Tensor sources, t
   }
   auto ei = torch::stack({vec(esrc), vec(edst)});
   return {vec(nodes), ei, vec(eids), vec(ncount), vec(ecount)};
+}
+
+// Typed sampling: R relations (a CSR over its target type's nodes each: rowptrs[r],
+// sources[r] (ids of its source type), perms[r] (edge ids within the relation)) between T node
+// types (relation r from type rel_src[r] to type rel_dst[r]); seeds[t] the seeds of type t.
+// Hop h: every relation r with fanout fanouts[h * R + r] != 0 draws for the nodes of its target
+// type first reached at hop h - 1 (the seeds at hop 1), with the counter key keys[h * R + r];
+// then each type's new sources (over all relations leaving it) are appended in increasing id.
+// Returns T node id tensors, the (T, H + 1) cumulative node counts, R edge_index (2, E_r) in
+// local ids [source in rel_src's nodes; target in rel_dst's], R edge id tensors and the (R, H)
+// cumulative edge counts.
+std::vector<torch::Tensor> sample_typed(std::vector<torch::Tensor> rowptrs,
+                                        std::vector<torch::Tensor> sources,
+                                        std::vector<torch::Tensor> perms,
+                                        std::vector<int64_t> rel_src, std::vector<int64_t> rel_dst,
+                                        std::vector<torch::Tensor> seeds,
+                                        std::vector<int64_t> fanouts, std::vector<int64_t> keys,
+                                        int64_t hops, bool replace, int64_t floyd_max) {
+  const int64_t R = static_cast<int64_t>(rowptrs.size()), T = static_cast<int64_t>(seeds.size());
+  TORCH_CHECK(static_cast<int64_t>(sources.size()) == R && static_cast<int64_t>(perms.size()) == R &&
+              static_cast<int64_t>(rel_src.size()) == R && static_cast<int64_t>(rel_dst.size()) == R,
+              "sample_typed: one CSR and one (source, target) type per relation");
+  TORCH_CHECK(static_cast<int64_t>(fanouts.size()) == hops * R &&
+              static_cast<int64_t>(keys.size()) == hops * R, "sample_typed: hops x relations");
+  std::vector<Graph> g(R);
+  for (int64_t r = 0; r < R; ++r) {
+    TORCH_CHECK(rowptrs[r].dtype() == torch::kLong && sources[r].dtype() == torch::kLong &&
+                perms[r].dtype() == torch::kLong, "sample_typed: index tensors must be int64");
+    TORCH_CHECK(rel_src[r] >= 0 && rel_src[r] < T && rel_dst[r] >= 0 && rel_dst[r] < T,
+                "sample_typed: relation types out of range");
+    rowptrs[r] = rowptrs[r].contiguous(), sources[r] = sources[r].contiguous();
+    perms[r] = perms[r].contiguous();
+    g[r] = Graph{rowptrs[r].data_ptr<int64_t>(), sources[r].data_ptr<int64_t>(),
+                 perms[r].data_ptr<int64_t>(), nullptr};
+  }
+  std::vector<std::vector<int64_t>> nodes(T);
+  std::vector<IdMap> map(T);
+  std::vector<int64_t> ncount(T * (hops + 1)), ecount(R * hops);
+  for (int64_t t = 0; t < T; ++t) {
+    TORCH_CHECK(seeds[t].dtype() == torch::kLong, "sample_typed: seeds must be int64");
+    auto s = seeds[t].contiguous();
+    const int64_t S = s.numel();
+    nodes[t].assign(s.data_ptr<int64_t>(), s.data_ptr<int64_t>() + S);
+    map[t].reserve(S);
+    for (int64_t i = 0; i < S; ++i) *map[t].slot(nodes[t][i]) = i;
+    ncount[t * (hops + 1)] = S;
+  }
+  std::vector<std::vector<int64_t>> esrc(R), edst(R), eids(R), src(R);
+  std::vector<int64_t> lo(T, 0);
+  for (int64_t h = 0; h < hops; ++h) {
+    std::vector<int64_t> hi(T), E0(R);
+    for (int64_t t = 0; t < T; ++t) hi[t] = static_cast<int64_t>(nodes[t].size());
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t f = fanouts[h * R + r], d = rel_dst[r];
+      E0[r] = static_cast<int64_t>(eids[r].size());
+      src[r].clear();
+      if (f == 0 || hi[d] == lo[d]) continue;
+      draw_hop(g[r], nodes[d].data() + lo[d], hi[d] - lo[d], lo[d], f, replace,
+               static_cast<uint64_t>(keys[h * R + r]), floyd_max, src[r], edst[r], eids[r]);
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<std::pair<const std::vector<int64_t>*, int64_t*>> parts;
+      for (int64_t r = 0; r < R; ++r) {
+        if (rel_src[r] != t) continue;
+        esrc[r].resize(eids[r].size());
+        parts.push_back({&src[r], esrc[r].data() + E0[r]});
+      }
+      relabel(map[t], nodes[t], parts);
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      lo[t] = hi[t];
+      ncount[t * (hops + 1) + h + 1] = static_cast<int64_t>(nodes[t].size());
+    }
+    for (int64_t r = 0; r < R; ++r) ecount[r * hops + h] = static_cast<int64_t>(eids[r].size());
+  }
+  std::vector<torch::Tensor> out;
+  for (int64_t t = 0; t < T; ++t) out.push_back(vec(nodes[t]));
+  out.push_back(vec(ncount).reshape({T, hops + 1}));
+  for (int64_t r = 0; r < R; ++r) out.push_back(torch::stack({vec(esrc[r]), vec(edst[r])}));
+  for (int64_t r = 0; r < R; ++r) out.push_back(vec(eids[r]));
+  out.push_back(vec(ecount).reshape({R, hops}));
+  return out;
 }
 
 namespace {
@@ -423,6 +536,8 @@ torch::Tensor gather_rows(torch::Tensor x, torch::Tensor index) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // the GIL is released: a loader's background thread samples while the model steps
   m.def("sample", &sample, "nested neighbour sampling over a CSR of incoming edges",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("sample_typed", &sample_typed, "nested neighbour sampling over typed relations",
         py::call_guard<py::gil_scoped_release>());
   m.def("restrict", &restrict_csr, "the coalesced CSR per group of a sample's restricted operator",
         py::call_guard<py::gil_scoped_release>());

@@ -70,9 +70,11 @@ def _mix(x: Tensor) -> Tensor:
     return x ^ _lsr(x, 31)
 
 
-def hop_key(base: int, hop: int) -> int:
-    """The counter key of hop ``hop`` of a sample drawn from ``base`` (signed int64)."""
-    return _signed(_mix_int(_mix_int(base) ^ (hop << 40)))
+def hop_key(base: int, hop: int, relation: int = 0) -> int:
+    """The counter key of hop ``hop`` of a sample drawn from ``base`` (signed int64); a typed
+    sample's relation ``relation`` (its index) is mixed into the hop word (relation 0: the
+    homogeneous key)."""
+    return _signed(_mix_int(_mix_int(base) ^ (hop << 40) ^ (relation << 20)))
 
 
 def _node_keys(key: int, index: Tensor) -> Tensor:
@@ -249,7 +251,9 @@ class NeighborSampler:
     ``edge_weight`` (E,) non-negative is needed only for weighted draws. Memory: two (E,) int64
     tensors (edge ids and sources in CSR order), the (num_nodes + 1,) row pointer, and the
     weights in CSR order when given. ``native``: the compiled sampler on CPU (None: where it can
-    be built; False: the torch ops); both give the same samples.
+    be built; False: the torch ops); both give the same samples. ``num_src`` makes it bipartite
+    (one relation of a typed graph): sources in [0, num_src), targets in [0, num_nodes); its
+    draws (``sample_neighbors``) are those of a square graph, but ``sample`` needs one node set.
     """
 
     #: uniform draws of at most this many neighbours use Floyd's algorithm (O(fanout²) work per
@@ -257,12 +261,13 @@ class NeighborSampler:
     floyd_max_fanout = 64
 
     def __init__(self, edge_index: Tensor, num_nodes: int, edge_weight: Tensor | None = None,
-                 *, native: bool | None = None):
+                 *, native: bool | None = None, num_src: int | None = None):
         n = check_num_nodes(num_nodes)
-        check_edges(edge_index, n, edge_weight=edge_weight)
+        m = n if num_src is None else check_num_nodes(num_src)
+        check_edges(edge_index, m, n, edge_weight=edge_weight)
         src, dst = edge_index[0].long(), edge_index[1].long()
         perm = torch.argsort(dst, stable=True)
-        self.num_nodes, self.num_edges = n, int(src.shape[0])
+        self.num_nodes, self.num_edges, self.num_src = n, int(src.shape[0]), m
         self.native = native
         self.rowptr = torch.zeros(n + 1, dtype=torch.long, device=src.device)
         torch.cumsum(torch.bincount(dst, minlength=n), 0, out=self.rowptr[1:])
@@ -303,6 +308,14 @@ class NeighborSampler:
         key = hop_key(base_seed(generator) if f != ALL else 0, 0)
         pos, seg = self._draw(nodes, f, weighted, replace, key)
         return self.perm[pos], seg
+
+    def draw_keyed(self, nodes: Tensor, fanout: int, key: int, *, replace: bool = False,
+                   weighted: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """One hop's draws with the counter key ``key`` (``hop_key``): (edge ids (P,), their
+        sources (P,), index into ``nodes`` (S,) of their targets (P,)), by target then CSR
+        position; ``fanout`` a checked int (-1: every edge). A typed sampler's step."""
+        pos, seg = self._draw(nodes, fanout, weighted, replace, key)
+        return self.perm[pos], self.sources[pos], seg
 
     def _draw(self, nodes: Tensor, f: int, weighted: bool, replace: bool,
               key: int) -> tuple[Tensor, Tensor]:
@@ -392,6 +405,10 @@ class NeighborSampler:
         the seeds, as PyG's ``num_neighbors``); every node is sampled once, at the first hop
         that reaches it. New nodes of a hop are appended in increasing id order. ``replace``:
         f uniform draws per node with replacement (an edge may be drawn twice)."""
+        if self.num_src != self.num_nodes:
+            raise ValueError(f"a bipartite sampler ({self.num_src} sources, {self.num_nodes} "
+                             "targets) draws one hop (sample_neighbors); nested sampling over "
+                             "typed relations is TypedNeighborSampler's")
         seeds = check_seeds(seeds, self.num_nodes).to(self.rowptr.device)
         fs = [check_fanout(f, f"fanouts[{i}]") for i, f in enumerate(fanouts)]
         self._check_mode(weighted, replace)
