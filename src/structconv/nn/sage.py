@@ -343,8 +343,8 @@ def _from_sage(m):
         if m.project:
             out.lin.weight.copy_(m.lin.weight.detach())
             out.lin.bias.copy_(m.lin.bias.detach())
-    if not out._fast and isinstance(out.aggr_module, (Readout, MultiReadout)):
-        out.aggr_module.load_state_dict(m.aggr_module.state_dict())  # PyG's names
+    if not out._fast:  # PyG's names (construction reset a copied module: its state again)
+        out.aggr_module.load_state_dict(m.aggr_module.state_dict())
     return out
 
 
