@@ -2,12 +2,16 @@
 (no PyG), and against PyG's SAGEConv in float64 (weights carried, checkpoints both ways)."""
 
 import copy
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import structconv as sc
 from structconv.nn.aggregation import MultiReadout, Readout
+from tests.conftest import SRC
 
 D = torch.float64
 
@@ -97,6 +101,21 @@ def test_sage_without_pyg_objects_takes_names_and_lists():
         m = sc.nn.SAGEConv(5, 3, aggr=aggr, aggr_kwargs=kw)
         assert m.param.weight.shape == (1, W, 3)
         assert m(torch.randn(9, 5), ei).shape == (9, 3)
+
+
+def test_sage_aggregations_need_no_pyg():
+    code = ("import sys; sys.modules['torch_geometric'] = None\n"  # an import of it fails
+            "import torch, structconv as sc\n"
+            "ei = torch.tensor([[0, 1, 2, 3], [0, 0, 1, 1]])\n"
+            "for aggr, kw in (('lstm', None), (['mean', 'max', 'softmax'], {'mode': 'attn',"
+            " 'mode_kwargs': {'in_channels': 8, 'out_channels': 4, 'num_heads': 2}})):\n"
+            "    assert sc.nn.SAGEConv(8, 3, aggr=aggr, aggr_kwargs=kw)(torch.randn(4, 8),"
+            " ei).shape == (4, 3)\n"
+            "assert 'torch_geometric' not in [m.split('.')[0] for m in sys.modules"
+            " if sys.modules[m] is not None]\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "PYTHONPATH": str(SRC.parent)})
+    assert r.returncode == 0, r.stderr
 
 
 def test_sage_aggregation_errors():
