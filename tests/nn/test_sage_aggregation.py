@@ -249,3 +249,25 @@ def test_sage_multi_aggregation_compiles_cold():
     torch._dynamo.reset()
     got = torch.compile(m, fullgraph=True)(x, ei)
     torch.testing.assert_close(got, m(x, ei), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("aggr,kw", [CASES[7], CASES[10]])
+def test_sage_aggregations_honour_explain_masks_as_pyg(aggr, kw):
+    pyg = pytest.importorskip("torch_geometric.nn")
+    from torch_geometric.explain.algorithm.utils import clear_masks, set_masks
+
+    torch.manual_seed(6)
+    ref = _pyg_sage(pyg, 6, aggr, kw)
+    ours = sc.nn.from_pyg(ref)
+    x, ei, _ = _inputs(False)
+    mask = torch.randn(ei.shape[1], dtype=D, requires_grad=True)
+    for m in (ref, ours):
+        set_masks(m, mask, ei, apply_sigmoid=True)
+    want, got = ref(x, ei), ours(x, ei)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    g = torch.randn_like(want)
+    torch.testing.assert_close(torch.autograd.grad(got, mask, g)[0],
+                               torch.autograd.grad(want, mask, g)[0], rtol=1e-10, atol=1e-10)
+    for m in (ref, ours):
+        clear_masks(m)
+    torch.testing.assert_close(ours(x, ei), ref(x, ei), rtol=1e-10, atol=1e-10)
