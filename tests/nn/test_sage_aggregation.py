@@ -8,6 +8,8 @@ import sys
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import structconv as sc
 from structconv.nn.aggregation import MultiReadout, Readout
@@ -56,6 +58,21 @@ def test_readout_equals_a_loop_over_targets(kind):
     torch.testing.assert_close(got[6:], torch.full((2, 5), empty, dtype=D))
     mul = Readout("mul")(msg, dst, 8)  # a product: empty targets read 1
     torch.testing.assert_close(mul[6:], torch.ones(2, 5, dtype=D))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(sorted(LOOPS)), st.integers(0, 30), st.integers(1, 9), st.integers(1, 4),
+       st.integers(0, 2**16))
+def test_readouts_equal_the_loop_on_any_graph(kind, E, N, P, seed):
+    g = torch.Generator().manual_seed(seed)
+    msg = torch.randn(E, P, dtype=D, generator=g).abs()
+    dst = torch.randint(0, N, (E,), generator=g)
+    got = Readout(kind, **OPTS.get(kind, {}))(msg, dst, N)
+    want = _per_target(msg, dst, N, LOOPS[kind], P)
+    has = torch.zeros(N, dtype=torch.bool)
+    has[dst] = True
+    assert got.shape == (N, P)
+    torch.testing.assert_close(got[has], want[has])
 
 
 def test_lstm_readout_reads_each_target_as_a_sequence_padded_with_zeros():
