@@ -261,7 +261,7 @@ def test_sage_aggregations_on_empty_node_sets(aggr, kw):
 
 def test_sage_multi_aggregation_compiles_cold():
     torch.manual_seed(0)
-    m = sc.nn.SAGEConv(6, 3, aggr=["mean", "sum", "min", "max", "std"])
+    m = sc.nn.SAGEConv(6, 3, aggr=["mean", "min", "std"])
     x, ei = torch.randn(11, 6), _graph(11, 11, 30)
     torch._dynamo.reset()
     got = torch.compile(m, fullgraph=True)(x, ei)
