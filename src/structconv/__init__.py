@@ -6,9 +6,12 @@ on M or N. See ``convolve`` and the packages ``basis``, ``params``, ``attention`
 ``train(config, out=...)`` trains a model described by a config.
 """
 
-from . import basis, params
-from .algebra import compose, invert, materialize, mixed_product
-from .engine import ROUTES, convolve, explain, plan
+from ._loading import slow_import_notice
+
+with slow_import_notice():  # the command line says so when torch takes long to load
+    from . import basis, params
+    from .algebra import compose, invert, materialize, mixed_product
+    from .engine import ROUTES, convolve, explain, plan
 
 __version__ = "0.1.0"
 

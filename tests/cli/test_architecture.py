@@ -15,7 +15,8 @@ from tests.conftest import SRC  # noqa: E402
 
 #: the floors, lowest first; a module may import its own floor (no circles) and those below
 FLOORS = [
-    ("_checks", "_paths", "io", "registry", "costs", "sparse", "_extras", "kernels", "seeds"),
+    ("_checks", "_paths", "io", "registry", "costs", "sparse", "_extras", "kernels", "seeds",
+     "_loading"),
     ("basis",),
     ("algebra", "params"),
     ("engine",),

@@ -22,16 +22,19 @@ FREE = {"--data", "--out", "--plot", "--cache", "--tag", "--device", "--help"}
 OTHER = {
     ("forecast", "--sarimax-orders"): ["9,9", "x", "1"],
     # kg-link's options are the keys of a link config: its schema checks them
-    ("kg-link", "--dim"): ["0", "-4"], ("kg-link", "--init-std"): ["0", "-1", "nan"],
-    ("kg-link", "--epochs"): ["0"], ("kg-link", "--batch"): ["0"],
+    # (their types bound the sizes above: the values past the top come from Bounded.bad)
+    ("kg-link", "--dim"): ["0", "-4", "4097"], ("kg-link", "--init-std"): ["0", "-1", "nan"],
+    ("kg-link", "--epochs"): ["0", "100001"], ("kg-link", "--batch"): ["0", "1000001"],
     ("kg-link", "--lr"): ["-1", "nan"],
     ("kg-link", "--reg-weight"): ["-1"], ("kg-link", "--label-smoothing"): ["2", "-0.5"],
-    ("kg-link", "--negatives"): ["0"], ("kg-link", "--encoder-layers"): ["-1"],
-    ("kg-link", "--top"): ["-1"], ("kg-link", "--block"): ["0"],
+    ("kg-link", "--negatives"): ["0", "1001"], ("kg-link", "--encoder-layers"): ["-1", "17"],
+    ("kg-link", "--top"): ["-1", "10001"], ("kg-link", "--block"): ["0", "4097"],
     ("kg-link", "--edge-dropout"): ["1.5", "-0.1"], ("kg-link", "--time-limit"): ["0", "inf"],
-    ("kg-link", "--eval-every"): ["0"], ("kg-link", "--eval-batch"): ["0"],
-    ("kg-link", "--threads"): ["-1"],
+    ("kg-link", "--eval-every"): ["0", "100001"], ("kg-link", "--eval-batch"): ["0", "1000001"],
+    ("kg-link", "--threads"): ["-1", "4097"],
 }
+#: recipes whose every integer option (a size or a count) has an upper bound
+SIZED = ("canon", "kg-link", "sampled-cora", "routes-models", "tu-gin")
 
 
 def _parser(name):
@@ -180,3 +183,30 @@ def test_the_tsp_record_holds_no_nan_t_statistic(monkeypatch):
     info = tsp._end_epoch(state, argparse.Namespace(alpha=0.05))
     assert info["t"] is None and not info["replaced"]  # was NaN: the result file refused it
     _common.check_finite(info)
+
+
+@pytest.mark.parametrize("name", SIZED)
+def test_every_size_and_count_option_has_an_upper_bound(name):
+    _, p = _parser(name)
+    ints = [a for a in p._actions if isinstance(a.type, Bounded) and a.type.kind is int]
+    # (--repeats comes from the command line's shared suite parser, not from the recipe)
+    unbounded = [a.option_strings[-1] for a in ints
+                 if a.type.hi is None and a.option_strings[-1] != "--repeats"]
+    assert not unbounded, f"reproduce {name}: no upper bound on {unbounded}"
+    typed = [a.option_strings[-1] for a in p._actions if a.type is int]
+    assert not typed, f"reproduce {name}: plain int options {typed} (give them a Bounded)"
+
+
+@pytest.mark.parametrize("argv", [
+    ["canon", "--layers", "100000"], ["canon", "--width", "10000000"],
+    ["canon", "--steps", "100000000"], ["canon", "--heads", "1000"],
+    ["kg-link", "--dim", "1000000"], ["kg-link", "--epochs", "10000000"],
+    ["kg-link", "--negatives", "100000"], ["sampled-cora", "--epochs", "10000000"],
+    ["sampled-cora", "--seeds", "100000"], ["tu-gin", "--epochs", "10000000"],
+])
+def test_a_size_past_its_bound_exits_2_naming_it(argv, capsys, tmp_path):
+    rc = cli.main(["reproduce", *argv, "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and argv[1] in err, err
+    assert "must be an integer" in err and ("<=" in err or "in [" in err), err
+    assert not any(tmp_path.iterdir())

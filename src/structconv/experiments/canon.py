@@ -39,11 +39,10 @@ import torch.nn.functional as F
 from ..data.depo import DepoTask, generate
 from ..nn.lm import TransformerLM, split_kind
 from ._common import (
-    COUNT,
-    NATURAL,
     POSITIVE,
     THREADS,
     UNIT,
+    Bounded,
     Listed,
     device,
     hardware,
@@ -79,34 +78,44 @@ STUDY_KINDS = ("none", "none+Canon-ABCD", "rotary", "rotary+Canon-ABCD", "shift"
                "none+Canon-C", "none+Canon-D")
 
 
+#: upper bounds of the size and count options: far past any run of this study, low enough that
+#: a slip of the keyboard (a few extra zeros) is refused at once instead of filling the memory
+SEEDS, STEPS, BATCH, WIDTH = Bounded(int, 1, 1000), Bounded(int, 1, 10**7), \
+    Bounded(int, 1, 65536), Bounded(int, 1, 16384)
+LAYERS, HEADS, TAPS, TOKENS = Bounded(int, 1, 256), Bounded(int, 1, 256), Bounded(int, 1, 64), \
+    Bounded(int, 1, 65536)
+EVALS, EVERY, JOBS = Bounded(int, 1, 10**6), Bounded(int, 1, 10**7), Bounded(int, 1, 256)
+PER_SEQUENCE = Bounded(int, 1, 4096)  # nodes, hops and queries of one sequence
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kinds", default=",".join(STUDY_KINDS), type=Listed(split_kind),
                         help="comma list of model kinds (position[+Canon-places])")
-    parser.add_argument("--seeds", type=COUNT, default=3)
-    parser.add_argument("--steps", type=COUNT, default=3000)
-    parser.add_argument("--batch", type=COUNT, default=32)
-    parser.add_argument("--width", type=COUNT, default=128)
-    parser.add_argument("--layers", type=COUNT, default=4)
-    parser.add_argument("--heads", type=COUNT, default=4, help="attention heads per layer")
-    parser.add_argument("--shifts", type=COUNT, default=4, help="shift heads of the shift kinds")
-    parser.add_argument("--canon-kernel", type=COUNT, default=4, help="taps of the Canon layers")
+    parser.add_argument("--seeds", type=SEEDS, default=3)
+    parser.add_argument("--steps", type=STEPS, default=3000)
+    parser.add_argument("--batch", type=BATCH, default=32)
+    parser.add_argument("--width", type=WIDTH, default=128)
+    parser.add_argument("--layers", type=LAYERS, default=4)
+    parser.add_argument("--heads", type=HEADS, default=4, help="attention heads per layer")
+    parser.add_argument("--shifts", type=HEADS, default=4, help="shift heads of the shift kinds")
+    parser.add_argument("--canon-kernel", type=TAPS, default=4, help="taps of the Canon layers")
     parser.add_argument("--lr", type=POSITIVE, default=1e-3)
-    parser.add_argument("--nodes", type=COUNT, default=32, help="node tokens")
-    parser.add_argument("--n", type=COUNT, default=12, help="nodes (pairs) per sequence")
-    parser.add_argument("--max-hops", type=COUNT, default=8, help="k runs over 1..max-hops")
-    parser.add_argument("--queries", type=COUNT, default=8,
+    parser.add_argument("--nodes", type=TOKENS, default=32, help="node tokens")
+    parser.add_argument("--n", type=PER_SEQUENCE, default=12, help="nodes (pairs) per sequence")
+    parser.add_argument("--max-hops", type=PER_SEQUENCE, default=8, help="k runs over 1..max-hops")
+    parser.add_argument("--queries", type=PER_SEQUENCE, default=8,
                         help="questions per training sequence (evaluation asks one)")
     parser.add_argument("--curriculum", type=UNIT, default=0.5,
                         help="the largest k trained grows from 1 to --max-hops over this "
                              "fraction of the steps (0: every k from the start)")
-    parser.add_argument("--eval-per-k", type=COUNT, default=512,
+    parser.add_argument("--eval-per-k", type=EVALS, default=512,
                         help="evaluation sequences per number of hops")
-    parser.add_argument("--eval-every", type=COUNT, default=250)
+    parser.add_argument("--eval-every", type=EVERY, default=250)
     parser.add_argument("--depth-at", type=UNIT, default=0.9,
                         help="accuracy a number of hops must reach to count in the depth")
-    parser.add_argument("--checkpoint-every", type=NATURAL, default=500,
+    parser.add_argument("--checkpoint-every", type=Bounded(int, 0, 10**7), default=500,
                         help="steps between a run's checkpoints (0: none)")
-    parser.add_argument("--jobs", type=COUNT, default=1, help="runs at once (one thread each)")
+    parser.add_argument("--jobs", type=JOBS, default=1, help="runs at once (one thread each)")
     parser.add_argument("--threads", type=THREADS, default=0,
                         help="torch threads with --jobs 1 (0: torch's default)")
     parser.add_argument("--plot", default=None, help="accuracy plot PNG path")

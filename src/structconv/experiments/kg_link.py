@@ -9,10 +9,12 @@ test set is scored once, at the end, always in full. ``--time-limit`` stops trai
 epoch's end; the run checkpoints every epoch and continues when started again with the same
 ``--out`` (``<out>/kg_link/<tag>/``). Writes ``<out>/kg_link/<tag>/result.json``.
 
-The arguments are checked by the config schema (``structconv.config.validate``, as the
-``[model.link]`` / ``[train.link]`` keys they stand for) before anything is read. A run folder is
-keyed by every setting that changes what it computes (``KEYED`` and the data's digest, written
-to ``settings.json``): continuing a folder with other settings is refused, naming each one.
+The size and count options are bounded above by their types (a value past a sensible maximum
+is refused at once, by name); every argument is then checked by the config schema
+(``structconv.config.validate``, as the ``[model.link]`` / ``[train.link]`` keys they stand
+for) before anything is read. A run folder is keyed by every setting that changes what it
+computes (``KEYED`` and the data's digest, written to ``settings.json``): continuing a folder
+with other settings is refused, naming each one.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from ..io import atomic_write_json
 from ..kg import LinkPredictor, link_metrics
 from ..training import train_link
 from ..training.checkpoint import CHECKPOINT_JSON
-from ._common import hardware, param_count, publish, set_threads
+from ._common import Bounded, hardware, param_count, publish, set_threads
 
 __all__ = ["add_arguments", "run", "PUBLISHED", "KEYED", "check_arguments", "run_settings",
            "check_settings", "SETTINGS_JSON"]
@@ -67,30 +69,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                      "`structconv datasets`)")
     parser.add_argument("--decoder", choices=["distmult", "complex"], default="distmult")
     parser.add_argument("--mode", choices=["1vsall", "negative"], default="1vsall")
-    parser.add_argument("--dim", type=int, default=200, help="entity vector size (reals)")
+    parser.add_argument("--dim", type=Bounded(int, hi=4096), default=200,
+                        help="entity vector size (reals)")
     parser.add_argument("--init-std", type=float, default=1e-3,
                         help="initial scale of entity and relation vectors (1e-3 suits "
                              "1-vs-all with N3; an R-GCN trained by negative sampling needs "
                              "~0.1: DistMult's gradients are products of two vectors)")
-    parser.add_argument("--epochs", type=int, default=100)
-    parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--epochs", type=Bounded(int, hi=100000), default=100)
+    parser.add_argument("--batch", type=Bounded(int, hi=10**6), default=1000)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--optimizer", choices=["adam", "adagrad"], default="adagrad")
     parser.add_argument("--reg", choices=["n3", "l2", "none"], default="n3")
     parser.add_argument("--reg-weight", type=float, default=5e-2)
     parser.add_argument("--label-smoothing", type=float, default=0.0)
-    parser.add_argument("--negatives", type=int, default=1, help="negatives per positive")
-    parser.add_argument("--encoder-layers", type=int, default=0, help="R-GCN layers (0: none)")
+    parser.add_argument("--negatives", type=Bounded(int, hi=1000), default=1,
+                        help="negatives per positive")
+    parser.add_argument("--encoder-layers", type=Bounded(int, hi=16), default=0,
+                        help="R-GCN layers (0: none)")
     parser.add_argument("--sorts", choices=["single", "mined"], default="single",
                         help="encoder sorts: every relation alone, or plus --top mined 2-sorts")
-    parser.add_argument("--top", type=int, default=10)
-    parser.add_argument("--block", type=int, default=5,
+    parser.add_argument("--top", type=Bounded(int, hi=10000), default=10)
+    parser.add_argument("--block", type=Bounded(int, hi=4096), default=5,
                         help="encoder block size (block-diagonal weights, block x block)")
     parser.add_argument("--edge-dropout", type=float, default=0.4)
     parser.add_argument("--time-limit", type=float, default=None, help="seconds of training")
-    parser.add_argument("--eval-every", type=int, default=2)
-    parser.add_argument("--eval-batch", type=int, default=512)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--eval-every", type=Bounded(int, hi=100000), default=2)
+    parser.add_argument("--eval-batch", type=Bounded(int, hi=10**6), default=512)
+    parser.add_argument("--threads", type=Bounded(int, hi=4096), default=0,
+                        help="torch threads (0: default)")
     parser.add_argument("--tag", default=None, help="run folder name (default from settings)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke test: by default 1 epoch, --dim 16, --mode negative, "

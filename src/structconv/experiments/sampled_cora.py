@@ -19,8 +19,8 @@ from pathlib import Path
 from ..config import load_config
 from ..training import train
 from ._common import (  # argument types
-    COUNT,
     THREADS,
+    Bounded,
     fmt_pm,
     hardware,
     mean_std,
@@ -43,11 +43,13 @@ QUICK = dict(seeds=1, epochs=20)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seeds", type=COUNT, default=10, help="number of seeds (runs)")
+    parser.add_argument("--seeds", type=Bounded(int, 1, 1000), default=10,
+                        help="number of seeds (runs)")
     parser.add_argument("--data", default=None, help="folder with Cora's ind.cora.* files "
                                                      "(default: planetoid/ in the data home, see "
                                                      "`structconv datasets`)")
-    parser.add_argument("--epochs", type=COUNT, default=None, help="override the 200 epochs")
+    parser.add_argument("--epochs", type=Bounded(int, 1, 100000), default=None,
+                        help="override the 200 epochs")
     parser.add_argument("--threads", type=THREADS, default=1, help="torch threads (0: torch's)")
 
 

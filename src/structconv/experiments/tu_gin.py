@@ -17,7 +17,7 @@ import argparse
 import time
 from pathlib import Path
 
-from ._common import COUNT, THREADS, Bounded, fmt_pm, hardware, mean_std, publish, set_threads
+from ._common import THREADS, Bounded, fmt_pm, hardware, mean_std, publish, set_threads
 from .sweep import Run, config_run
 
 __all__ = ["DATASETS", "QUICK", "QUICK_MODEL", "add_arguments", "run", "fold_run"]
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the TU dataset (default mutag); its config is gin_<dataset>")
     parser.add_argument("--folds", type=Bounded(int, 1, 10), default=10,
                         help="outer folds to run, 0..N-1 (default all 10)")
-    parser.add_argument("--epochs", type=COUNT, default=None,
+    parser.add_argument("--epochs", type=Bounded(int, 1, 100000), default=None,
                         help="override the config's epochs")
     parser.add_argument("--threads", type=THREADS, default=1, help="torch threads (0: torch's)")
 

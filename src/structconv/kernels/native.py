@@ -7,7 +7,10 @@
 (``sampler.cpp``: ``sample``, ``restrict``), used by ``structconv.sampling`` on CPU.
 The module is compiled on first use by torch's extension builder (``torch.utils.cpp_extension``,
 a C++ compiler and ninja; ~30-60 s once, then loaded from torch's extension cache) under a name
-that carries the source's and torch's versions, so an edit or another torch rebuilds it. Where
+that carries a hash of the source, torch's version and the flags, from a copy of the source
+kept in that build's folder: an edit or another torch builds anew under another name (a stale
+build is never loaded), and checkouts holding the same source share one build instead of
+rebuilding each other's (ninja would, for a source at another path). Where
 it cannot be built (no compiler, ``STRUCTCONV_NATIVE=0``) the caller keeps its torch ops: the
 results are the same to float rounding, only slower; a failed build is warned about once.
 """
@@ -71,15 +74,36 @@ def _vector_flags() -> list[str]:
     return ["-mavx2", "-mfma"] if cap in ("AVX2", "AVX512") else []
 
 
-def _build(stem: str):
-    src = Path(__file__).with_name(f"{stem}.cpp")
-    flags = ["-O3", "-fopenmp"] + _vector_flags()
-    digest = hashlib.sha256(src.read_bytes() + torch.__version__.encode()
+def build_name(stem: str, source: bytes, flags: list[str]) -> str:
+    """The extension's name: the stem and a hash of the source, torch's version and the
+    flags (any change is a new name, so a build of other code is never loaded)."""
+    digest = hashlib.sha256(source + b"\0" + torch.__version__.encode() + b"\0"
                             + " ".join(flags).encode()).hexdigest()[:12]
-    name = f"structconv_{stem}_{digest}"
+    return f"structconv_{stem}_{digest}"
+
+
+def _shared_source(name: str, stem: str, source: bytes) -> Path:
+    """The source as a file in the build's own folder (named by its hash, so the same path
+    for every checkout holding it); written once, atomically (a rewrite would look newer to
+    ninja and rebuild)."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    path = Path(_get_build_directory(name, False)) / f"{stem}.cpp"
+    if not path.is_file() or path.read_bytes() != source:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(source)
+        os.replace(tmp, path)
+    return path
+
+
+def _build(stem: str, folder: Path | None = None):
+    source = (folder or Path(__file__).parent).joinpath(f"{stem}.cpp").read_bytes()
+    flags = ["-O3", "-fopenmp"] + _vector_flags()
+    name = build_name(stem, source, flags)
     try:
         from torch.utils.cpp_extension import load
 
+        src = _shared_source(name, stem, source)
         _announce(name, src)
         return load(name=name, sources=[str(src)],
                     extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
@@ -104,7 +128,7 @@ def _announce(name: str, src: Path) -> None:
         ninja = folder / "build.ninja"  # names the source it was built from (ninja rebuilds
         if built is not None and built.stat().st_mtime >= src.stat().st_mtime and \
                 (not ninja.is_file() or str(src) in ninja.read_text(errors="replace")):
-            return  # for another path, e.g. a second checkout)
+            return  # for another path, e.g. a build of before the shared copy)
     except Exception:  # noqa: BLE001 - a torch without the helper: say it anyway
         pass
     print(f"structconv: compiling the kernel {src.name} for this machine and torch (once, "

@@ -147,7 +147,7 @@ def pyg_compatible(model: nn.Module) -> nn.Module:
             MessagePassing.__init__(m)  # PyG's bookkeeping (hooks, inspector, explain state)
             aggr_module = m._modules["aggr_module"]
             m.__dict__.update(saved)  # the layer's own state (parameters, options) again
-            m._modules["aggr_module"] = aggr_module
+            m._modules.setdefault("aggr_module", aggr_module)  # a layer's own aggregation stays
     return model
 
 

@@ -3,12 +3,15 @@
 y_n = W_l · agg_{m -> n} x_m + W_r · x_n + b. The mean and sum aggregations are a convolution
 with a rectangular basis (1, M_src, N_dst) (the planner projects before propagating when the
 output is narrower than the input, as the other graph layers); ``max`` is a reduction over each
-target's incoming edges (not linear, so no basis). ``x`` is (N, F) or a bipartite pair
+target's incoming edges (not linear, so no basis); any other ``aggr`` (min, std, softmax,
+lstm, a list of them combined by ``aggr_kwargs``' mode, ...: ``sc.nn.aggregation``) reads the
+gathered messages. ``x`` is (N, F) or a bipartite pair
 ``(x_src, x_dst)`` (``x_dst`` None: no root term, as PyG).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -20,12 +23,13 @@ from ..basis.cache import cached
 from ..basis.edges import as_edge_index, check_edges, relation_values
 from ..engine import convolve
 from ..params import Full
+from .aggregation import MultiReadout, Readout, make_readout, readout_of_pyg
 from .convert import register_pyg
 from .pyg import PyGCompatible, check_mask, lazy_parameter
 
 __all__ = ["SAGEConv", "sage_aggregate", "sage_basis"]
 
-_AGGRS = ("mean", "sum", "add", "max")
+_AGGRS = ("mean", "sum", "add", "max")  # the basis (mean, sum) and the scatter (max) paths
 
 
 def _pair_channels(in_channels) -> tuple[int, int]:
@@ -85,27 +89,29 @@ def sage_aggregate(x_src: Tensor, edge_index: Tensor, N: int, aggr: str,
 class SAGEConv(PyGCompatible):
     """PyG's SAGEConv: y = W_l agg(x_src) + W_r x_dst + b, x (N, P) or (x_src, x_dst) -> (N, Q).
 
-    ``aggr`` is "mean", "sum"/"add" or "max"; ``project`` first maps the sources by
-    relu(x_src W_p + b_p); ``normalize`` L2-normalises the output rows. ``in_channels=-1``
-    (or -1 in a pair) sizes the weights on the first call.
+    ``aggr`` is a name as PyG's ("mean", "sum"/"add", "max", "min", "mul", "var", "std",
+    "softmax", "powermean", "lstm"), a list of names (combined as ``aggr_kwargs``' ``mode``
+    says: cat, proj, attn, sum, ...) or an aggregation module called on the gathered messages
+    as ``module(msg, index, dim_size=N)`` (e.g. one of PyG's); ``aggr_kwargs`` are its options.
+    ``project`` first maps the sources by relu(x_src W_p + b_p); ``normalize`` L2-normalises
+    the output rows. ``in_channels=-1`` (or -1 in a pair) sizes the weights on the first call.
     """
 
-    def __init__(self, in_channels, out_channels: int, aggr: str = "mean",
+    def __init__(self, in_channels, out_channels: int, aggr="mean",
                  normalize: bool = False, root_weight: bool = True, project: bool = False,
-                 bias: bool = True, *, cached: bool = True, route: str = "auto"):
+                 bias: bool = True, *, aggr_kwargs: dict | None = None, cached: bool = True,
+                 route: str = "auto"):
         super().__init__()
         P_src, P_dst = _pair_channels(in_channels)
         if isinstance(out_channels, bool) or not isinstance(out_channels, int) or \
                 out_channels < 1:
             raise ValueError(f"SAGEConv: out_channels must be a positive int, got "
                              f"{out_channels!r}")
-        if not isinstance(aggr, str) or aggr not in _AGGRS:
-            raise ValueError(f"SAGEConv supports aggr in {list(_AGGRS)}, got {aggr!r}")
         if project and P_src == -1:
             raise ValueError("SAGEConv does not support lazy initialization (in_channels=-1) "
                              "with project=True")
         self.in_channels, self.out_channels = in_channels, out_channels
-        self.aggr = "sum" if aggr == "add" else aggr
+        self._init_aggregation(aggr, aggr_kwargs, P_src)
         self.normalize, self.root_weight, self.project = bool(normalize), bool(root_weight), \
             bool(project)
         self.cached, self.route = bool(cached), route
@@ -115,7 +121,9 @@ class SAGEConv(PyGCompatible):
         self._P_dst = None if P_dst == -1 else P_dst
         if self.project:
             self.lin = nn.Linear(P_src, P_src, bias=True)
-        self.param = Full(1, max(P_src, 1), out_channels)  # W_l as theta (1, P_src, Q)
+        #: width of the aggregated features (W_l's fan-in; None until a lazy first call)
+        self._W = None if P_src == -1 else self._width(P_src)
+        self.param = Full(1, self._W or 1, out_channels)  # W_l as theta (1, W, Q)
         if P_src == -1:
             self.param.weight = lazy_parameter()
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
@@ -126,27 +134,69 @@ class SAGEConv(PyGCompatible):
             self.root = None
         self.reset_parameters()
 
+    def _init_aggregation(self, aggr, aggr_kwargs, P_src: int) -> None:
+        """``aggr`` as the basis / scatter paths (mean, sum, max) or an aggregation module
+        (``self.aggr_module``, PyG's name, so that PyG's checkpoints load)."""
+        if aggr_kwargs is not None and not isinstance(aggr_kwargs, dict):
+            raise TypeError(f"SAGEConv: aggr_kwargs must be a dict or None, got "
+                            f"{type(aggr_kwargs).__name__}")
+        #: mean / sum / max without options: the basis (or the max scatter), no module
+        self._fast = isinstance(aggr, str) and aggr in _AGGRS and not aggr_kwargs
+        if self._fast:
+            self.aggr = "sum" if aggr == "add" else aggr
+            return
+        if not isinstance(aggr, (str, list, tuple, nn.Module)):
+            raise TypeError(f"SAGEConv: aggr must be a name, a list of names or an aggregation "
+                            f"module, got {type(aggr).__name__}")
+        self.aggr_module = make_readout(aggr, aggr_kwargs, P_src, "SAGEConv")
+        self.aggr = list(aggr) if isinstance(aggr, (list, tuple)) else \
+            (aggr if isinstance(aggr, str) else type(aggr).__name__)
+
+    def _width(self, P: int) -> int:
+        """Width of the aggregated features for sources of width P (W_l's fan-in)."""
+        if self._fast:
+            return P
+        m = self.aggr_module
+        if isinstance(m, (Readout, MultiReadout)):
+            return m.width(P)
+        get = getattr(m, "get_out_channels", None)  # a PyG MultiAggregation
+        return get(P) if callable(get) else P
+
+    def _source_width(self, W: int) -> int:
+        """The source width P whose aggregation is W wide (a checkpoint sizing a lazy layer)."""
+        m = None if self._fast else self.aggr_module
+        if isinstance(m, Readout) and m.kind == "lstm":
+            return m.in_channels
+        if isinstance(m, MultiReadout):
+            if m.in_channels is not None:
+                return m.in_channels[0]
+            return W // len(m.aggrs) if m.mode == "cat" else W
+        return W
+
     def reset_parameters(self) -> None:
         """PyG's initialisation: torch.nn.Linear's uniform bounds for every weight and bias
         (a lazy weight once it is sized)."""
         if self.project:
             self.lin.reset_parameters()
-        if self._P_src is not None:
-            _uniform_(self.param.weight, self._P_src)
+        if not self._fast and hasattr(self.aggr_module, "reset_parameters"):
+            self.aggr_module.reset_parameters()
+        if self._W is not None:
+            _uniform_(self.param.weight, self._W)
             if self.bias is not None:
-                _uniform_(self.bias, self._P_src)
+                _uniform_(self.bias, self._W)
         if self.root is not None and self._P_dst is not None:
             _uniform_(self.root, self._P_dst)
 
     def _materialize(self, x_src: Tensor, x_dst: Tensor | None) -> None:
         """Size the lazy weights for the widths of the first call, drawn as at construction."""
         if self._P_src is None:
-            P = x_src.shape[1]
-            self.param.weight.materialize((1, P, self.out_channels))
-            self.param.P = self._P_src = P
-            _uniform_(self.param.weight, P)
+            self._P_src = x_src.shape[1]
+            W = self._W = self._width(self._P_src)
+            self.param.weight.materialize((1, W, self.out_channels))
+            self.param.P = W
+            _uniform_(self.param.weight, W)
             if self.bias is not None:
-                _uniform_(self.bias, P)
+                _uniform_(self.bias, W)
         if self._P_dst is None and x_dst is not None and self.root is not None:
             self._P_dst = x_dst.shape[1]
             self.root.materialize((self._P_dst, self.out_channels))
@@ -174,7 +224,8 @@ class SAGEConv(PyGCompatible):
 
     def _sized_from(self, name: str, t: Tensor) -> None:
         if name == "param.weight":
-            self.param.P = self._P_src = t.shape[1]
+            self.param.P = self._W = t.shape[1]
+            self._P_src = self._source_width(self._W)
         elif name == "root":
             self._P_dst = t.shape[0]
 
@@ -236,6 +287,8 @@ class SAGEConv(PyGCompatible):
         """W_l agg(x_src) + b: (M, P) sources -> (N, Q) targets."""
         bias = None if self.bias is None else self.bias.to(x_src.dtype)
         mask = self._explain_mask() if self.__dict__.get("_explain") else None
+        if not self._fast:
+            return self._read_messages(x_src, edge_index, M, N, mask, bias)
         if self.aggr == "max" or M == 0 or N == 0 or mask is not None:
             check_edges(edge_index, max(M, 1), max(N, 1))
             if mask is not None:
@@ -246,24 +299,38 @@ class SAGEConv(PyGCompatible):
         basis = sage_basis(edge_index, M, N, self.aggr, x_src.dtype, self.cached)
         return convolve(x_src, basis, self.param, route=self.route, bias=bias)
 
+    def _read_messages(self, x_src, edge_index, M, N, mask, bias) -> Tensor:
+        """W_l aggr_module(x_src[source], target) + b: the aggregations beyond the basis."""
+        check_edges(edge_index, max(M, 1), max(N, 1))
+        msg = x_src.index_select(0, edge_index[0].long())
+        if mask is not None:
+            check_mask(mask, edge_index.shape[1], "SAGEConv")
+            msg = msg * mask.to(msg.dtype).unsqueeze(1)
+        m, dst = self.aggr_module, edge_index[1].long()
+        h = m(msg, dst, N) if isinstance(m, (Readout, MultiReadout)) else m(msg, dst, dim_size=N)
+        y = h @ self.param.weight[0].to(h.dtype)
+        return y if bias is None else y + bias
+
 
 @register_pyg("SAGEConv")
 def _from_sage(m):
-    aggr = m.aggr
-    if not isinstance(aggr, str) or aggr not in _AGGRS:
-        raise ValueError(f"SAGEConv with aggr {aggr!r} has no structconv equivalent (mean, "
-                         "sum/add or max)")
     if getattr(m, "flow", "source_to_target") != "source_to_target":
         raise ValueError("SAGEConv with flow='target_to_source' has no structconv equivalent")
     p = m.lin_l.weight
     if isinstance(p, nn.parameter.UninitializedParameter):
         raise ValueError("SAGEConv has lazy (uninitialised) weights: run it once or give "
                          "in_channels before converting")
-    P_src = m.lin_l.weight.shape[1]
-    P_dst = m.lin_r.weight.shape[1] if m.root_weight else _pair_channels(m.in_channels)[1]
+    aggr, kw = _aggregation_of(m)
+    W = m.lin_l.weight.shape[1]
+    P_src, P_dst = _pair_channels(m.in_channels)
+    if P_src == -1:  # a lazy PyG layer, sized by its first call: its width from W_l's
+        multi = type(m.aggr_module).__name__ == "MultiAggregation" and m.aggr_module.mode == "cat"
+        P_src = W // len(m.aggr_module.aggrs) if multi else W
+    if m.root_weight:
+        P_dst = m.lin_r.weight.shape[1]
     out = SAGEConv((P_src, P_dst), m.out_channels, aggr=aggr, normalize=m.normalize,
                    root_weight=m.root_weight, project=m.project,
-                   bias=m.lin_l.bias is not None)
+                   bias=m.lin_l.bias is not None, aggr_kwargs=kw)
     if m.in_channels == P_src and P_src == P_dst:
         out.in_channels = P_src  # as PyG's was given (an int), so that repr and copies agree
     out = out.to(device=p.device, dtype=p.dtype).train(m.training)
@@ -276,4 +343,19 @@ def _from_sage(m):
         if m.project:
             out.lin.weight.copy_(m.lin.weight.detach())
             out.lin.bias.copy_(m.lin.bias.detach())
+    if not out._fast:  # PyG's names (construction reset a copied module: its state again)
+        out.aggr_module.load_state_dict(m.aggr_module.state_dict())
     return out
+
+
+def _aggregation_of(m) -> tuple:
+    """(aggr, aggr_kwargs) of a PyG SAGEConv: its mean/sum/max, an aggregation built here
+    with PyG's options, or (a copy of) PyG's own module, called on the gathered messages."""
+    kind = type(m.aggr_module).__name__
+    if isinstance(m.aggr, str) and m.aggr in _AGGRS and kind in (
+            "MeanAggregation", "SumAggregation", "MaxAggregation"):
+        return m.aggr, None
+    spec = readout_of_pyg(m.aggr_module)
+    if spec is None:
+        return copy.deepcopy(m.aggr_module), None
+    return spec
