@@ -69,3 +69,36 @@ def test_an_edited_source_builds_anew_and_never_loads_the_stale_build(builder, t
     name, sources = builder[-1]
     assert name != stale and Path(sources[0]).read_bytes() == b"// v2\n"
     assert "compiling the kernel causal_taps.cpp" in capsys.readouterr().err
+
+
+def test_a_lock_left_by_a_killed_build_is_removed_not_waited_for(builder, tmp_path, capsys):
+    one = _checkout(tmp_path / "one", b"// v1\n")
+    name = native.build_name("causal_taps", b"// v1\n", ["-O3", "-fopenmp",
+                                                         *native._vector_flags()])
+    folder = tmp_path / "ext" / name
+    folder.mkdir(parents=True)
+    (folder / "lock").write_text("")  # torch's baton of a build killed mid-way
+    native._build("causal_taps", one)
+    assert builder[-1][0] == name and not (folder / "lock").exists()
+    assert "left by a kernel build that was stopped" in capsys.readouterr().err
+
+
+def test_a_build_waits_while_another_process_holds_the_folder(builder, tmp_path):
+    import fcntl
+    import threading
+
+    one = _checkout(tmp_path / "one", b"// v1\n")
+    name = native.build_name("causal_taps", b"// v1\n", ["-O3", "-fopenmp",
+                                                         *native._vector_flags()])
+    folder = tmp_path / "ext" / name
+    folder.mkdir(parents=True)
+    with open(folder / ".structconv-build.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another builder at work (flock is per open file)
+        done = threading.Event()
+        worker = threading.Thread(target=lambda: (native._build("causal_taps", one),
+                                                  done.set()))
+        worker.start()
+        assert not done.wait(0.5)  # waits for the folder, does not build beside it
+        fcntl.flock(held, fcntl.LOCK_UN)
+    worker.join(10)
+    assert done.is_set() and builder[-1][0] == name

@@ -17,6 +17,7 @@ results are the same to float rounding, only slower; a failed build is warned ab
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -104,9 +105,10 @@ def _build(stem: str, folder: Path | None = None):
         from torch.utils.cpp_extension import load
 
         src = _shared_source(name, stem, source)
-        _announce(name, src)
-        return load(name=name, sources=[str(src)],
-                    extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
+        with _build_lock(src.parent):
+            _announce(name, src)
+            return load(name=name, sources=[str(src)],
+                        extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as e:  # noqa: BLE001 - any failure to build means: use the torch ops
         first = (str(e).strip().splitlines() or [""])[0][:200]
         warnings.warn(f"structconv: the compiled kernel {stem!r} could not be built "
@@ -114,6 +116,30 @@ def _build(stem: str, folder: Path | None = None):
                       "results, slower on CPU). STRUCTCONV_NATIVE=0 skips the build.",
                       RuntimeWarning, stacklevel=3)
         return None
+
+
+@contextlib.contextmanager
+def _build_lock(folder: Path):
+    """Hold the build folder's OS lock while torch builds there. The OS releases it when its
+    process dies, so while it is held no other structconv process is building: a ``lock``
+    file of torch's builder found then was left by a build killed mid-way, and is removed
+    (torch's builder would otherwise wait for it forever)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: torch's own lock file only
+        yield
+        return
+    with open(folder / ".structconv-build.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            stale = folder / "lock"
+            if stale.exists():
+                print(f"structconv: removing {stale}, left by a kernel build that was "
+                      "stopped mid-way", file=sys.stderr, flush=True)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _announce(name: str, src: Path) -> None:
