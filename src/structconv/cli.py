@@ -389,14 +389,15 @@ def _eval_link(args, cfg: dict, data, model) -> int:
 
 
 def _suite_parser(prog: str, module, out_default: str) -> argparse.ArgumentParser:
-    from .experiments._common import COUNT, SEED
+    from .experiments._common import SEED, Bounded
 
     doc = (getattr(module, "__doc__", None) or "").strip()
     p = _Parser(prog=prog, conflict_handler="resolve",
                 description=" ".join(doc.split("\n\n")[0].split()) or None)
     p.add_argument("--out", default=out_default, help=f"output directory (default {out_default})")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
-    p.add_argument("--repeats", type=COUNT, default=5, help="timing repeats (median)")
+    p.add_argument("--repeats", type=Bounded(int, 1, 1000), default=5,
+                   help="timing repeats (median)")
     p.add_argument("--seed", type=SEED, default=0, help="random seed")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     if hasattr(module, "add_arguments"):

@@ -189,9 +189,7 @@ def test_the_tsp_record_holds_no_nan_t_statistic(monkeypatch):
 def test_every_size_and_count_option_has_an_upper_bound(name):
     _, p = _parser(name)
     ints = [a for a in p._actions if isinstance(a.type, Bounded) and a.type.kind is int]
-    # (--repeats comes from the command line's shared suite parser, not from the recipe)
-    unbounded = [a.option_strings[-1] for a in ints
-                 if a.type.hi is None and a.option_strings[-1] != "--repeats"]
+    unbounded = [a.option_strings[-1] for a in ints if a.type.hi is None]
     assert not unbounded, f"reproduce {name}: no upper bound on {unbounded}"
     typed = [a.option_strings[-1] for a in p._actions if a.type is int]
     assert not typed, f"reproduce {name}: plain int options {typed} (give them a Bounded)"
