@@ -216,6 +216,9 @@ def _print_result(res: dict, out, hint: str) -> None:
             ("best epoch", res["best_epoch"])]
     if res.get("task") == "link":  # filtered ranking of the full valid and test sets
         rows += [("val MRR", f"{res['val_mrr']:.4f}")] + _ranking_rows("test ", res["test"])
+    elif "val_acc" not in res:  # a task of its own metrics (forecast, routing): its numbers
+        rows += [(k.replace("_", " "), f"{v:.4f}") for k, v in res.items()
+                 if k.startswith(("val_", "test_")) and isinstance(v, float)]
     else:
         rows += [("val acc", f"{res['val_acc']:.4f}"), ("val loss", f"{res['val_loss']:.4f}")]
         if res["test_acc"] is not None:

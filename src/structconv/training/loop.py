@@ -43,7 +43,8 @@ __all__ = ["Loop", "check_trainer_state"]
 #: what ``train.*`` keys the loop reads beyond the config's own, with their defaults
 LOOP_DEFAULTS = {"max_steps": 0, "accumulate": 1, "schedule": "constant", "warmup_steps": 0,
                  "amp": False, "monitor": "val_acc", "patience": 0, "grad_clip": 0.0,
-                 "checkpoint_every": 0, "checkpoint_seconds": 10.0}
+                 "checkpoint_every": 0, "checkpoint_seconds": 10.0, "min_lr": 0.0,
+                 "lr_decay": 1.0}
 
 
 def _number(v) -> bool:
@@ -209,9 +210,12 @@ class Loop:
     def _step(self, group: list, epoch: int, step: int) -> Tensor:
         """One optimisation step over the micro-batches of ``group`` (gradients summed over
         them); the global (loss sum, correct, items, ranks asked to stop)."""
-        if self.t["schedule"] != "constant" or self.t["warmup_steps"]:
-            f = lr_factor(self.t["schedule"], self.state["steps"], self.t["warmup_steps"],
-                          self.t["max_steps"])
+        t = self.t
+        if t["schedule"] != "constant" or t["warmup_steps"] or t["lr_decay"] != 1.0:
+            # (min_lr: where the decay ends, as a share of train.lr; lr_decay: per epoch)
+            floor = t["min_lr"] / t["lr"] if t["min_lr"] else 0.0
+            f = lr_factor(t["schedule"], self.state["steps"], t["warmup_steps"],
+                          t["max_steps"], floor) * t["lr_decay"] ** (epoch - 1)
             for g, base in zip(self.opt.param_groups, self.base_lrs):
                 g["lr"] = base * f
         share = self.w.size / self.task.group_items(group)
@@ -290,7 +294,7 @@ class Loop:
         state["history"].append(row)
         if val is not None and t["monitor"] in row:
             score = row[t["monitor"]]
-            lower = t["monitor"].endswith("loss")
+            lower = self.task.minimized(t["monitor"])
             if state["best"] is None or (score < state["best"] if lower else
                                          score > state["best"]):
                 state["best"], state["best_epoch"], state["bad_epochs"] = score, epoch, 0

@@ -56,6 +56,11 @@ class Task:
         self.model, self.dev, self.world = model, dev, world
         self.dtype = next(model.parameters()).dtype
 
+    @staticmethod
+    def minimized(monitor: str) -> bool:
+        """Whether the monitored metric is better lower (a loss, an error, a length)."""
+        return monitor.endswith(("loss", "mase", "smape", "gap", "length"))
+
     def epoch_steps(self, epoch: int, done: int, extra: dict | None):
         """(steps in the epoch, an iterator of the steps from ``done`` on, each a list of
         micro-batches); ``extra`` is what ``position`` gave at a mid-epoch checkpoint."""
