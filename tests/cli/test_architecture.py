@@ -218,7 +218,6 @@ OTHER_LOOPS = {
     "experiments/fashion.py": (1, "recipe not yet on the engine"),
     "experiments/rgcn.py": (1, "recipe not yet on the engine"),
     "experiments/shift_heads.py": (1, "recipe not yet on the engine"),
-    "experiments/forecast.py": (1, "recipe not yet on the engine"),
     "experiments/g2p.py": (1, "recipe not yet on the engine"),
 }
 #: the most backward sites src/ may hold outside bench/ and kernels/ (the target: 2)
@@ -267,7 +266,6 @@ NAMESPACE_CONFIGS = {
     "experiments/canon.py": (1, "recipe not yet configs"),
     "experiments/tsp.py": (2, "recipe not yet configs"),
     "experiments/shift_heads.py": (2, "recipe not yet configs"),
-    "experiments/forecast.py": (1, "recipe not yet configs"),
     "experiments/g2p.py": (2, "recipe not yet configs"),
 }
 
