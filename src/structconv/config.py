@@ -850,7 +850,8 @@ ROUTING_TRAIN_KEYS = {"warmup_epochs": 1, "bl_eval": 10_000, "alpha": 0.05, "bet
 ``beta``) for ``warmup_epochs`` epochs, then a frozen greedy rollout of the policy, replaced
 at an epoch's end when the policy is shorter on ``bl_eval`` instances by a one-sided paired
 t-test at level ``alpha``."""
-ROUTING_MONITORS = ("val_gap", "val_length")
+#: a routing run keeps its last weights ("none", the paper's) or those of the best validation gap
+ROUTING_MONITORS = ("none", "val_gap", "val_length")
 
 
 def forecast_spec(cfg: dict) -> dict:

@@ -101,9 +101,11 @@ def _check_partial(part, epoch: int, bad) -> None:
     if isinstance(part["step"], bool) or not isinstance(part["step"], int) or part["step"] < 1:
         bad("partial", f"step must be an int >= 1, got {part['step']!r}")
     nums = part["totals"] if isinstance(part["totals"], list) else None
-    if nums is None or len(nums) != 3 or not all(
-            _number(v) and v >= 0 for v in nums + [part["seconds"]]):
-        bad("partial", "totals must be 3 numbers >= 0 and seconds a number >= 0")
+    # (a loss sum may be negative: REINFORCE's is, where tours beat their baseline)
+    if nums is None or len(nums) != 3 or not all(map(_number, nums)) or not all(
+            _number(v) and v >= 0 for v in nums[1:] + [part["seconds"]]):
+        bad("partial", "totals must be 3 numbers (correct and items >= 0) and seconds a "
+                       "number >= 0")
 
 
 class Loop:
@@ -150,6 +152,7 @@ class Loop:
         self.state, self.best_state, self.start = ck["trainer"], ck["best"], ck["epoch"]
         self.state.setdefault("steps", 0)
         self.extra = ck["extra"]
+        self.task.load_state(self.extra)
         self.spent = bool(self.t["max_steps"]) and self.state["steps"] >= self.t["max_steps"]
 
     # -- the run: epochs until the last, a stop or ``stop_after`` -------------------------------
@@ -278,6 +281,8 @@ class Loop:
         steps into the next one."""
         if self.w.main and self.run is not None:
             state = self.state if partial is None else {**self.state, "partial": partial}
+            # what the task carries between steps (a baseline model, a running mean) too
+            extra = {**self.task.state(), **(extra or {})}
             save_checkpoint(self.run, epoch, self.model.state_dict(), self.opt.state_dict(),
                             state, self.best_state, step=None if partial is None
                             else partial["step"], extra=extra)

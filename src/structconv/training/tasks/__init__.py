@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from torch import nn
 
-from ...config import ConfigError, is_forecast, is_gin, is_link, is_seq2seq, sampler_spec
+from ...config import (
+    ConfigError,
+    is_forecast,
+    is_gin,
+    is_link,
+    is_routing,
+    is_seq2seq,
+    sampler_spec,
+)
 from ...data.registry import load_dataset
 from ..minibatch import SampledEval
 from .base import ItemTask, Task
@@ -19,18 +27,19 @@ from .graph import GraphTask
 from .image import ImageTask
 from .link import LinkTask, TripleTask, evaluate_link, train_link
 from .node import NodeTask, SampledNodeTask
+from .routing import RoutingTask
 from .seq2seq import Seq2SeqTask, decode_result
 from .text import TextTask
 
 __all__ = ["TASKS", "Task", "ItemTask", "ImageTask", "GraphTask", "NodeTask", "SampledNodeTask",
            "TextTask", "LinkTask", "TripleTask", "Seq2SeqTask", "task_for", "load_data",
            "check_train_split", "evaluate", "evaluate_link", "decode_result", "train_link",
-           "ForecastTask"]
+           "ForecastTask", "RoutingTask"]
 
 #: a dataset's ``task`` -> the task that trains on it
 TASKS: dict[str, type[Task]] = {"image": ImageTask, "node": NodeTask, "text": TextTask,
                                 "link": LinkTask, "g2p": Seq2SeqTask, "graph": GraphTask,
-                                "series": ForecastTask}
+                                "series": ForecastTask, "routing": RoutingTask}
 
 
 def load_data(cfg: dict):
@@ -60,6 +69,8 @@ def load_data(cfg: dict):
     _check_pair(is_forecast(cfg), task == "series", d["name"], task, "model.forecast",
                 "forecasts a series: it needs a series dataset (co2, elnino, sunspots, "
                 "elec_equip)")
+    _check_pair(is_routing(cfg), task == "routing", d["name"], task, "model.routing",
+                "builds tours: it needs a TSP dataset (tsp)")
     if task not in TASKS:
         raise ConfigError(f"dataset {d['name']!r} is a {task or '?'} task; train handles "
                           f"{', '.join(TASKS)} tasks")

@@ -70,6 +70,14 @@ class Task:
         """Tensors a mid-epoch checkpoint keeps to resume the epoch exactly (None: none)."""
         return None
 
+    def state(self) -> dict:
+        """Tensors every checkpoint keeps of what the task itself learns or carries between
+        steps (a baseline model, a running mean); ``load_state`` takes them back on resume."""
+        return {}
+
+    def load_state(self, extra: dict) -> None:
+        """Take back what ``state`` gave, from a checkpoint's extra tensors."""
+
     def group_items(self, group: list) -> float:
         """The global number of items a step's loss averages over."""
         raise NotImplementedError
