@@ -220,7 +220,7 @@ OTHER_LOOPS = {
     "experiments/g2p.py": (1, "recipe not yet on the engine"),
 }
 #: the most backward sites src/ may hold outside bench/ and kernels/ (the target: 2)
-MAX_BACKWARD_SITES = 12
+MAX_BACKWARD_SITES = 10
 
 
 def _calls(path: Path, test) -> list[int]:

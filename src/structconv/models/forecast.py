@@ -191,6 +191,8 @@ def forecast_at(model: Forecaster, values: Tensor, origins, chunk: int = 512) ->
     was = model.training
     model.eval()
     past, _ = windows(values, origins, model.context, 0)  # the context alone
-    outs = [model(past[i:i + chunk]).to(values.dtype) for i in range(0, len(past), chunk)]
+    dev = model.steps.device  # values may live elsewhere (a series on the CPU)
+    outs = [model(past[i:i + chunk].to(dev)).to(values.device, values.dtype)
+            for i in range(0, len(past), chunk)]
     model.train(was)
     return torch.cat(outs) if outs else values.new_zeros(0, model.horizon)
