@@ -48,12 +48,17 @@ def test_a_forecast_config_trains_and_reports_its_metrics(tmp_path):
     assert res["best_epoch"] == 1 + min(range(3), key=lambda i: rows[i]["val_mase"])
 
 
-def test_the_command_line_trains_a_shipped_forecast_config(tmp_path, capsys):
+def test_the_command_line_trains_and_evaluates_a_shipped_forecast_config(tmp_path, capsys):
     rc = main(["train", "--config", "forecast_elec_equip", *TINY, "--out", str(tmp_path / "r"),
                "--no-progress"])
     assert rc in (0, None)
     out = capsys.readouterr().out
     assert "test mase" in out and "val smape" in out
+    assert main(["eval", str(tmp_path / "r"), "--split", "test"]) == 0
+    assert "mase" in capsys.readouterr().out
+    res = json.loads((tmp_path / "r" / "result.json").read_text())
+    ev = json.loads((tmp_path / "r" / "eval-test.json").read_text())
+    assert ev["mase"] == res["test_mase"] and ev["n"] == res["test_origins"]
 
 
 def _hand_written(cfg: dict) -> tuple[float, dict]:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import structconv as sc
+from structconv.cli import main
 from structconv.config import ConfigError, load_config
 from structconv.data.tsp import tour_length, uniform_instances
 from structconv.models.routing import AttentionModel
@@ -48,6 +49,10 @@ def test_a_tsp_config_trains_and_reports_its_gaps(tmp_path):
     assert rows[-1]["val_gap"] == pytest.approx(res["val_gap"])
     assert sorted(p.name for p in (tmp_path / "lkh").iterdir()) == [
         "tsp6-test-1234-6.safetensors", "tsp6-val-4321-5.safetensors"]
+    assert main(["eval", str(tmp_path / "run"), "--split", "test"]) == 0
+    ev = json.loads((tmp_path / "run" / "eval-test.json").read_text())
+    assert ev["gap"] == res["test_gap"] and ev["n"] == 6
+    assert main(["eval", str(tmp_path / "run"), "--split", "train"]) == 2
 
 
 def _hand_written(cfg: dict) -> tuple[AttentionModel, list[float]]:

@@ -158,6 +158,14 @@ class ForecastTask(Task):
         _, actual = windows(self.data.values, origins, self.split.context, self.split.horizon)
         return {"mase": mase(fc, actual, self.scale).tolist(), "smape": smape(fc, actual).tolist()}
 
+    def evaluate(self, model, split: str, device=None) -> dict:
+        """``{mase, smape, n}`` (means over the horizon, ``n`` origins) and the values per
+        horizon (``mase_by_h``, ``smape_by_h``) of a split (``structconv eval``)."""
+        s = self.scores(model, split)
+        return {"mase": float(np.mean(s["mase"])), "smape": float(np.mean(s["smape"])),
+                "mase_by_h": s["mase"], "smape_by_h": s["smape"],
+                "n": len(getattr(self.split, split))}
+
     def validate(self, model, epoch: int, last: bool) -> dict:
         v = self.scores(model, "val")
         return {"val_mase": float(np.mean(v["mase"])), "val_smape": float(np.mean(v["smape"]))}

@@ -178,6 +178,17 @@ class RoutingTask(Task):
         v = float(greedy_lengths(model, ref["coords"]).mean())
         return {"val_length": v, "val_gap": 100 * (v / float(ref["lengths"].mean()) - 1), **info}
 
+    def evaluate(self, model, split: str, device=None) -> dict:
+        """The greedy tours of a split's instances against LKH-3 (``structconv eval``):
+        ``{length, lkh, gap, mean_gap, n}`` (gaps in percent)."""
+        if split not in ("val", "test"):
+            raise ConfigError(f"a routing run's training instances are drawn, not kept: "
+                              f"evaluate val or test, not {split}")
+        ref = self.data.reference(split)
+        g = gaps(greedy_lengths(model, ref["coords"]), ref["lengths"])
+        return {"length": g["mean_length"], "lkh": g["lkh_mean"], "gap": g["gap_of_means"],
+                "mean_gap": g["mean_gap"], "n": int(ref["lengths"].numel())}
+
     def row(self, epoch: int, totals: list, dt: float, val: dict | None, lr: float) -> dict:
         loss, _, n = totals
         return {"epoch": epoch, "train_loss": loss / n, **(val or {}),
