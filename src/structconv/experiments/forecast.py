@@ -47,10 +47,10 @@ from ..models.forecast import FORMS, forecast_at
 from ..training import load_run
 from ..training.tasks.forecast import Split, mase, mase_scale, smape
 from ._common import (
-    COUNT,
     FRACTION,
     POSITIVE,
     THREADS,
+    Bounded,
     Listed,
     hardware,
     heads_divide,
@@ -75,13 +75,15 @@ def add_arguments(parser) -> None:
                         help=f"comma list of series (of {', '.join(SETTINGS)})")
     parser.add_argument("--forms", default=",".join(FORMS), type=Listed.of(FORMS),
                         help=f"comma list of attention forms (of {', '.join(FORMS)})")
-    parser.add_argument("--seeds", type=COUNT, default=3)
-    parser.add_argument("--steps", type=COUNT, default=600, help="training steps per run")
-    parser.add_argument("--batch", type=COUNT, default=64)
+    # sizes bounded as the config schema bounds them (validation every <= 1,000,000 steps)
+    parser.add_argument("--seeds", type=Bounded(int, 1, 1000), default=3)
+    parser.add_argument("--steps", type=Bounded(int, 1, 10**9), default=600,
+                        help="training steps per run")
+    parser.add_argument("--batch", type=Bounded(int, 1, 10**6), default=64)
     parser.add_argument("--lr", type=POSITIVE, default=2e-3)
-    parser.add_argument("--width", type=COUNT, default=32)
-    parser.add_argument("--heads", type=COUNT, default=4)
-    parser.add_argument("--eval-every", type=COUNT, default=50)
+    parser.add_argument("--width", type=Bounded(int, 1, 10**6), default=32)
+    parser.add_argument("--heads", type=Bounded(int, 1, 10**6), default=4)
+    parser.add_argument("--eval-every", type=Bounded(int, 1, 10**6), default=50)
     parser.add_argument("--val", type=FRACTION, default=0.1, help="validation fraction")
     parser.add_argument("--test", type=FRACTION, default=0.2, help="test fraction (the last)")
     parser.add_argument("--no-sarimax", action="store_true", help="skip the SARIMAX baseline")

@@ -33,15 +33,13 @@ from pathlib import Path
 
 import torch
 
-from ..config import shipped_configs
+from ..config import MAX_BATCHES, shipped_configs
 from ..data.tsp import LKH_SCALE, TEST_SEED, VAL_SEED, lkh_tours, reference, uniform_instances
 from ..models.routing import AttentionModel, tour_length
 from ..training import load_run
 from ..training.tasks.routing import baseline_update, gaps, greedy_lengths
 from ._common import (
-    COUNT,
     FRACTION,
-    NATURAL,
     POSITIVE,
     THREADS,
     Bounded,
@@ -66,30 +64,38 @@ KOOL = {20: {"optimal": 3.84, "greedy_gap": 0.34, "sample_gap": 0.08},
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--n", type=Bounded(int, 3), default=20, help="cities per instance")
-    parser.add_argument("--epochs", type=COUNT, default=None,
+    # sizes bounded as the config schema and the tsp dataset bound them
+    big = 10**7
+    parser.add_argument("--n", type=Bounded(int, 3, 10_000), default=20,
+                        help="cities per instance")
+    parser.add_argument("--epochs", type=Bounded(int, 1, 10**6), default=None,
                         help="epochs (default 10; 2 with --quick)")
-    parser.add_argument("--epoch-size", type=COUNT, default=64_000, help="instances per epoch")
-    parser.add_argument("--batch", type=COUNT, default=512)
+    parser.add_argument("--epoch-size", type=Bounded(int, 1, 10**12), default=64_000,
+                        help="instances per epoch (at most 1,000,000 batches)")
+    parser.add_argument("--batch", type=Bounded(int, 1, 10**6), default=512)
     parser.add_argument("--lr", type=POSITIVE, default=1e-4)
     parser.add_argument("--lr-decay", type=Bounded(float, 0, 1, open_lo=True), default=1.0,
                         help="learning rate factor per epoch (the paper: 1.0)")
-    parser.add_argument("--width", type=COUNT, default=128)
-    parser.add_argument("--heads", type=COUNT, default=8)
-    parser.add_argument("--layers", type=COUNT, default=3)
-    parser.add_argument("--ffn", type=NATURAL, default=0, help="feed-forward width (0: 4 x width)")
-    parser.add_argument("--clip", type=POSITIVE, default=10.0, help="tanh clipping C")
-    parser.add_argument("--warmup-epochs", type=NATURAL, default=1,
+    parser.add_argument("--width", type=Bounded(int, 1, 10**6), default=128)
+    parser.add_argument("--heads", type=Bounded(int, 1, 10**6), default=8)
+    parser.add_argument("--layers", type=Bounded(int, 1, 10**6), default=3)
+    parser.add_argument("--ffn", type=Bounded(int, 0, 10**6), default=0,
+                        help="feed-forward width (0: 4 x width)")
+    parser.add_argument("--clip", type=Bounded(float, 0, 1e6, open_lo=True), default=10.0,
+                        help="tanh clipping C")
+    parser.add_argument("--warmup-epochs", type=Bounded(int, 0, 10**6), default=1,
                         help="epochs with the exponential baseline before the rollout one")
-    parser.add_argument("--bl-eval", type=Bounded(int, 2), default=10_000,
+    parser.add_argument("--bl-eval", type=Bounded(int, 2, big), default=10_000,
                         help="instances of the baseline's paired t-test")
     parser.add_argument("--alpha", type=FRACTION, default=0.05, help="the t-test's level")
-    parser.add_argument("--test-size", type=COUNT, default=10_000)
-    parser.add_argument("--val-size", type=COUNT, default=1_000)
-    parser.add_argument("--samples", type=COUNT, default=1280, help="samples per instance")
-    parser.add_argument("--sample-instances", type=COUNT, default=1_000,
+    parser.add_argument("--test-size", type=Bounded(int, 1, big), default=10_000)
+    parser.add_argument("--val-size", type=Bounded(int, 1, big), default=1_000)
+    parser.add_argument("--samples", type=Bounded(int, 1, big), default=1280,
+                        help="samples per instance")
+    parser.add_argument("--sample-instances", type=Bounded(int, 1, big), default=1_000,
                         help="test instances decoded by sampling")
-    parser.add_argument("--lkh-runs", type=COUNT, default=10, help="elkai's runs per instance")
+    parser.add_argument("--lkh-runs", type=Bounded(int, 1, 10_000), default=10,
+                        help="elkai's runs per instance")
     parser.add_argument("--threads", type=THREADS, default=1, help="torch threads (0: default)")
 
 
@@ -130,6 +136,9 @@ def check_arguments(a) -> None:
     if a.sample_instances > a.test_size:
         raise ValueError(f"--sample-instances {a.sample_instances} exceeds --test-size "
                          f"{a.test_size}")
+    if math.ceil(a.epoch_size / a.batch) > MAX_BATCHES:
+        raise ValueError(f"--epoch-size {a.epoch_size} makes more than {MAX_BATCHES:,} batches "
+                         f"of --batch {a.batch} an epoch")
 
 
 def _overrides(a, folder: Path) -> list[str]:
