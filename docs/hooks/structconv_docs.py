@@ -72,6 +72,22 @@ MEANINGS = {
                                "columns one-hot, e.g. HIV's bond features)",
     "model.gin.train_eps": "learn each layer's eps (GIN-eps) instead of 0 (GIN-0)",
     "model.gin.batch_norm": "batch norm inside each layer's MLP",
+    "model.forecast": "the `[model.forecast]` table: a forecaster of a univariate series "
+                      "(`models.forecast.Forecaster`)",
+    "model.forecast.form": "the attention's scores: `content`, `position` (plus a bias per "
+                           "offset) or `period` (plus biases per phase and per whole period of "
+                           "the series)",
+    "model.forecast.context": "steps a forecast reads (required)",
+    "model.forecast.horizon": "steps a forecast predicts (required)",
+    "model.forecast.width": "the GRUs' and the attention's channels",
+    "model.forecast.heads": "attention heads (width must divide by heads)",
+    "model.routing": "the `[model.routing]` table: Kool et al.'s attention model of TSP tours "
+                     "(`models.routing.AttentionModel`)",
+    "model.routing.width": "channels of the city embeddings",
+    "model.routing.heads": "attention heads (width must divide by heads)",
+    "model.routing.layers": "encoder blocks",
+    "model.routing.ffn": "the encoder's feed-forward width (0: 4 x width)",
+    "model.routing.clip": "the pointer's tanh clipping C",
     "model.seq2seq": "the `[model.seq2seq]` table: a sequence-to-sequence model "
                      "(`sc.nn.Seq2Seq` or `sc.nn.PervasiveAttention`) for word pairs",
     "model.seq2seq.kind": "`transformer` (an encoder-decoder Transformer) or `pervasive` "
@@ -109,7 +125,9 @@ MEANINGS = {
     "train.patience": "stop after this many epochs without a better `monitor` (0: never)",
     "train.monitor": "the validation figure that picks the best epoch: `val_acc` or "
                      "`val_loss` (link prediction: `val_mrr`, `val_hits@1`, `val_hits@3`, "
-                     "`val_hits@10`; a `[model.gin]` model of two classes: also `val_auc`)",
+                     "`val_hits@10`; a `[model.gin]` model of two classes: also `val_auc`; "
+                     "forecasting: `val_mase`, `val_smape`; routing: `val_gap`, `val_length` "
+                     "or `none`, the last weights)",
     "train.grad_clip": "clip the gradient's norm to this value (0: no clipping)",
     "train.checkpoint_every": "a checkpoint every this many epochs; 0: by time (below), and "
                               "always after the last epoch",
@@ -127,6 +145,14 @@ MEANINGS = {
     "train.amp": "bfloat16 autocast on CUDA devices (ignored on CPU)",
     "train.sampler": "the `[train.sampler]` table: sampled mini-batches for node tasks",
     "train.link": "the `[train.link]` table: how a link predictor trains",
+    "train.min_lr": "where a `linear` or `cosine` schedule ends (0: at 0)",
+    "train.lr_decay": "the learning rate's factor per epoch (1: none)",
+    "train.routing": "the `[train.routing]` table: REINFORCE's baselines for a routing model",
+    "train.routing.warmup_epochs": "epochs with the exponential baseline before the greedy "
+                                   "rollout of a frozen copy of the policy",
+    "train.routing.bl_eval": "instances of the baseline's paired t-test at each epoch's end",
+    "train.routing.alpha": "the t-test's level: the baseline becomes the policy below it",
+    "train.routing.beta": "the exponential baseline's factor",
     "model.lm.width": "the model's width (embedding and residual stream)",
     "model.lm.layers": "decoder blocks",
     "model.lm.heads": "attention heads per block (width must divide by heads)",
@@ -276,6 +302,8 @@ def _schema() -> dict[str, dict]:
             "train": C.DEFAULTS["train"], "model.lm": C.LM_KEYS, "model.link": C.LINK_KEYS,
             "model.seq2seq": C.SEQ2SEQ_KEYS, "model.gin": C.GIN_KEYS,
             "train.link": C.LINK_TRAIN_KEYS, "train.sampler": C.SAMPLER_KEYS,
+            "model.forecast": C.FORECAST_KEYS, "model.routing": C.ROUTING_KEYS,
+            "train.routing": C.ROUTING_TRAIN_KEYS,
             "layer": LAYER_DEFAULTS}
 
 

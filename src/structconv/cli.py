@@ -216,6 +216,9 @@ def _print_result(res: dict, out, hint: str) -> None:
             ("best epoch", res["best_epoch"])]
     if res.get("task") == "link":  # filtered ranking of the full valid and test sets
         rows += [("val MRR", f"{res['val_mrr']:.4f}")] + _ranking_rows("test ", res["test"])
+    elif "val_acc" not in res:  # a task of its own metrics (forecast, routing): its numbers
+        rows += [(k.replace("_", " "), f"{v:.4f}") for k, v in res.items()
+                 if k.startswith(("val_", "test_")) and isinstance(v, float)]
     else:
         rows += [("val acc", f"{res['val_acc']:.4f}"), ("val loss", f"{res['val_loss']:.4f}")]
         if res["test_acc"] is not None:
@@ -355,8 +358,12 @@ def _cmd_eval(args) -> int:
     res = {"run": str(args.run), "split": args.split, "weights": args.weights,
            "parameters": count_parameters(model), **m, "time_s": round(dt, 4)}
     print(f"{'run':<10}  {args.run}\n{'split':<10}  {args.split} ({m['n']} items)\n"
-          f"{'parameters':<10}  {res['parameters']:,}\n{'loss':<10}  {m['loss']:.4f}\n"
-          f"{'accuracy':<10}  {m['acc']:.4f}")
+          f"{'parameters':<10}  {res['parameters']:,}")
+    # a task of its own metrics (forecast, routing) prints them; the rest loss and accuracy
+    shown = {"loss": "loss", "acc": "accuracy"} if "acc" in m else \
+        {k: k.replace("_", " ") for k, v in m.items() if isinstance(v, float)}
+    for k, name in shown.items():
+        print(f"{name:<10}  {m[k]:.4f}")
     if data.task == "g2p":
         how = "greedy" if m["beam"] == 1 else f"beam {m['beam']}"
         print(f"{'PER / WER':<10}  {m[f'{args.split}_per']:.2f} / {m[f'{args.split}_wer']:.2f} %"

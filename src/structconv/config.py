@@ -16,7 +16,9 @@ sampled mini-batches; ``[model.lm]`` (``LM_KEYS``) describes a language model in
 ``[model.seq2seq]`` (``SEQ2SEQ_KEYS``) a sequence-to-sequence model (grapheme-to-phoneme data),
 ``[model.link]`` (``LINK_KEYS``) a knowledge-graph link predictor trained as ``[train.link]``
 (``LINK_TRAIN_KEYS``) says; ``[model.gin]`` (``GIN_KEYS``) a graph-level GIN for a dataset of
-many graphs.
+many graphs; ``[model.forecast]`` (``FORECAST_KEYS``) a forecaster of a univariate series;
+``[model.routing]`` (``ROUTING_KEYS``) an attention model of TSP tours trained by REINFORCE as
+``[train.routing]`` (``ROUTING_TRAIN_KEYS``) says.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ __all__ = ["ConfigError", "load_config", "parse_config", "apply_overrides", "val
            "graph_layer_hops", "shipped_configs", "LINK_KEYS", "LINK_TRAIN_KEYS", "LM_KEYS",
            "LINK_MONITORS", "ACTIVATIONS", "link_spec", "link_train_spec", "is_link",
            "is_content", "import_paths", "config_from", "SEQ2SEQ_KEYS", "SEQ2SEQ_KINDS",
-           "seq2seq_spec", "is_seq2seq", "GIN_KEYS", "gin_spec", "is_gin"]
+           "seq2seq_spec", "is_seq2seq", "GIN_KEYS", "gin_spec", "is_gin",
+           "FORECAST_KEYS", "forecast_spec", "is_forecast", "ROUTING_KEYS", "ROUTING_TRAIN_KEYS",
+           "routing_spec", "routing_train_spec", "is_routing"]
 
 
 class ConfigError(ValueError):
@@ -53,12 +57,14 @@ DEFAULTS = {
     "data": {"name": "digits", "root": None, "options": {}, "batch_size": 64, "seq_len": 64,
              "eval_batch_size": 512, "batches_per_epoch": 0},
     "model": {"layers": [], "readout": "auto", "classifier": "auto", "embedding": 0,
-              "dtype": "float32", "lm": {}, "link": None, "seq2seq": None, "gin": None},
+              "dtype": "float32", "lm": {}, "link": None, "seq2seq": None, "gin": None,
+              "forecast": None, "routing": None},
     "train": {"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "momentum": 0.9,
               "epochs": 10, "patience": 0, "monitor": "val_acc", "grad_clip": 0.0,
               "checkpoint_every": 0, "checkpoint_seconds": 10.0, "sampler": {}, "link": {},
               "label_smoothing": 0.0, "max_steps": 0, "accumulate": 1, "schedule": "constant",
-              "warmup_steps": 0, "no_decay": [], "amp": False},
+              "warmup_steps": 0, "no_decay": [], "amp": False, "min_lr": 0.0, "lr_decay": 1.0,
+              "routing": {}},
 }
 """Defaults merged under every config (the file's values win)."""
 
@@ -245,7 +251,7 @@ def _need(cond: bool, msg: str):
 
 #: ``train`` keys added after runs were first written (a saved config may lack them)
 _LATER_KEYS = ("label_smoothing", "max_steps", "accumulate", "schedule", "warmup_steps",
-               "no_decay", "amp")
+               "no_decay", "amp", "min_lr", "lr_decay")
 #: what ``train.no_decay`` may exempt from weight decay; ``train.schedule``'s schedules
 NO_DECAY = ("bias", "norm", "embedding")
 SCHEDULES = ("constant", "linear", "cosine")
@@ -272,6 +278,13 @@ def _check_loop(cfg: dict, source: str) -> None:
           "its own accumulate, and a [model.link] run steps once per batch of queries")
     _need(isinstance(t.get("amp", False), bool),
           f"{source}: train.amp must be true or false, got {t.get('amp')!r}")
+    lo = t.get("min_lr", 0.0)
+    _need(number_in(lo, 0, t["lr"]) and (not lo or sched != "constant"),
+          f"{source}: train.min_lr is where a linear or cosine schedule ends: a number in "
+          f"[0, train.lr = {t['lr']}] with train.schedule linear or cosine, got {lo!r}")
+    _need(number_in(t.get("lr_decay", 1.0), 0, 1) and t.get("lr_decay", 1.0) > 0,
+          f"{source}: train.lr_decay (the learning rate's factor per epoch) must be a number "
+          f"in (0, 1], got {t.get('lr_decay')!r}")
 
 
 def validate(cfg: dict, source: str = "<config>") -> dict:
@@ -288,7 +301,8 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
                                       f"{', '.join(sorted(DEFAULTS[sec]))})")
         # (a run directory written before these keys existed has none of them)
         missing = [f"{sec}.{k}" for k in DEFAULTS[sec]
-                   if k not in {*cfg[sec], "sampler", "link", "seq2seq", "gin", *_LATER_KEYS}]
+                   if k not in {*cfg[sec], "sampler", "link", "seq2seq", "gin", "forecast",
+                                "routing", *_LATER_KEYS}]
         _need(not missing, f"{source}: missing key(s) {', '.join(missing)}")
     t = cfg["train"]
     for k in ("epochs", "patience", "checkpoint_every"):
@@ -349,6 +363,9 @@ def _check_model(cfg: dict, source: str) -> dict:
                              "[model.link] table")
     _need(m.get("gin") is None or isinstance(m["gin"], dict),
           f"{source}: model.gin must be a table ([model.gin]), got {m['gin']!r}")
+    if is_forecast(cfg) or is_routing(cfg) or t.get("routing"):
+        _check_task_model(cfg, source)
+        return _check_rest(cfg, source)
     _need(t["monitor"] in ("val_acc", "val_loss") or (is_gin(cfg) and t["monitor"] == "val_auc"),
           f"{source}: train.monitor must be val_acc or val_loss (or val_auc for a [model.gin] "
           f"model of a two-class dataset), got {t['monitor']!r}"
@@ -814,3 +831,105 @@ def config_from(config, overrides=()) -> dict:
         return load_config(config, overrides)
     raise ConfigError(f"a config is a dict, a TOML file's path or a shipped config's name, "
                       f"got {type(config).__name__}")
+
+
+# -- forecasting and routing: a model table each, monitored by their own metrics ---------------
+FORECAST_KEYS = {"form": "content", "context": 0, "horizon": 0, "width": 32, "heads": 4}
+"""``[model.forecast]``: a ``sc.models.forecast.Forecaster`` for a univariate series dataset
+(co2, elnino, sunspots, elec_equip): attention ``form`` "content", "position" or "period" (the
+series' period), ``context`` steps read and ``horizon`` steps forecast (both required),
+``width`` channels in ``heads`` heads. Trained on random windows of the training part (L1 on
+window-scaled values), monitored by ``val_mase`` or ``val_smape`` (mean over the horizon)."""
+FORECAST_MONITORS = ("val_mase", "val_smape")
+ROUTING_KEYS = {"width": 128, "heads": 8, "layers": 3, "ffn": 0, "clip": 10.0}
+"""``[model.routing]``: Kool et al.'s attention model (``sc.models.routing.AttentionModel``) for
+a TSP dataset: ``layers`` encoder blocks of ``width`` channels in ``heads`` heads, feed-forward
+``ffn`` (0: 4 x width), tanh clipping ``clip``."""
+ROUTING_TRAIN_KEYS = {"warmup_epochs": 1, "bl_eval": 10_000, "alpha": 0.05, "beta": 0.8}
+"""``[train.routing]``: REINFORCE with a baseline: an exponential moving average (factor
+``beta``) for ``warmup_epochs`` epochs, then a frozen greedy rollout of the policy, replaced
+at an epoch's end when the policy is shorter on ``bl_eval`` instances by a one-sided paired
+t-test at level ``alpha``."""
+#: a routing run keeps its last weights ("none", the paper's) or those of the best validation gap
+ROUTING_MONITORS = ("none", "val_gap", "val_length")
+
+
+def forecast_spec(cfg: dict) -> dict:
+    """The ``[model.forecast]`` table with its defaults filled in."""
+    return {**FORECAST_KEYS, **(cfg["model"].get("forecast") or {})}
+
+
+def is_forecast(cfg: dict) -> bool:
+    """Whether ``cfg`` describes a forecaster (a ``[model.forecast]`` table)."""
+    return cfg["model"].get("forecast") is not None
+
+
+def routing_spec(cfg: dict) -> dict:
+    """The ``[model.routing]`` table with its defaults filled in."""
+    return {**ROUTING_KEYS, **(cfg["model"].get("routing") or {})}
+
+
+def routing_train_spec(cfg: dict) -> dict:
+    """The ``[train.routing]`` table with its defaults filled in."""
+    return {**ROUTING_TRAIN_KEYS, **(cfg["train"].get("routing") or {})}
+
+
+def is_routing(cfg: dict) -> bool:
+    """Whether ``cfg`` describes a routing model (a ``[model.routing]`` table)."""
+    return cfg["model"].get("routing") is not None
+
+
+def _check_task_model(cfg: dict, source: str) -> None:
+    """``[model.forecast]`` or ``[model.routing]`` (with ``[train.routing]``): keys, ranges,
+    the monitor, and nothing else describing the model."""
+    m, t = cfg["model"], cfg["train"]
+    _need(m.get("routing") is None or isinstance(m["routing"], dict),
+          f"{source}: model.routing must be a table ([model.routing]), got {m['routing']!r}")
+    _need(m.get("forecast") is None or isinstance(m["forecast"], dict),
+          f"{source}: model.forecast must be a table ([model.forecast]), got {m['forecast']!r}")
+    _need(isinstance(t.get("routing", {}), dict),
+          f"{source}: train.routing must be a table ([train.routing]), got {t['routing']!r}")
+    _need(not t.get("routing") or is_routing(cfg),
+          f"{source}: [train.routing] trains a routing model: it needs a [model.routing] table")
+    kind = "forecast" if is_forecast(cfg) else "routing"
+    others = [f"[model.{k}]" for k in ("lm", "seq2seq", "gin", "forecast", "routing")
+              if k != kind and m.get(k)] + (["[[model.layers]]"] if m["layers"] else []) + \
+        (["[train.sampler]"] if t.get("sampler") else [])
+    _need(not others, f"{source}: a [model.{kind}] model takes no {', '.join(others)}")
+    keys = FORECAST_KEYS if kind == "forecast" else ROUTING_KEYS
+    where = f"{source}: model.{kind}"
+    for k in m[kind]:
+        _need(k in keys, f"{where}: unknown key {k!r} (known: {', '.join(keys)})")
+    s = {**keys, **m[kind]}
+    monitors = FORECAST_MONITORS if kind == "forecast" else ROUTING_MONITORS
+    _need(t["monitor"] in monitors, f"{source}: a [model.{kind}] model is monitored by "
+                                    f"{' or '.join(monitors)}, got train.monitor="
+                                    f"{t['monitor']!r}: set train.monitor = \"{monitors[0]}\"")
+    if kind == "forecast":
+        _need(s["form"] in ("content", "position", "period"),
+              f"{where}.form must be content, position or period, got {s['form']!r}")
+        for k, what in (("context", "reads"), ("horizon", "predicts")):
+            _need(int_in(s[k], 1, 1_000_000), f"{where}.{k} (the steps a forecast {what}) "
+                                              f"must be an int in 1..1000000, got {s[k]!r}")
+        _check_ints({**s, "dropout": 0.0}, where, ("width", "heads"), ())
+    else:
+        _check_ints({**s, "dropout": 0.0}, where, ("width", "heads", "layers"), ("ffn",))
+        _need(number_in(s["clip"], 0, 1e6) and s["clip"] > 0,
+              f"{where}.clip must be a number in (0, 1e6], got {s['clip']!r}")
+        _check_routing_train(routing_train_spec(cfg), f"{source}: train.routing")
+    _need(s["width"] % s["heads"] == 0,
+          f"{where}: width={s['width']} must be divisible by heads={s['heads']}")
+
+
+def _check_routing_train(s: dict, where: str) -> None:
+    for k in s:
+        _need(k in ROUTING_TRAIN_KEYS, f"{where}: unknown key {k!r} (known: "
+                                       f"{', '.join(ROUTING_TRAIN_KEYS)})")
+    s = {**ROUTING_TRAIN_KEYS, **s}
+    _need(int_in(s["warmup_epochs"], 0, 1_000_000),
+          f"{where}.warmup_epochs must be an int in 0..1000000, got {s['warmup_epochs']!r}")
+    _need(int_in(s["bl_eval"], 2, 10_000_000),
+          f"{where}.bl_eval must be an int in 2..10000000, got {s['bl_eval']!r}")
+    for k in ("alpha", "beta"):
+        _need(number_in(s[k], 0, 1, open_hi=True) and s[k] > 0,
+              f"{where}.{k} must be a number in (0, 1), got {s[k]!r}")

@@ -254,6 +254,15 @@ def test_forecast_recipe_runs_and_resumes(tmp_path):
     assert len(s["models"]["period"]["mase"][0]) == s["horizon"] == 11
     assert (tmp_path / "forecast_terms.png").is_file()
     assert (tmp_path / "forecast_sunspots.png").is_file()
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # resumes
-    assert r.returncode == 0 and "seed 0: test MASE" not in r.stdout
+    # each network is a run of the shipped config through the training engine
+    run = tmp_path / "forecast_runs" / "sunspots-period-s0-8"
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["model"]["forecast"]["form"] == "period" and cfg["train"]["max_steps"] == 8
+    stamp = (run / "result.json").stat().st_mtime_ns
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # reads back
+    assert r.returncode == 0, r.stderr
+    assert "period   seed 0: test MASE" in r.stdout  # read back, not trained again
+    assert (run / "result.json").stat().st_mtime_ns == stamp
     assert "SARIMAX (" not in r.stdout
+    again = json.loads((tmp_path / "forecast.json").read_text())["series"]["sunspots"]
+    assert again["models"] == s["models"]

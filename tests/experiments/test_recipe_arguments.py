@@ -174,14 +174,15 @@ def test_the_tsp_record_holds_no_nan_t_statistic(monkeypatch):
 
     import torch
 
-    from structconv.experiments import tsp
+    from structconv.training.tasks import routing
 
     base = torch.linspace(1, 2, 16)
-    monkeypatch.setattr(tsp, "_bl_instances", lambda state, a: None)
-    monkeypatch.setattr(tsp, "greedy_lengths", lambda model, coords: base + 0.1)  # not shorter
-    state = types.SimpleNamespace(bl_costs=base, model=None, baseline=None, epoch=0, updates=[])
-    info = tsp._end_epoch(state, argparse.Namespace(alpha=0.05))
-    assert info["t"] is None and not info["replaced"]  # was NaN: the result file refused it
+    monkeypatch.setattr(routing, "uniform_instances", lambda count, n, seed: None)
+    monkeypatch.setattr(routing, "greedy_lengths", lambda model, coords: base + 0.1)  # longer
+    task = types.SimpleNamespace(spec={"bl_eval": 16, "alpha": 0.05}, bl_costs=base, bl_seed=0,
+                                 data=types.SimpleNamespace(n=5), baseline=None)
+    info = routing.RoutingTask.baseline_test(task, None, 1)
+    assert info["bl_t"] is None and not info["bl_replaced"]  # was NaN: the file refused it
     _common.check_finite(info)
 
 

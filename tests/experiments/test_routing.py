@@ -279,11 +279,22 @@ def test_tsp_recipe_runs_and_resumes(tmp_path):
     assert ev["greedy"]["gap_of_means"] > 0 and len(res["baseline_tests"]) == 2
     for p in ("tsp_curve.png", "tsp_tours.png"):
         assert (tmp_path / p).is_file()
-    # rerun: the references and both epochs are read back, nothing is trained again
+    # the run is the engine's run of the shipped config with the options as overrides
+    run = tmp_path / "tsp_runs" / "tsp10-w16-b16-e32-s0-E2"
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["model"]["routing"]["width"] == 16 and cfg["data"]["options"]["n"] == 10
+    stamp = (run / "result.json").stat().st_mtime_ns
+    # rerun: the references and the run are read back, nothing is trained again
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "LKH test" not in r.stdout and (run / "result.json").stat().st_mtime_ns == stamp
+    again = json.loads((tmp_path / "tsp.json").read_text())["evaluation"]
+    assert again["greedy"] == ev["greedy"] and again["tours"] == ev["tours"]
+    assert again["sampling"]["mean_length"] == ev["sampling"]["mean_length"]
+    # another number of epochs is another run (the references are read back)
     r = subprocess.run(cmd + ["--epochs", "3"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    assert "resumed after epoch 2" in r.stdout and "epoch 3:" in r.stdout
-    assert "epoch 1:" not in r.stdout and "LKH test" not in r.stdout
+    assert "epoch 3:" in r.stdout and "LKH val" not in r.stdout and "LKH test" not in r.stdout
     res = json.loads((tmp_path / "tsp.json").read_text())
     assert [c["epoch"] for c in res["curve"]] == [1, 2, 3]
 

@@ -69,6 +69,15 @@ def test_every_shipped_config_builds_and_runs_forward(name):
         return
     cfg["data"]["eval_batch_size"] = 4
     task = task_for(cfg, data)
+    if data.task == "routing":  # greedy tours of two random instances
+        with torch.no_grad():
+            tours, ll = model(torch.rand(2, data.n, 2), "greedy")
+        assert (tours.sort(1).values == torch.arange(data.n)).all() and torch.isfinite(ll).all()
+        return
+    if data.task == "series":  # scored by MASE and sMAPE over the validation origins
+        val = task.validate(model, 1, True)
+        assert val and all(math.isfinite(v) for v in val.values())
+        return
     if data.task == "graph":  # whole graphs of the validation split, scored per graph
         res = task.evaluate(model, "val")
         assert res["n"] > 0 and math.isfinite(res["loss"])

@@ -16,6 +16,7 @@ from . import (  # noqa: F401  (the loader modules, imported for their registrat
     series,
     synthetic,
     text,
+    tsp,
     tu,
 )
 from .batch import GraphBatch, GraphDataset, GraphLoader

@@ -13,7 +13,8 @@ Four registered datasets (the ``series`` extra: ``pip install 'structconv[series
 ``SeriesData.values`` is a float64 tensor (T,). A forecast made at origin t (the first
 unseen step) reads ``values[t - context:t]`` and predicts ``values[t:t + horizon]``;
 ``rolling_origins`` lists the origins of a rolling-origin evaluation and ``windows`` cuts the
-(context, target) pairs. Nothing here scales or splits: the recipes do.
+(context, target) pairs. The registered loaders take the split's ``val`` and ``test`` fractions
+(defaults 0.1 and 0.2: test last), which the forecasting task cuts by (nothing here scales).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from torch import Tensor
 
 from .._extras import require
-from .registry import DatasetError, register_dataset
+from .registry import DatasetError, check_fraction, register_dataset
 
 __all__ = ["SeriesData", "SERIES", "load_series", "rolling_origins", "windows"]
 
@@ -44,6 +45,9 @@ class SeriesData:
     filled: int = 0
     task: str = "series"
     meta: dict = field(default_factory=dict)
+    #: the fractions of the series in the validation and test parts (test last)
+    val: float = 0.1
+    test: float = 0.2
 
     @property
     def length(self) -> int:
@@ -110,8 +114,14 @@ def load_series(name: str) -> SeriesData:
 
 
 def _register(name: str) -> None:
-    def loader(root=None) -> SeriesData:
-        return load_series(name)
+    def loader(root=None, val: float = 0.1, test: float = 0.2) -> SeriesData:
+        val, test = check_fraction(name, "val", val), check_fraction(name, "test", test)
+        if val <= 0 or test <= 0 or val + test >= 1:
+            raise DatasetError(f"{name}: val and test must be above 0 with val + test below 1 "
+                               f"(a training part is left), got {val:g} and {test:g}")
+        data = load_series(name)
+        data.val, data.test = val, test
+        return data
 
     loader.__doc__ = SERIES[name][3]
     register_dataset(name, None, SERIES[name][3])(loader)

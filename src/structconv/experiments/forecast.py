@@ -1,6 +1,8 @@
 """Position- and period-aware attention for forecasting: four statsmodels series.
 
 ``structconv reproduce forecast --out runs`` trains ``structconv.models.forecast.Forecaster``
+(the shipped config ``forecast_<series>``, one run of the training engine per series, form and
+seed: ``structconv train --config forecast_co2 model.forecast.form=period`` is one of them)
 with each attention form (``content``: dot-product attention alone; ``position``: plus a
 learned bias per relative offset; ``period``: plus learned biases per phase and per multiple
 of the series' period) on co2 (weekly, period 52), elnino (monthly, 12), sunspots (yearly,
@@ -19,8 +21,9 @@ t is the dynamic prediction from the state filtered on the steps before t. Metri
 horizon h: MASE (mean absolute error over the test origins divided by the in-sample MAE of
 the one-season naive forecast on the training part) and sMAPE (200·|y − ŷ| / (|y| + |ŷ|)).
 
-Every network run writes JSON and safetensors under ``<out>/forecast_runs/`` and every
-SARIMAX fit a JSON there: a rerun skips what is done (resumes). Writes
+Every network run is a run directory ``<out>/forecast_runs/<series>-<form>-s<seed>-<steps>``
+(trained at most once under its lock; an interrupted one resumes exactly) and every SARIMAX fit
+a JSON there: a rerun skips what is done. Writes
 ``<out>/forecast.json``, ``forecast_<series>.png`` (forecasts at test origins) and
 ``forecast_terms.png`` (the learned position and period terms).
 """
@@ -35,36 +38,36 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from .._extras import require
-from ..data.series import load_series, rolling_origins, windows
+from ..config import forecast_spec, load_config
+from ..data.series import SERIES, load_series, windows
 from ..io import atomic_write_json
-from ..models.forecast import FORMS, Forecaster, forecast_at
-from ..training.checkpoint import load_weights, save_weights
+from ..models.forecast import FORMS, forecast_at
+from ..training import load_run
+from ..training.tasks.forecast import Split, mase, mase_scale, smape
 from ._common import (
-    COUNT,
     FRACTION,
     POSITIVE,
     THREADS,
+    Bounded,
     Listed,
-    finished,
     hardware,
     heads_divide,
     mean_std,
-    param_count,
     pyplot,
-    run_once,
     save_figure,
     write_result,
 )
+from .sweep import Run, sweep
 
 __all__ = ["add_arguments", "run", "SETTINGS", "mase", "smape", "seasonal_naive",
-           "mase_scale", "Split", "split_of", "train_one", "select_sarimax",
+           "mase_scale", "Split", "split_of", "net_run", "select_sarimax",
            "sarimax_forecasts", "harmonics", "fit_sarimax", "sarimax_candidates"]
 
-#: per series: (context L, horizon H) in steps
-SETTINGS = {"co2": (104, 52), "elnino": (48, 12), "sunspots": (44, 11), "elec_equip": (36, 12)}
+#: per series: (context L, horizon H) in steps, as its shipped config ``forecast_<series>`` says
+SETTINGS = {name: tuple(forecast_spec(load_config(f"forecast_{name}"))[k]
+                        for k in ("context", "horizon")) for name in SERIES}
 
 
 def add_arguments(parser) -> None:
@@ -72,13 +75,15 @@ def add_arguments(parser) -> None:
                         help=f"comma list of series (of {', '.join(SETTINGS)})")
     parser.add_argument("--forms", default=",".join(FORMS), type=Listed.of(FORMS),
                         help=f"comma list of attention forms (of {', '.join(FORMS)})")
-    parser.add_argument("--seeds", type=COUNT, default=3)
-    parser.add_argument("--steps", type=COUNT, default=600, help="training steps per run")
-    parser.add_argument("--batch", type=COUNT, default=64)
+    # sizes bounded as the config schema bounds them (validation every <= 1,000,000 steps)
+    parser.add_argument("--seeds", type=Bounded(int, 1, 1000), default=3)
+    parser.add_argument("--steps", type=Bounded(int, 1, 10**9), default=600,
+                        help="training steps per run")
+    parser.add_argument("--batch", type=Bounded(int, 1, 10**6), default=64)
     parser.add_argument("--lr", type=POSITIVE, default=2e-3)
-    parser.add_argument("--width", type=COUNT, default=32)
-    parser.add_argument("--heads", type=COUNT, default=4)
-    parser.add_argument("--eval-every", type=COUNT, default=50)
+    parser.add_argument("--width", type=Bounded(int, 1, 10**6), default=32)
+    parser.add_argument("--heads", type=Bounded(int, 1, 10**6), default=4)
+    parser.add_argument("--eval-every", type=Bounded(int, 1, 10**6), default=50)
     parser.add_argument("--val", type=FRACTION, default=0.1, help="validation fraction")
     parser.add_argument("--test", type=FRACTION, default=0.2, help="test fraction (the last)")
     parser.add_argument("--no-sarimax", action="store_true", help="skip the SARIMAX baseline")
@@ -100,107 +105,61 @@ def seasonal_naive(values: torch.Tensor, origins, horizon: int, period: int) -> 
     return values[idx]
 
 
-def mase_scale(train: torch.Tensor, period: int) -> float:
-    """The in-sample mean absolute error of the one-season naive forecast y[i − period] on
-    ``train`` (Hyndman & Koehler 2006): MASE's denominator."""
-    if train.numel() <= period:
-        raise ValueError(f"mase_scale: {train.numel()} training steps cannot scale period "
-                         f"{period}")
-    s = float((train[period:] - train[:-period]).abs().mean())
-    if not s > 0:
-        raise ValueError("mase_scale: the training part repeats itself exactly (scale 0)")
-    return s
-
-
-def mase(forecast: torch.Tensor, actual: torch.Tensor, scale: float) -> torch.Tensor:
-    """MASE per horizon (H,): mean over origins of |actual − forecast| / scale, from
-    (n, H) forecasts and actual values."""
-    _same(forecast, actual, "mase")
-    return (actual - forecast).abs().mean(0) / scale
-
-
-def smape(forecast: torch.Tensor, actual: torch.Tensor) -> torch.Tensor:
-    """sMAPE per horizon (H,) in percent: mean of 200·|y − ŷ| / (|y| + |ŷ|) (a term where
-    both are zero counts 0)."""
-    _same(forecast, actual, "smape")
-    den = actual.abs() + forecast.abs()
-    term = torch.where(den > 0, 200 * (actual - forecast).abs() / den.clamp_min(1e-300),
-                       torch.zeros_like(den))
-    return term.mean(0)
-
-
-def _same(forecast, actual, who):
-    if forecast.shape != actual.shape or forecast.dim() != 2:
-        raise ValueError(f"{who}: forecasts and actual values must both be (n, H), got "
-                         f"{tuple(forecast.shape)} and {tuple(actual.shape)}")
-
-
 # -- the split -----------------------------------------------------------------------------------
-class Split:
-    """A series cut in time: train [0, val_start), validation [val_start, test_start), test
-    [test_start, T); origins whose targets stay inside each part."""
-
-    def __init__(self, length: int, context: int, horizon: int, val: float, test: float):
-        self.length, self.context, self.horizon = length, context, horizon
-        self.test_start = length - int(round(test * length))
-        self.val_start = self.test_start - int(round(val * length))
-        if self.val_start - horizon < context + 1:
-            raise ValueError(f"a series of {length} steps leaves no training window for "
-                             f"context {context} and horizon {horizon}")
-        self.train = rolling_origins(self.val_start, 0, horizon, 1, context)
-        self.val = rolling_origins(self.test_start, self.val_start, horizon, 1, context)
-        self.test = rolling_origins(length, self.test_start, horizon, 1, context)
-
-
 def split_of(data, a) -> Split:
     L, H = SETTINGS[data.name]
     return Split(data.length, L, H, a.val, a.test)
 
 
 # -- the networks --------------------------------------------------------------------------------
-def _evaluate(model, data, origins, scale) -> dict:
-    fc = forecast_at(model, data.values, origins)
-    _, actual = windows(data.values, origins, model.context, model.horizon)
-    return {"mase": mase(fc, actual, scale).tolist(), "smape": smape(fc, actual).tolist()}
+def _overrides(form: str, seed: int, a) -> list[str]:
+    """The config overrides of one network: the recipe's options as config keys (an epoch
+    is ``--eval-every`` steps: the loop validates after each)."""
+    return [f"model.forecast.form={form}", f"seed={seed}", f"train.max_steps={a.steps}",
+            f"train.epochs={math.ceil(a.steps / a.eval_every)}",
+            f"data.batches_per_epoch={a.eval_every}", f"data.batch_size={a.batch}",
+            f"train.lr={a.lr!r}", f"train.min_lr={a.lr / 10!r}", f"model.forecast.width={a.width}",
+            f"model.forecast.heads={a.heads}", f"data.options.val={a.val!r}",
+            f"data.options.test={a.test!r}"]
 
 
-def train_one(data, form: str, seed: int, a) -> tuple[dict, Forecaster]:
-    """Train one forecaster on random training windows for ``a.steps`` steps; keep the best
-    validation MASE (mean over horizons); (result, model with those weights)."""
-    sp = split_of(data, a)
-    scale = mase_scale(data.values[:sp.val_start], data.period)
-    torch.manual_seed(seed)
-    model = Forecaster(sp.context, sp.horizon, form, width=a.width, heads=a.heads,
-                       periods=[data.period])
-    opt = torch.optim.Adam(model.parameters(), lr=a.lr)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, a.steps, eta_min=a.lr / 10)
-    gen = torch.Generator().manual_seed(10_000 + seed)
-    train = torch.tensor(sp.train)
-    best, best_state, curve, t0 = math.inf, None, [], time.perf_counter()
-    for step in range(a.steps):
-        pick = train[torch.randint(len(train), (a.batch,), generator=gen)]
-        past, target = windows(data.values, pick, sp.context, sp.horizon)
-        out, loc, scale_w = model.scaled(past)
-        loss = F.l1_loss(out, ((target - loc) / scale_w).to(out.dtype))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
-            v = float(np.mean(_evaluate(model, data, sp.val, scale)["mase"]))
-            curve.append({"step": step + 1, "train_loss": float(loss.detach()), "val_mase": v})
-            if v < best:
-                best = v
-                best_state = {k: t.detach().clone() for k, t in model.state_dict().items()}
-    model.load_state_dict(best_state)
-    res = {"series": data.name, "form": form, "seed": seed, "val_mase": best, "curve": curve,
-           "test": _evaluate(model, data, sp.test, scale), "params": param_count(model),
-           "seconds": time.perf_counter() - t0, "terms": _terms(model)}
-    return res, model
+def net_run(name: str, form: str, seed: int, a) -> Run:
+    """The sweep's run of one network: the shipped config of the series with the overrides."""
+    return Run(f"{name}-{form}-s{seed}-{a.steps}", f"forecast_{name}",
+               tuple(_overrides(form, seed, a)))
 
 
-def _terms(model: Forecaster) -> dict:
+def _record(run: Run, r: dict, folder: Path) -> dict:
+    """One network's entry of the study (as the recipe has always written it) from its run
+    directory: the result, the curve (one point per validation) and the learned terms."""
+    where = folder / run.name
+    rows = [json.loads(x) for x in (where / "metrics.jsonl").read_text().splitlines()]
+    _, _, model = load_run(where)
+    cfg = json.loads((where / "config.json").read_text())
+    return {"series": r["dataset"], "form": cfg["model"]["forecast"]["form"], "seed": cfg["seed"],
+            "val_mase": r["val_mase"],
+            "curve": [{"step": x["step"], "train_loss": x["train_loss"], "val_mase": x["val_mase"]}
+                      for x in rows],
+            "test": {"mase": r["test_mase_by_h"], "smape": r["test_smape_by_h"]},
+            "params": r["parameters"], "seconds": r["train_time_s"], "terms": _terms(model)}
+
+
+def _networks(name: str, forms, a, folder: Path) -> list[dict]:
+    """Every form x seed of one series, each trained (or read, or resumed) by the sweep."""
+    runs = {net_run(name, f, a.seed + i, a): (f, a.seed + i) for f in forms
+            for i in range(a.seeds)}
+
+    def report(run: Run, r: dict) -> None:
+        form, seed = runs[run]
+        print(f"  {name:<10} {form:<8} seed {seed}: test MASE {r['test_mase']:.3f}  sMAPE "
+              f"{r['test_smape']:.2f}  val {r['val_mase']:.3f}  {r['train_time_s']:.0f}s",
+              flush=True)
+
+    results = sweep(folder, runs, "forecast", a.device, report)
+    return [_record(run, r, folder) for run, r in zip(runs, results)]
+
+
+def _terms(model) -> dict:
     """The learned index terms as lists: ``offsets`` d = 1..L+H-1, ``at_offsets`` {term:
     (n, K) values at those offsets} and ``phase_tables`` {period: (period, K), row r the bias
     of d mod period = r}."""
@@ -209,23 +168,6 @@ def _terms(model: Forecaster) -> dict:
     tables = {str(t.period): t.weight.detach().tolist() for t in model.attention.terms
               if getattr(t, "mode", None) == "phase"}
     return {"offsets": d.tolist(), "at_offsets": at, "phase_tables": tables}
-
-
-def _run_net(data, form, seed, a, folder: Path) -> dict:
-    name = f"{data.name}-{form}-s{seed}-{a.steps}"
-    done = folder / f"{name}.json"
-
-    def make() -> dict:
-        res, model = train_one(data, form, seed, a)
-        save_weights(folder / f"{name}.safetensors", model.state_dict())
-        atomic_write_json(done, res)
-        print(f"  {data.name:<10} {form:<8} seed {seed}: test MASE "
-              f"{np.mean(res['test']['mase']):.3f}  sMAPE {np.mean(res['test']['smape']):.2f}  "
-              f"val {res['val_mase']:.3f}  {res['seconds']:.0f}s", flush=True)
-        return res
-
-    return run_once(folder, name, "forecast",
-                    lambda: finished(done), make)
 
 
 # -- SARIMAX -------------------------------------------------------------------------------------
@@ -406,8 +348,7 @@ def run(args) -> int:
     for name in names:
         data = load_series(name)
         sp = split_of(data, args)
-        runs = [_run_net(data, f, args.seed + i, args, folder) for f in forms
-                for i in range(args.seeds)]
+        runs = _networks(name, forms, args, folder)
         sar = None if args.no_sarimax else _run_sarimax(data, args, folder)
         per[name] = _summarise(data, sp, runs, sar, forms)
     result = {"experiment": "forecast", "settings": {k: v for k, v in vars(args).items()
@@ -462,7 +403,7 @@ def _print_tables(per: dict) -> None:
 
 def _plot_forecasts(data, s: dict, a, folder: Path) -> None:
     plt = pyplot()
-    H, L = s["horizon"], s["context"]
+    H = s["horizon"]
     t0, t1 = s["split"]["test"]
     origins = [t0, t0 + (t1 - t0 - H) // 2]  # the first and a middle test origin
     fig, axes = plt.subplots(1, 2, figsize=(12, 3.6))
@@ -480,21 +421,12 @@ def _plot_forecasts(data, s: dict, a, folder: Path) -> None:
         for r in s["runs"]:
             if r["seed"] != min(q["seed"] for q in s["runs"]):
                 continue
-            m = Forecaster(L, H, r["form"], width=a.width, heads=a.heads, periods=[data.period])
-            m.load_state_dict(load_weights(folder / f"{data.name}-{r['form']}-s{r['seed']}-"
-                                           f"{a.steps}.safetensors"))
+            _, _, m = load_run(folder / net_run(data.name, r["form"], r["seed"], a).name)
             ax.plot(range(t, t + H), forecast_at(m, y, [t])[0].numpy(), label=r["form"])
         ax.axvline(t - 0.5, color="grey", lw=0.8)
         ax.set_title(f"{data.name}: forecast at step {t}")
     axes[0].legend(fontsize=7)
-    save_figure(fig, _named(a, None), f"forecast_{data.name}")
-
-
-def _named(a, plot):
-    """``a`` without a --plot path (each figure here has its own name under --out)."""
-    import argparse
-
-    return argparse.Namespace(**{**vars(a), "plot": plot})
+    save_figure(fig, a, f"forecast_{data.name}")
 
 
 def _plot_terms(per: dict, a) -> None:
@@ -520,4 +452,4 @@ def _plot_terms(per: dict, a) -> None:
                 ax.axvline(m, color="grey", lw=0.6, ls=":")
             ax.set_title(f"{name}: {form} terms (period {s['period']})", fontsize=9)
             ax.set_xlabel("offset d = n − m")
-    save_figure(fig, _named(a, None), "forecast_terms")
+    save_figure(fig, a, "forecast_terms")

@@ -2,8 +2,9 @@
 
 ``build_model`` picks the model kind from the config (``[model.link]``: ``sc.kg.LinkPredictor``;
 ``[model.lm]``: ``sc.nn.TransformerLM``; ``[model.seq2seq]``: ``sc.nn.Seq2Seq`` or
-``sc.nn.PervasiveAttention``; ``[model.gin]``: ``sc.models.GIN``; else a ``StructNet`` of
-declared layers).
+``sc.nn.PervasiveAttention``; ``[model.gin]``: ``sc.models.GIN``; ``[model.forecast]``:
+``models.forecast.Forecaster``; ``[model.routing]``: ``models.routing.AttentionModel``; else a
+``StructNet`` of declared layers).
 ``memory_estimate`` reads the built model's parameter count and per-sample activation count,
 or computes both from the config alone for the link predictor and the sequence models (whose
 sizes a config can make absurd: they are refused before anything is built), so that a run
@@ -20,13 +21,17 @@ from .._checks import available_memory, gib
 from ..config import (
     LM_KEYS,
     ConfigError,
+    forecast_spec,
     gin_spec,
     graph_layer_hops,
+    is_forecast,
     is_gin,
     is_link,
+    is_routing,
     is_seq2seq,
     link_spec,
     link_train_spec,
+    routing_spec,
     sampler_spec,
     seq2seq_spec,
 )
@@ -36,7 +41,8 @@ from .sizes import lm_parameters, seq2seq_parameters
 
 __all__ = ["build_model", "build_gin", "graph_feature_dims", "build_lm", "build_link",
            "build_seq2seq_model", "data_info", "link_sorts", "optimizer_copies",
-           "estimated_from_config", "memory_estimate", "check_memory", "sampled_share"]
+           "estimated_from_config", "memory_estimate", "check_memory", "sampled_share",
+           "build_forecast", "build_routing"]
 
 
 def _need(cond: bool, msg: str):
@@ -154,10 +160,36 @@ def build_gin(cfg: dict, data) -> nn.Module:
                train_eps=s["train_eps"], batch_norm=s["batch_norm"])
 
 
+def build_forecast(cfg: dict, data) -> nn.Module:
+    """The ``Forecaster`` of a ``[model.forecast]`` table, for a series dataset (the period
+    form's period is the series')."""
+    from .forecast import Forecaster
+
+    _need(data.task == "series", f"model.forecast forecasts a series: it needs a series "
+                                 f"dataset (co2, elnino, sunspots, elec_equip), got a "
+                                 f"{data.task} task ({cfg['data']['name']})")
+    s = forecast_spec(cfg)
+    return Forecaster(s["context"], s["horizon"], s["form"], width=s["width"], heads=s["heads"],
+                      periods=[data.period])
+
+
+def build_routing(cfg: dict, data) -> nn.Module:
+    """The ``AttentionModel`` of a ``[model.routing]`` table, for a TSP dataset."""
+    from .routing import AttentionModel
+
+    _need(data.task == "routing", f"model.routing builds tours: it needs a TSP dataset (tsp), "
+                                  f"got a {data.task} task ({cfg['data']['name']})")
+    s = routing_spec(cfg)
+    return AttentionModel(s["width"], s["heads"], s["layers"], s["ffn"] or 4 * s["width"],
+                          float(s["clip"]))
+
+
 def build_model(cfg: dict, data) -> nn.Module:
     """The model described by ``cfg['model']`` for ``data`` (a registry dataset)."""
     try:
-        model = build_link(cfg, data) if is_link(cfg) else build_gin(cfg, data) if is_gin(cfg) \
+        model = build_forecast(cfg, data) if is_forecast(cfg) else build_routing(cfg, data) \
+            if is_routing(cfg) else \
+            build_link(cfg, data) if is_link(cfg) else build_gin(cfg, data) if is_gin(cfg) \
             else \
             build_seq2seq_model(cfg, data) if is_seq2seq(cfg) else build_lm(cfg, data) \
             if cfg["model"]["lm"] else StructNet(cfg, data_info(data, cfg))
@@ -272,6 +304,21 @@ def _gin_activations(cfg: dict, data) -> int:
     return int(s["layers"] * per_layer + s["hidden"])
 
 
+def _task_activations(cfg: dict, data) -> int:
+    """Activation scalars one window (forecast) or one instance (routing) keeps, about: a
+    forecaster's GRU states, attention and head per step and its (heads, L, H) weights; a
+    routing model's encoder blocks (with their (heads, n, n) weights) and the n decoding
+    steps' glimpse and pointer over the n cities."""
+    if is_forecast(cfg):
+        s = forecast_spec(cfg)
+        L, H, w = s["context"], s["horizon"], s["width"]
+        return 8 * (L + H) * w + s["heads"] * L * H
+    s = routing_spec(cfg)
+    n, w, ffn = data.n, s["width"], s["ffn"] or 4 * s["width"]
+    encoder = s["layers"] * n * (8 * w + 2 * ffn + s["heads"] * n)
+    return encoder + n * (6 * w + n * (s["heads"] + 4))
+
+
 def memory_estimate(cfg: dict, data, model: nn.Module | None = None) -> dict | None:
     """Bytes one training step of ``cfg``'s model on ``data`` needs, about: ``params``
     (weights, gradients and optimizer state) and ``activations`` (one batch, kept for the
@@ -287,7 +334,8 @@ def memory_estimate(cfg: dict, data, model: nn.Module | None = None) -> dict | N
     copies = optimizer_copies(t)
     n_params = sum(p.numel() for p in model.parameters()) if model is not None else \
         _sequence_parameters(cfg, data)
-    per_sample = _gin_activations(cfg, data) if is_gin(cfg) else \
+    per_sample = _task_activations(cfg, data) if is_forecast(cfg) or is_routing(cfg) else \
+        _gin_activations(cfg, data) if is_gin(cfg) else \
         _seq2seq_activations(cfg, data) if is_seq2seq(cfg) else \
         _lm_activations(cfg, data) if cfg["model"]["lm"] else model.activation_elements
     batch = 1 if data.task == "node" else d["batch_size"]

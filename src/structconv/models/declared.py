@@ -509,6 +509,9 @@ class StructNet(nn.Module):
         _need(not (self.task == "image" and readout == "none"),
               "model.readout=none leaves one output per grid cell, but an image task needs one "
               "per image: use flatten, mean, sum or max")
+        _need(not (self.task == "node" and readout != "none"),
+              f"model.readout={readout} pools the graph's nodes into one output, but a node "
+              "task needs one per node: use none (or auto)")
         self.readout = readout
         feat = channels * (math.prod(grid) if readout == "flatten" and grid else 1)
         clf = m["classifier"]

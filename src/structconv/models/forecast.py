@@ -136,8 +136,9 @@ class Forecaster(nn.Module):
     """GRU encoder, GRU decoder and one ``SeriesAttention`` between them.
 
     ``forward(past)``: past (B, context) raw values -> (B, horizon) raw forecasts;
-    ``scaled(past)`` gives (forecasts in window units (B, horizon), loc (B, 1), scale (B, 1)),
-    the quantities a loss compares with (target − loc) / scale.
+    ``scaled(past)`` (or ``forward(past, scaled=True)``, through a DDP wrapper) gives
+    (forecasts in window units (B, horizon), loc (B, 1), scale (B, 1)), the quantities a loss
+    compares with (target − loc) / scale.
     """
 
     def __init__(self, context: int, horizon: int, form: str = "content", *, width: int = 32,
@@ -178,9 +179,9 @@ class Forecaster(nn.Module):
         out = self.head(torch.cat([dec, att], -1)).squeeze(-1)
         return out, loc, scale
 
-    def forward(self, past: Tensor) -> Tensor:
+    def forward(self, past: Tensor, scaled: bool = False):
         out, loc, scale = self.scaled(past)
-        return loc + scale * out
+        return (out, loc, scale) if scaled else loc + scale * out
 
 
 @torch.no_grad()
@@ -190,6 +191,8 @@ def forecast_at(model: Forecaster, values: Tensor, origins, chunk: int = 512) ->
     was = model.training
     model.eval()
     past, _ = windows(values, origins, model.context, 0)  # the context alone
-    outs = [model(past[i:i + chunk]).to(values.dtype) for i in range(0, len(past), chunk)]
+    dev = model.steps.device  # values may live elsewhere (a series on the CPU)
+    outs = [model(past[i:i + chunk].to(dev)).to(values.device, values.dtype)
+            for i in range(0, len(past), chunk)]
     model.train(was)
     return torch.cat(outs) if outs else values.new_zeros(0, model.horizon)

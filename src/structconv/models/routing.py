@@ -34,6 +34,7 @@ from ..attention.basis import DotProductAttention
 from ..attention.build import attention_basis
 from ..attention.clip import TanhClip
 from ..attention.mechanisms import DotProduct, Masked, Mechanism, Softmax
+from ..data.tsp import check_tours, tour_length
 from ..engine import convolve
 from ..params import LowRank
 
@@ -194,20 +195,3 @@ class AttentionModel(nn.Module):
             last = city
             tour.append(city)
         return torch.stack(tour, 1), ll
-
-
-def tour_length(coords: Tensor, tours: Tensor) -> Tensor:
-    """Length (B,) of each closed tour: coords (B, n, 2), tours (B, n) a permutation each."""
-    p = coords.gather(1, tours.unsqueeze(-1).expand(-1, -1, coords.shape[-1]))
-    return (p - p.roll(-1, 1)).norm(dim=-1).sum(1)
-
-
-def check_tours(tours: Tensor, n: int) -> None:
-    """ValueError unless every row of ``tours`` (B, n) is a permutation of 0..n-1."""
-    if tours.dim() != 2 or tours.shape[1] != n:
-        raise ValueError(f"tours must be (B, n={n}), got {tuple(tours.shape)}")
-    ok = (tours.sort(1).values == torch.arange(n, device=tours.device)).all(1)
-    if not bool(ok.all()):
-        bad = int((~ok).nonzero()[0])
-        raise ValueError(f"tour {bad} is not a permutation of the {n} cities: "
-                         f"{tours[bad].tolist()}")

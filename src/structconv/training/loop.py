@@ -43,7 +43,8 @@ __all__ = ["Loop", "check_trainer_state"]
 #: what ``train.*`` keys the loop reads beyond the config's own, with their defaults
 LOOP_DEFAULTS = {"max_steps": 0, "accumulate": 1, "schedule": "constant", "warmup_steps": 0,
                  "amp": False, "monitor": "val_acc", "patience": 0, "grad_clip": 0.0,
-                 "checkpoint_every": 0, "checkpoint_seconds": 10.0}
+                 "checkpoint_every": 0, "checkpoint_seconds": 10.0, "min_lr": 0.0,
+                 "lr_decay": 1.0}
 
 
 def _number(v) -> bool:
@@ -100,9 +101,11 @@ def _check_partial(part, epoch: int, bad) -> None:
     if isinstance(part["step"], bool) or not isinstance(part["step"], int) or part["step"] < 1:
         bad("partial", f"step must be an int >= 1, got {part['step']!r}")
     nums = part["totals"] if isinstance(part["totals"], list) else None
-    if nums is None or len(nums) != 3 or not all(
-            _number(v) and v >= 0 for v in nums + [part["seconds"]]):
-        bad("partial", "totals must be 3 numbers >= 0 and seconds a number >= 0")
+    # (a loss sum may be negative: REINFORCE's is, where tours beat their baseline)
+    if nums is None or len(nums) != 3 or not all(map(_number, nums)) or not all(
+            _number(v) and v >= 0 for v in nums[1:] + [part["seconds"]]):
+        bad("partial", "totals must be 3 numbers (correct and items >= 0) and seconds a "
+                       "number >= 0")
 
 
 class Loop:
@@ -149,6 +152,7 @@ class Loop:
         self.state, self.best_state, self.start = ck["trainer"], ck["best"], ck["epoch"]
         self.state.setdefault("steps", 0)
         self.extra = ck["extra"]
+        self.task.load_state(self.extra)
         self.spent = bool(self.t["max_steps"]) and self.state["steps"] >= self.t["max_steps"]
 
     # -- the run: epochs until the last, a stop or ``stop_after`` -------------------------------
@@ -209,9 +213,12 @@ class Loop:
     def _step(self, group: list, epoch: int, step: int) -> Tensor:
         """One optimisation step over the micro-batches of ``group`` (gradients summed over
         them); the global (loss sum, correct, items, ranks asked to stop)."""
-        if self.t["schedule"] != "constant" or self.t["warmup_steps"]:
-            f = lr_factor(self.t["schedule"], self.state["steps"], self.t["warmup_steps"],
-                          self.t["max_steps"])
+        t = self.t
+        if t["schedule"] != "constant" or t["warmup_steps"] or t["lr_decay"] != 1.0:
+            # (min_lr: where the decay ends, as a share of train.lr; lr_decay: per epoch)
+            floor = t["min_lr"] / t["lr"] if t["min_lr"] else 0.0
+            f = lr_factor(t["schedule"], self.state["steps"], t["warmup_steps"],
+                          t["max_steps"], floor) * t["lr_decay"] ** (epoch - 1)
             for g, base in zip(self.opt.param_groups, self.base_lrs):
                 g["lr"] = base * f
         share = self.w.size / self.task.group_items(group)
@@ -274,6 +281,8 @@ class Loop:
         steps into the next one."""
         if self.w.main and self.run is not None:
             state = self.state if partial is None else {**self.state, "partial": partial}
+            # what the task carries between steps (a baseline model, a running mean) too
+            extra = {**self.task.state(), **(extra or {})}
             save_checkpoint(self.run, epoch, self.model.state_dict(), self.opt.state_dict(),
                             state, self.best_state, step=None if partial is None
                             else partial["step"], extra=extra)
@@ -290,7 +299,7 @@ class Loop:
         state["history"].append(row)
         if val is not None and t["monitor"] in row:
             score = row[t["monitor"]]
-            lower = t["monitor"].endswith("loss")
+            lower = self.task.minimized(t["monitor"])
             if state["best"] is None or (score < state["best"] if lower else
                                          score > state["best"]):
                 state["best"], state["best_epoch"], state["bad_epochs"] = score, epoch, 0

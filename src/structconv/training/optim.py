@@ -63,9 +63,10 @@ def param_groups(model: torch.nn.Module, weight_decay: float, no_decay=()) -> li
             {"params": rest, "weight_decay": 0.0}]
 
 
-def lr_factor(schedule: str, step: int, warmup: int = 0, total: int = 0) -> float:
+def lr_factor(schedule: str, step: int, warmup: int = 0, total: int = 0,
+              floor: float = 0.0) -> float:
     """The learning rate's factor at optimizer step ``step`` (0-based): a linear warm-up over
-    ``warmup`` steps, then constant, or linear / cosine decay to 0 at step ``total``."""
+    ``warmup`` steps, then constant, or linear / cosine decay to ``floor`` at step ``total``."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
     if schedule != "constant" and total <= warmup:
@@ -76,4 +77,5 @@ def lr_factor(schedule: str, step: int, warmup: int = 0, total: int = 0) -> floa
     if schedule == "constant":
         return 1.0
     done = min(1.0, (step - warmup) / (total - warmup))
-    return 1.0 - done if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * done))
+    decay = 1.0 - done if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * done))
+    return floor + (1.0 - floor) * decay if floor else decay

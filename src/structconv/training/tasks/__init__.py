@@ -10,24 +10,36 @@ from __future__ import annotations
 
 from torch import nn
 
-from ...config import ConfigError, is_gin, is_link, is_seq2seq, sampler_spec
+from ...config import (
+    ConfigError,
+    is_forecast,
+    is_gin,
+    is_link,
+    is_routing,
+    is_seq2seq,
+    sampler_spec,
+)
 from ...data.registry import load_dataset
 from ..minibatch import SampledEval
 from .base import ItemTask, Task
+from .forecast import ForecastTask
 from .graph import GraphTask
 from .image import ImageTask
 from .link import LinkTask, TripleTask, evaluate_link, train_link
 from .node import NodeTask, SampledNodeTask
+from .routing import RoutingTask
 from .seq2seq import Seq2SeqTask, decode_result
 from .text import TextTask
 
 __all__ = ["TASKS", "Task", "ItemTask", "ImageTask", "GraphTask", "NodeTask", "SampledNodeTask",
            "TextTask", "LinkTask", "TripleTask", "Seq2SeqTask", "task_for", "load_data",
-           "check_train_split", "evaluate", "evaluate_link", "decode_result", "train_link"]
+           "check_train_split", "evaluate", "evaluate_link", "decode_result", "train_link",
+           "ForecastTask", "RoutingTask"]
 
 #: a dataset's ``task`` -> the task that trains on it
 TASKS: dict[str, type[Task]] = {"image": ImageTask, "node": NodeTask, "text": TextTask,
-                                "link": LinkTask, "g2p": Seq2SeqTask, "graph": GraphTask}
+                                "link": LinkTask, "g2p": Seq2SeqTask, "graph": GraphTask,
+                                "series": ForecastTask, "routing": RoutingTask}
 
 
 def load_data(cfg: dict):
@@ -54,9 +66,14 @@ def load_data(cfg: dict):
                           f"grapheme-to-phoneme dataset (cmudict), but dataset {d['name']!r} is "
                           f"a {task} task")
     _check_graph(cfg, d["name"], task)
+    _check_pair(is_forecast(cfg), task == "series", d["name"], task, "model.forecast",
+                "forecasts a series: it needs a series dataset (co2, elnino, sunspots, "
+                "elec_equip)")
+    _check_pair(is_routing(cfg), task == "routing", d["name"], task, "model.routing",
+                "builds tours: it needs a TSP dataset (tsp)")
     if task not in TASKS:
         raise ConfigError(f"dataset {d['name']!r} is a {task or '?'} task; train handles "
-                          "image, node, text, link, g2p and graph tasks")
+                          f"{', '.join(TASKS)} tasks")
     if sampler_spec(cfg) and TASKS[task] is not NodeTask:
         raise ConfigError(f"train.sampler samples graph neighbourhoods, but dataset "
                           f"{d['name']!r} is a {task} task: use a node-classification "
@@ -73,6 +90,15 @@ def _check_graph(cfg: dict, name: str, task) -> None:
         raise ConfigError(f"model.gin reads batches of graphs: it needs a graph-level dataset "
                           f"(tu-mutag, tu-proteins, tu-nci1, hiv), but dataset {name!r} is a "
                           f"{task} task")
+
+
+def _check_pair(model: bool, data: bool, name: str, task, table: str, needs: str) -> None:
+    """A task that one model table describes: that table, and it nothing else."""
+    if model and not data:
+        raise ConfigError(f"{table} {needs}, but dataset {name!r} is a {task} task")
+    if data and not model:
+        raise ConfigError(f"dataset {name!r} is a {task} task: describe the model with a "
+                          f"[{table}] table")
 
 
 def task_for(cfg: dict, data) -> Task:

@@ -56,6 +56,11 @@ class Task:
         self.model, self.dev, self.world = model, dev, world
         self.dtype = next(model.parameters()).dtype
 
+    @staticmethod
+    def minimized(monitor: str) -> bool:
+        """Whether the monitored metric is better lower (a loss, an error, a length)."""
+        return monitor.endswith(("loss", "mase", "smape", "gap", "length"))
+
     def epoch_steps(self, epoch: int, done: int, extra: dict | None):
         """(steps in the epoch, an iterator of the steps from ``done`` on, each a list of
         micro-batches); ``extra`` is what ``position`` gave at a mid-epoch checkpoint."""
@@ -64,6 +69,14 @@ class Task:
     def position(self) -> dict | None:
         """Tensors a mid-epoch checkpoint keeps to resume the epoch exactly (None: none)."""
         return None
+
+    def state(self) -> dict:
+        """Tensors every checkpoint keeps of what the task itself learns or carries between
+        steps (a baseline model, a running mean); ``load_state`` takes them back on resume."""
+        return {}
+
+    def load_state(self, extra: dict) -> None:
+        """Take back what ``state`` gave, from a checkpoint's extra tensors."""
 
     def group_items(self, group: list) -> float:
         """The global number of items a step's loss averages over."""
