@@ -51,14 +51,15 @@ class ConfigError(ValueError):
 DEFAULTS = {
     "seed": 0,
     "data": {"name": "digits", "root": None, "options": {}, "batch_size": 64, "seq_len": 64,
-             "eval_batch_size": 512, "batches_per_epoch": 0},
+             "eval_batch_size": 512, "batches_per_epoch": 0, "val_sample": 0},
     "model": {"layers": [], "readout": "auto", "classifier": "auto", "embedding": 0,
               "dtype": "float32", "lm": {}, "link": None, "seq2seq": None, "gin": None},
     "train": {"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "momentum": 0.9,
               "epochs": 10, "patience": 0, "monitor": "val_acc", "grad_clip": 0.0,
               "checkpoint_every": 0, "checkpoint_seconds": 10.0, "sampler": {}, "link": {},
               "label_smoothing": 0.0, "max_steps": 0, "accumulate": 1, "schedule": "constant",
-              "warmup_steps": 0, "no_decay": [], "amp": False},
+              "warmup_steps": 0, "no_decay": [], "amp": False, "betas": [0.9, 0.999],
+              "min_lr_ratio": 0.0},
 }
 """Defaults merged under every config (the file's values win)."""
 
@@ -245,7 +246,7 @@ def _need(cond: bool, msg: str):
 
 #: ``train`` keys added after runs were first written (a saved config may lack them)
 _LATER_KEYS = ("label_smoothing", "max_steps", "accumulate", "schedule", "warmup_steps",
-               "no_decay", "amp")
+               "no_decay", "amp", "betas", "min_lr_ratio", "val_sample")
 #: what ``train.no_decay`` may exempt from weight decay; ``train.schedule``'s schedules
 NO_DECAY = ("bias", "norm", "embedding")
 SCHEDULES = ("constant", "linear", "cosine")
@@ -272,6 +273,14 @@ def _check_loop(cfg: dict, source: str) -> None:
           "its own accumulate, and a [model.link] run steps once per batch of queries")
     _need(isinstance(t.get("amp", False), bool),
           f"{source}: train.amp must be true or false, got {t.get('amp')!r}")
+    betas = t.get("betas", DEFAULTS["train"]["betas"])
+    _need(isinstance(betas, list) and len(betas) == 2 and
+          all(number_in(b, 0, 1, open_hi=True) for b in betas),
+          f"{source}: train.betas must be two numbers in [0, 1) (Adam's and AdamW's moment "
+          f"decays), got {betas!r}")
+    floor = t.get("min_lr_ratio", 0.0)
+    _need(number_in(floor, 0, 1), f"{source}: train.min_lr_ratio must be a number in [0, 1] "
+                                  f"(the fraction of train.lr a schedule decays to), got {floor!r}")
 
 
 def validate(cfg: dict, source: str = "<config>") -> dict:
@@ -316,6 +325,9 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
     bpe = d["batches_per_epoch"]
     _need(int_in(bpe, 0, MAX_BATCHES), f"{source}: data.batches_per_epoch must be an int in "
           f"[0, {MAX_BATCHES:,}] (0: one pass over the data), got {bpe!r}")
+    vs = d.get("val_sample", 0)
+    _need(int_in(vs, 0, 10**9), f"{source}: data.val_sample must be an int in [0, 10^9] (0: "
+                                f"validate on the whole split), got {vs!r}")
     _need(isinstance(cfg["seed"], int), f"{source}: seed must be an int, got {cfg['seed']!r}")
     return _check_model(cfg, source)
 

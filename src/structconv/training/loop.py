@@ -43,7 +43,7 @@ __all__ = ["Loop", "check_trainer_state"]
 #: what ``train.*`` keys the loop reads beyond the config's own, with their defaults
 LOOP_DEFAULTS = {"max_steps": 0, "accumulate": 1, "schedule": "constant", "warmup_steps": 0,
                  "amp": False, "monitor": "val_acc", "patience": 0, "grad_clip": 0.0,
-                 "checkpoint_every": 0, "checkpoint_seconds": 10.0}
+                 "checkpoint_every": 0, "checkpoint_seconds": 10.0, "min_lr_ratio": 0.0}
 
 
 def _number(v) -> bool:
@@ -211,7 +211,7 @@ class Loop:
         them); the global (loss sum, correct, items, ranks asked to stop)."""
         if self.t["schedule"] != "constant" or self.t["warmup_steps"]:
             f = lr_factor(self.t["schedule"], self.state["steps"], self.t["warmup_steps"],
-                          self.t["max_steps"])
+                          self.t["max_steps"], self.t["min_lr_ratio"])
             for g, base in zip(self.opt.param_groups, self.base_lrs):
                 g["lr"] = base * f
         share = self.w.size / self.task.group_items(group)
