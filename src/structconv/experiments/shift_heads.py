@@ -46,10 +46,9 @@ from ..io import atomic_write_json
 from ..models.sizes import lm_parameters
 from ..nn.lm import POSITIONS, split_kind
 from ._common import (
-    COUNT,
-    NATURAL,
     POSITIVE,
     THREADS,
+    Bounded,
     Listed,
     hardware,
     heads_divide,
@@ -66,6 +65,9 @@ __all__ = ["add_arguments", "run", "CONFIG", "QUICK", "FACTORS", "extrapolation"
 
 #: the shipped config every arm overrides
 CONFIG = "transformer_shakespeare"
+#: the options' ranges: every size bounded above
+SEEDS, STEPS, SIZE = Bounded(int, 1, 1000), Bounded(int, 1, 10**8), Bounded(int, 1, 65536)
+FEW, EVERY, CHARS = Bounded(int, 1, 1024), Bounded(int, 1, 10**6), Bounded(int, 1, 10**9)
 FACTORS = (1, 2, 4, 8, 16)
 
 
@@ -74,35 +76,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kinds", default=",".join(POSITIONS), type=Listed(split_kind),
                         help=f"comma list of model kinds: position kinds ({', '.join(POSITIONS)})"
                              ", each optionally with Canon layers, e.g. none+Canon-ABCD")
-    parser.add_argument("--seeds", type=COUNT, default=3)
-    parser.add_argument("--steps", type=COUNT, default=2000)
-    parser.add_argument("--batch", type=COUNT, default=12)
-    parser.add_argument("--context", type=COUNT, default=64)
-    parser.add_argument("--width", type=COUNT, default=128)
-    parser.add_argument("--layers", type=COUNT, default=4)
-    parser.add_argument("--heads", type=COUNT, default=4, help="attention heads per layer")
-    parser.add_argument("--shifts", type=COUNT, default=4,
+    parser.add_argument("--seeds", type=SEEDS, default=3)
+    parser.add_argument("--steps", type=STEPS, default=2000)
+    parser.add_argument("--batch", type=SIZE, default=12)
+    parser.add_argument("--context", type=SIZE, default=64)
+    parser.add_argument("--width", type=SIZE, default=128)
+    parser.add_argument("--layers", type=FEW, default=4)
+    parser.add_argument("--heads", type=FEW, default=4, help="attention heads per layer")
+    parser.add_argument("--shifts", type=FEW, default=4,
                         help="shift heads of the shift kinds (offsets 0..S-1)")
-    parser.add_argument("--canon-kernel", type=COUNT, default=4,
+    parser.add_argument("--canon-kernel", type=FEW, default=4,
                         help="taps of the Canon layers of the +Canon- kinds")
     parser.add_argument("--lr", type=POSITIVE, default=1e-3)
-    parser.add_argument("--eval-every", type=COUNT, default=100,
+    parser.add_argument("--eval-every", type=EVERY, default=100,
                         help="steps between validations (the config's batches_per_epoch)")
-    parser.add_argument("--val-batches", type=COUNT, default=40,
+    parser.add_argument("--val-batches", type=EVERY, default=40,
                         help="validation batches (of --batch windows: the config's val_sample)")
-    parser.add_argument("--eval-chars", type=COUNT, default=16384,
+    parser.add_argument("--eval-chars", type=CHARS, default=16384,
                         help="validation characters scored per extrapolation length")
-    parser.add_argument("--sliding-chars", type=COUNT, default=8192,
+    parser.add_argument("--sliding-chars", type=CHARS, default=8192,
                         help="validation characters scored by the sliding window")
-    parser.add_argument("--stride", type=NATURAL, default=0,
+    parser.add_argument("--stride", type=Bounded(int, 0, 65536), default=0,
                         help="sliding-window stride = scored positions (0: the context)")
     parser.add_argument("--long-kinds", default="", type=Listed(split_kind, empty=True),
                         help="comma list of kinds for one longer run each")
-    parser.add_argument("--long-steps", type=COUNT, default=5000)
-    parser.add_argument("--checkpoint-every", type=NATURAL, default=500,
+    parser.add_argument("--long-steps", type=STEPS, default=5000)
+    parser.add_argument("--checkpoint-every", type=Bounded(int, 0, 10**8), default=500,
                         help="steps between a run's checkpoints, rounded up to whole "
                              "--eval-every intervals (0: every 10 s)")
-    parser.add_argument("--jobs", type=COUNT, default=1, help="runs at once (one thread each)")
+    parser.add_argument("--jobs", type=Bounded(int, 1, 256), default=1,
+                        help="runs at once (one thread each)")
     parser.add_argument("--threads", type=THREADS, default=0,
                         help="torch threads with --jobs 1 (0: torch's default)")
     parser.add_argument("--plot", default=None, help="learning-curve PNG path")
