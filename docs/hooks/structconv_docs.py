@@ -52,6 +52,8 @@ MEANINGS = {
     "data.seq_len": "characters per training window (text tasks)",
     "data.eval_batch_size": "examples per evaluation batch",
     "data.batches_per_epoch": "batches in an epoch; 0: one pass over the training split",
+    "data.val_sample": "validate on a fixed seeded sample of this many windows (text) or words "
+                       "(seq2seq, decoded greedily too: `val_per`, `val_wer`); 0: the whole split",
     "model.layers": "the `[[model.layers]]` array: one table per layer (keys below)",
     "model.readout": "over the entries after the last layer: `flatten`, `mean`, `sum`, `max` "
                      "or `none` (node and text tasks); `auto`: flatten for images, none "
@@ -125,6 +127,9 @@ MEANINGS = {
     "train.no_decay": "parameters without weight decay: a list of `bias`, `norm` (normalisation "
                       "layers), `embedding`",
     "train.amp": "bfloat16 autocast on CUDA devices (ignored on CPU)",
+    "train.betas": "Adam's and AdamW's moment decays, two numbers in [0, 1)",
+    "train.min_lr_ratio": "the fraction of `lr` a `linear` / `cosine` schedule decays to "
+                          "(0: to 0; nanoGPT's 0.1)",
     "train.sampler": "the `[train.sampler]` table: sampled mini-batches for node tasks",
     "train.link": "the `[train.link]` table: how a link predictor trains",
     "model.lm.width": "the model's width (embedding and residual stream)",

@@ -70,7 +70,7 @@ from .sweep import Run, config_run
 
 __all__ = ["add_arguments", "run", "ARMS", "CONFIGS", "arm_run", "scored_entries",
            "nearest_predictions", "equalised_ffn", "example_words", "analyse", "run_name",
-           "attention_maps"]
+           "attention_maps", "train_run"]
 
 #: the arms this recipe knows; ``DEFAULT_ARMS`` run unless ``--arms`` says otherwise
 ARMS = ("nearest", "transformer", "transformer-shift", "pervasive", "pervasive-max")
@@ -309,7 +309,7 @@ def train_run(arm: str, seed: int, data: G2PData, a, folder: Path, examples: lis
     c0 = time.process_time()
     res = config_run(folder, run, "g2p", a.device)
     cpu = time.process_time() - c0
-    if fresh or not (where / "analysis.json").is_file():
+    if fresh:  # the CPU time of the call that trained it (a resumed run: since the resume)
         atomic_write_json(where / "cpu.json", {"cpu_seconds": cpu})
     ana = analyse(where, res, a, examples)
     pairs = data.pairs("train")
