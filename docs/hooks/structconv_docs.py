@@ -122,7 +122,7 @@ MEANINGS = {
     "train.accumulate": "global batches per optimizer step, their gradients summed (image, "
                         "text, node and seq2seq tasks; `[train.sampler]` has its own)",
     "train.schedule": "the learning rate over optimizer steps: `constant`, or `linear` / "
-                      "`cosine` decay to 0 at `max_steps`",
+                      "`cosine` decay to `min_lr_ratio` x `lr` (default 0) at `max_steps`",
     "train.warmup_steps": "a linear learning-rate warm-up over this many first steps",
     "train.no_decay": "parameters without weight decay: a list of `bias`, `norm` (normalisation "
                       "layers), `embedding`",
