@@ -296,7 +296,7 @@ def analyse(where: Path, result: dict, a, examples: list[str]) -> dict:
     out["maps"] = attention_maps(model, data, examples[:3])
     out["eval_cpu_seconds"] = time.process_time() - c0
     atomic_write_json(path, out)
-    return out
+    return json.loads(json.dumps(out))  # as the file has it (lists, not tuples)
 
 
 def train_run(arm: str, seed: int, data: G2PData, a, folder: Path, examples: list[str],
