@@ -60,3 +60,21 @@ def float64():
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(old)
+
+
+def stop_at(monkeypatch, k: int) -> None:
+    """Make the k-th read of the training loop's stop flag find a SIGINT (the loop reads it
+    once per step): an interrupt at a known step, in this process."""
+    import signal
+
+    from structconv.training.interrupt import StopRequest
+
+    calls = {"n": 0}
+
+    def requested(self):
+        calls["n"] += 1
+        if calls["n"] == k:
+            self.request(signal.SIGINT)
+        return self.signum != 0
+
+    monkeypatch.setattr(StopRequest, "requested", property(requested))

@@ -52,6 +52,8 @@ MEANINGS = {
     "data.seq_len": "characters per training window (text tasks)",
     "data.eval_batch_size": "examples per evaluation batch",
     "data.batches_per_epoch": "batches in an epoch; 0: one pass over the training split",
+    "data.val_sample": "validate on a fixed seeded sample of this many windows (text) or words "
+                       "(seq2seq, decoded greedily too: `val_per`, `val_wer`); 0: the whole split",
     "model.layers": "the `[[model.layers]]` array: one table per layer (keys below)",
     "model.readout": "over the entries after the last layer: `flatten`, `mean`, `sum`, `max` "
                      "or `none` (node and text tasks); `auto`: flatten for images, none "
@@ -138,14 +140,16 @@ MEANINGS = {
     "train.accumulate": "global batches per optimizer step, their gradients summed (image, "
                         "text, node and seq2seq tasks; `[train.sampler]` has its own)",
     "train.schedule": "the learning rate over optimizer steps: `constant`, or `linear` / "
-                      "`cosine` decay to 0 at `max_steps`",
+                      "`cosine` decay to `min_lr_ratio` x `lr` (default 0) at `max_steps`",
     "train.warmup_steps": "a linear learning-rate warm-up over this many first steps",
     "train.no_decay": "parameters without weight decay: a list of `bias`, `norm` (normalisation "
                       "layers), `embedding`",
     "train.amp": "bfloat16 autocast on CUDA devices (ignored on CPU)",
+    "train.betas": "Adam's and AdamW's moment decays, two numbers in [0, 1)",
+    "train.min_lr_ratio": "the fraction of `lr` a `linear` / `cosine` schedule decays to "
+                          "(0: to 0; nanoGPT's 0.1)",
     "train.sampler": "the `[train.sampler]` table: sampled mini-batches for node tasks",
     "train.link": "the `[train.link]` table: how a link predictor trains",
-    "train.min_lr": "where a `linear` or `cosine` schedule ends (0: at 0)",
     "train.lr_decay": "the learning rate's factor per epoch (1: none)",
     "train.routing": "the `[train.routing]` table: REINFORCE's baselines for a routing model",
     "train.routing.warmup_epochs": "epochs with the exponential baseline before the greedy "

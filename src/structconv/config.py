@@ -55,7 +55,7 @@ class ConfigError(ValueError):
 DEFAULTS = {
     "seed": 0,
     "data": {"name": "digits", "root": None, "options": {}, "batch_size": 64, "seq_len": 64,
-             "eval_batch_size": 512, "batches_per_epoch": 0},
+             "eval_batch_size": 512, "batches_per_epoch": 0, "val_sample": 0},
     "model": {"layers": [], "readout": "auto", "classifier": "auto", "embedding": 0,
               "dtype": "float32", "lm": {}, "link": None, "seq2seq": None, "gin": None,
               "forecast": None, "routing": None},
@@ -63,8 +63,8 @@ DEFAULTS = {
               "epochs": 10, "patience": 0, "monitor": "val_acc", "grad_clip": 0.0,
               "checkpoint_every": 0, "checkpoint_seconds": 10.0, "sampler": {}, "link": {},
               "label_smoothing": 0.0, "max_steps": 0, "accumulate": 1, "schedule": "constant",
-              "warmup_steps": 0, "no_decay": [], "amp": False, "min_lr": 0.0, "lr_decay": 1.0,
-              "routing": {}},
+              "warmup_steps": 0, "no_decay": [], "amp": False, "betas": [0.9, 0.999],
+              "min_lr_ratio": 0.0, "lr_decay": 1.0, "routing": {}},
 }
 """Defaults merged under every config (the file's values win)."""
 
@@ -251,7 +251,7 @@ def _need(cond: bool, msg: str):
 
 #: ``train`` keys added after runs were first written (a saved config may lack them)
 _LATER_KEYS = ("label_smoothing", "max_steps", "accumulate", "schedule", "warmup_steps",
-               "no_decay", "amp", "min_lr", "lr_decay")
+               "no_decay", "amp", "betas", "min_lr_ratio", "lr_decay", "val_sample")
 #: what ``train.no_decay`` may exempt from weight decay; ``train.schedule``'s schedules
 NO_DECAY = ("bias", "norm", "embedding")
 SCHEDULES = ("constant", "linear", "cosine")
@@ -278,13 +278,17 @@ def _check_loop(cfg: dict, source: str) -> None:
           "its own accumulate, and a [model.link] run steps once per batch of queries")
     _need(isinstance(t.get("amp", False), bool),
           f"{source}: train.amp must be true or false, got {t.get('amp')!r}")
-    lo = t.get("min_lr", 0.0)
-    _need(number_in(lo, 0, t["lr"]) and (not lo or sched != "constant"),
-          f"{source}: train.min_lr is where a linear or cosine schedule ends: a number in "
-          f"[0, train.lr = {t['lr']}] with train.schedule linear or cosine, got {lo!r}")
     _need(number_in(t.get("lr_decay", 1.0), 0, 1) and t.get("lr_decay", 1.0) > 0,
           f"{source}: train.lr_decay (the learning rate's factor per epoch) must be a number "
           f"in (0, 1], got {t.get('lr_decay')!r}")
+    betas = t.get("betas", DEFAULTS["train"]["betas"])
+    _need(isinstance(betas, list) and len(betas) == 2 and
+          all(number_in(b, 0, 1, open_hi=True) for b in betas),
+          f"{source}: train.betas must be two numbers in [0, 1) (Adam's and AdamW's moment "
+          f"decays), got {betas!r}")
+    floor = t.get("min_lr_ratio", 0.0)
+    _need(number_in(floor, 0, 1), f"{source}: train.min_lr_ratio must be a number in [0, 1] "
+                                  f"(the fraction of train.lr a schedule decays to), got {floor!r}")
 
 
 def validate(cfg: dict, source: str = "<config>") -> dict:
@@ -330,6 +334,9 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
     bpe = d["batches_per_epoch"]
     _need(int_in(bpe, 0, MAX_BATCHES), f"{source}: data.batches_per_epoch must be an int in "
           f"[0, {MAX_BATCHES:,}] (0: one pass over the data), got {bpe!r}")
+    vs = d.get("val_sample", 0)
+    _need(int_in(vs, 0, 10**9), f"{source}: data.val_sample must be an int in [0, 10^9] (0: "
+                                f"validate on the whole split), got {vs!r}")
     _need(isinstance(cfg["seed"], int), f"{source}: seed must be an int, got {cfg['seed']!r}")
     return _check_model(cfg, source)
 

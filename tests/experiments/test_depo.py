@@ -225,7 +225,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_ends_as_the_uninterrupted_
 
 
 def test_a_run_made_with_other_settings_is_refused(tmp_path):
-    from structconv.experiments.shift_heads import checkpoint_dir, resumed
+    from structconv.experiments.canon import checkpoint_dir, resumed
 
     settings = {"width": 64, "steps": 100}
     path = tmp_path / "r.json"

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from structconv.experiments import fashion, mixed_heads, routes_models, separability, shift_heads
-from tests.conftest import need
+from structconv.nn.lm import TransformerLM
+from tests.conftest import need, stop_at
 
 
 # -- fashion: the grid network is the torch network ------------------------------------------
@@ -27,7 +28,7 @@ def test_grid_cnn_matches_torch(float64, native):
 # -- shift heads ------------------------------------------------------------------------------
 def test_window_losses_score_the_right_positions(float64):
     torch.manual_seed(1)
-    m = shift_heads.TransformerLM(11, 8, 1, 2, "alibi").double().eval()
+    m = TransformerLM(11, 8, 1, 2, "alibi").double().eval()
     ids = torch.randint(0, 11, (41,))
     L = 8
     # non-overlapping: every position of each whole window once
@@ -46,7 +47,7 @@ def test_window_losses_score_the_right_positions(float64):
 def test_shift_likeness_of_uniform_attention(float64):
     # zero queries and keys: every head attends uniformly to the past, so each offset gets
     # the mean of 1/(n+1) over the measured queries
-    m = shift_heads.TransformerLM(11, 8, 2, 2, "none").double()
+    m = TransformerLM(11, 8, 2, 2, "none").double()
     with torch.no_grad():
         for b in m.blocks:
             b.attn.in_proj.weight[:16].zero_()
@@ -73,10 +74,39 @@ def test_shift_heads_recipe_runs_and_resumes(tmp_path):
     assert set(res["kinds"]) == {"none", "learned", "shift"} and len(res["long_runs"]) == 1
     assert res["kinds"]["learned"]["extrapolation"]["nonoverlap"].keys() == {"1"}
     assert len(res["kinds"]["shift"]["extrapolation"]["sliding"]) == 5
-    runs = sorted(p.name for p in (tmp_path / "shift_heads_runs").iterdir())
-    assert "shift-s0-6.safetensors" in runs and "shift-s0-8.json" in runs
+    runs = tmp_path / "shift_heads_runs"
+    # every arm a run directory of the shipped config with its overrides, trained by the engine
+    for name in ("shift-s0-6", "shift-s0-8", "learned-s0-6"):
+        assert (runs / name / "result.json").is_file() and (runs / name / "analysis.json").is_file()
+    cfg = json.loads((runs / "learned-s0-6" / "config.json").read_text())
+    assert cfg["name"] == "transformer_shakespeare" and cfg["model"]["lm"]["position"] == "learned"
+    assert cfg["train"]["max_steps"] == 6 and cfg["train"]["schedule"] == "cosine"
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # resumes: no training
     assert r.returncode == 0 and "seed 0 (6 steps)" not in r.stdout
+    again = json.loads((tmp_path / "shift_heads.json").read_text())
+    assert again["kinds"]["shift"]["val_loss"] == res["kinds"]["shift"]["val_loss"]
+    # a run directory made with other options is refused, not read back
+    r = subprocess.run(cmd + ["--width", "24"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2 and "another config" in r.stderr and "model.lm.width" in r.stderr
+
+
+def test_an_interrupted_shift_heads_sweep_resumes_to_the_same_numbers(monkeypatch, tmp_path):
+    from structconv.cli import main
+
+    need("tinyshakespeare")
+    argv = ["reproduce", "shift-heads", "--quick", "--kinds", "none,shift", "--threads", "1"]
+    assert main([*argv, "--out", str(tmp_path / "ref")]) == 0
+    with monkeypatch.context() as m:
+        stop_at(m, 6 + 2)  # none's 6 steps, then shift's epoch 1, step 2 of 3
+        assert main([*argv, "--out", str(tmp_path / "run")]) == 130
+    cut = tmp_path / "run" / "shift_heads_runs" / "shift-s0-6"
+    assert (cut / "checkpoint.json").is_file() and not (cut / "result.json").exists()
+    assert main([*argv, "--out", str(tmp_path / "run")]) == 0
+    ref, got = (json.loads((tmp_path / d / "shift_heads.json").read_text())
+                for d in ("ref", "run"))
+    for r, g in zip(ref["runs"], got["runs"]):
+        assert g["curve"] == r["curve"] and g["extrapolation"] == r["extrapolation"]
+        assert g["shift_likeness"] == r["shift_likeness"]
 
 
 # -- mixed heads: attention heads are GAT, index heads are GCN --------------------------------

@@ -1,10 +1,11 @@
 """The language-model recipes (reproduce shift-heads, reproduce canon) run where --device says:
-the model, its batches and its evaluation move there, the result names the device, and a CUDA
-run follows the CPU run's numbers (same initial weights, same batches) to float rounding."""
+the model, its batches and its evaluation move there, and a CUDA run follows the CPU run's
+numbers (same initial weights, same batches) to float rounding."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 
 import pytest
@@ -12,20 +13,16 @@ import torch
 
 from structconv.data.depo import DepoTask
 from structconv.experiments import canon, shift_heads
+from structconv.experiments.sweep import Run, config_run
+from structconv.training import load_run
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-def _text_data(n: int = 3000, vocab: int = 11):
-    ids = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(3))
-    return argparse.Namespace(vocab=list(range(vocab)),
-                              splits={"train": ids[: n * 9 // 10], "val": ids[n * 9 // 10:]})
 
 
 def _lm_args(device: str, **kw):
     a = dict(width=16, layers=2, heads=2, shifts=2, context=12, canon_kernel=3, lr=3e-3,
              steps=8, batch=4, val_batches=2, eval_every=4, eval_chars=200, sliding_chars=100,
-             stride=0, device=device)
+             stride=0, checkpoint_every=0, quick=False, data=None, device=device)
     return argparse.Namespace(**{**a, **kw})
 
 
@@ -35,21 +32,23 @@ def _depo_args(device: str):
                               curriculum=0.5, device=device)
 
 
-def _shift_heads_run(device: str, kind: str):
-    data = _text_data()
+def _shift_heads_run(device: str, kind: str, folder):
+    # the recipe's run of ``kind`` (its config and overrides), on text that ships with Python
     a = _lm_args(device)
-    res, model = shift_heads.train_one(kind, 0, data, a, 40)
-    res["extrapolation"] = shift_heads.extrapolation(model, data.splits["val"], a)
-    res["shift_likeness"] = shift_heads.shift_likeness(model, data.splits["val"], a, windows=2)
-    return res, model
+    run = shift_heads.kind_run(kind, 0, a.steps, a, 40)
+    run = Run(run.name, run.config, (*run.overrides, "data.name=python-text", "data.options={}"))
+    res = config_run(folder, run, "test", device)
+    res.update(shift_heads.analyse(folder / run.name, a, device))
+    res["curve"] = [json.loads(r) for r in
+                    (folder / run.name / "metrics.jsonl").read_text().splitlines()]
+    return res, load_run(folder / run.name, "last", device)[2]
 
 
 @pytest.mark.parametrize("kind", ["shift+Canon-ABCD", "rotary"])
-def test_shift_heads_run_reports_its_device(kind):
-    res, model = _shift_heads_run("cpu", kind)
-    assert res["device"] == "cpu"
+def test_shift_heads_run_reports_its_device(kind, tmp_path):
+    res, model = _shift_heads_run("cpu", kind, tmp_path)
     assert all(p.device.type == "cpu" for p in model.parameters())
-    assert set(res["extrapolation"]["nonoverlap"]) == set(shift_heads.FACTORS)
+    assert set(res["extrapolation"]["nonoverlap"]) == {str(f) for f in shift_heads.FACTORS}
 
 
 def test_canon_run_reports_its_device():
@@ -61,10 +60,9 @@ def test_canon_run_reports_its_device():
 
 @CUDA
 @pytest.mark.parametrize("kind", ["shift+Canon-ABCD", "rotary", "alibi", "relative"])
-def test_shift_heads_on_cuda_follows_the_cpu_run(kind):
-    cpu, _ = _shift_heads_run("cpu", kind)
-    gpu, model = _shift_heads_run("cuda", kind)
-    assert gpu["device"] == "cuda"
+def test_shift_heads_on_cuda_follows_the_cpu_run(kind, tmp_path):
+    cpu, _ = _shift_heads_run("cpu", kind, tmp_path / "cpu")
+    gpu, model = _shift_heads_run("cuda", kind, tmp_path / "cuda")
     assert all(p.device.type == "cuda" for p in model.parameters())
     for c, g in zip(cpu["curve"], gpu["curve"]):
         assert math.isclose(c["val_loss"], g["val_loss"], rel_tol=1e-3)

@@ -72,7 +72,8 @@ def _hand_written(cfg: dict) -> tuple[float, dict]:
     model = Forecaster(f["context"], f["horizon"], f["form"], width=f["width"], heads=f["heads"],
                        periods=[data.period])
     opt = torch.optim.Adam(model.parameters(), lr=t["lr"])
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, t["max_steps"], eta_min=t["min_lr"])
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, t["max_steps"],
+                                                       eta_min=t["lr"] * t["min_lr_ratio"])
     gen = torch.Generator().manual_seed(10_000 + cfg["seed"])
     train = torch.tensor(sp.train)
     best, best_state = math.inf, None
@@ -150,7 +151,7 @@ def test_a_forecast_run_stopped_mid_epoch_resumes_exactly(monkeypatch, tmp_path,
     (["model.forecast.form=fourier"], "model.forecast.form must be content"),
     (["model.forecast.heads=3"], "divisible by heads=3"),
     (["train.monitor=val_acc"], "monitored by val_mase or val_smape"),
-    (["train.min_lr=1.0"], "train.min_lr"),
+    (["train.min_lr_ratio=1.5"], "train.min_lr_ratio"),
     (["model.forecast.size=3"], "unknown key 'size'"),
 ])
 def test_bad_forecast_configs_are_named(over, named):

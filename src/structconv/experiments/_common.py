@@ -281,12 +281,13 @@ def write_result(args, name: str, result: dict) -> Path:
     return path
 
 
-def save_figure(fig, args, name: str) -> Path:
-    """Save a matplotlib figure as ``--plot`` (if given) or ``<out>/<name>.png``, atomically."""
+def save_figure(fig, args, name: str, use_plot: bool = True) -> Path:
+    """Save a matplotlib figure as ``--plot`` (if given and ``use_plot``: a recipe's first
+    figure) or ``<out>/<name>.png``, atomically."""
     import io
 
     plt = pyplot()
-    path = Path(getattr(args, "plot", None) or Path(args.out) / f"{name}.png")
+    path = Path(use_plot and getattr(args, "plot", None) or Path(args.out) / f"{name}.png")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)

@@ -29,15 +29,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import math
 import re
+import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from ..data.depo import DepoTask, generate
+from ..io import atomic_write_bytes, atomic_write_json
 from ..nn.lm import TransformerLM, split_kind
+from ..training.checkpoint import CHECKPOINT_JSON, resume_training, save_checkpoint
 from ._common import (
     POSITIVE,
     THREADS,
@@ -54,22 +60,11 @@ from ._common import (
     save_figure,
     write_result,
 )
-from .shift_heads import (
-    adamw,
-    checkpoint_dir,
-    equalised,
-    finish_run,
-    kind_styles,
-    parse_kinds,
-    resumed,
-    run_all,
-    run_name,
-    run_settings,
-    train_steps,
-)
+from .shift_heads import equalised, kind_styles, parse_kinds, run_all, run_name
 
 __all__ = ["add_arguments", "run", "STUDY_KINDS", "task_of", "build", "answer_loss",
-           "eval_sets", "accuracy_per_k", "train_one", "depth"]
+           "eval_sets", "accuracy_per_k", "train_one", "depth", "train_steps", "lr_at", "adamw",
+           "save_state", "resumed", "finish_run", "checkpoint_dir", "run_settings"]
 
 #: the study's arms: none, rotary and shift with and without Canon-ABCD, ALiBi, the learned
 #: T5-style relative bias, and each Canon place alone on none
@@ -185,11 +180,121 @@ def depth(acc: dict, at: float) -> int:
     return d
 
 
+# -- canon's own training loop (not yet on structconv.training's engine) ---------------------
+def lr_at(step: int, a) -> float:
+    """The learning rate at ``step`` of ``a.steps`` (peak ``a.lr``)."""
+    # nanoGPT's schedule: linear warm-up, cosine decay to a tenth at the last step
+    warm, lo = max(1, min(100, a.steps // 10)), a.lr / 10
+    if step < warm:
+        return a.lr * (step + 1) / warm
+    t = min(1.0, (step - warm) / max(1, a.steps - warm))
+    return lo + 0.5 * (1 + math.cos(math.pi * t)) * (a.lr - lo)
+
+
+def adamw(model, lr: float) -> torch.optim.AdamW:
+    """nanoGPT's optimizer: AdamW, betas (0.9, 0.99), weight decay 0.1 on matrices (and
+    tables) only; ``train_steps`` sets the learning rate every step (``lr_at``)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                              {"params": rest, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.99))
+
+
+def train_steps(model, opt, a, batch_loss, evaluate, gen: torch.Generator,
+                run_dir: Path | None = None) -> tuple[list[dict], float, float]:
+    """The recipes' training loop: ``a.steps`` steps at ``lr_at``, gradients clipped to norm 1;
+    ``batch_loss(step)`` draws a batch from ``gen`` and returns its loss, ``evaluate(step,
+    train_loss)`` a curve entry every ``a.eval_every`` steps and at the last. Returns (curve,
+    wall seconds of training, CPU seconds of this process while training).
+
+    With ``run_dir`` and ``a.checkpoint_every`` > 0 a checkpoint (model, optimizer, RNG states,
+    the batch generator, the curve so far; ``sc.checkpoint``) is committed every that many
+    steps and resumed from when present: a run killed midway continues where it stopped and
+    ends as the uninterrupted run would (the same batches and the same arithmetic).
+    """
+    start, curve, before, cpu_before = 0, [], 0.0, 0.0
+    every = getattr(a, "checkpoint_every", 0) if run_dir is not None else 0
+    if every and (Path(run_dir) / CHECKPOINT_JSON).is_file():
+        tr = resume_training(run_dir, model, opt)["trainer"]
+        start, curve, before, cpu_before = tr["step"], tr["curve"], tr["seconds"], tr["cpu"]
+        # the batch generator goes on from where it stood (the RNG states are the checkpoint's)
+        gen.set_state(torch.tensor(tr["generator"], dtype=torch.uint8))
+    t0, c0 = time.perf_counter(), time.process_time()
+    for step in range(start, a.steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, a)
+        loss = batch_loss(step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
+            curve.append(evaluate(step + 1, float(loss.detach())))
+        if every and (step + 1) % every == 0 and step + 1 < a.steps:
+            save_checkpoint(run_dir, step + 1, model.state_dict(), opt.state_dict(), dict(
+                step=step + 1, curve=curve, seconds=before + time.perf_counter() - t0,
+                cpu=cpu_before + time.process_time() - c0, generator=gen.get_state().tolist()))
+    return curve, before + time.perf_counter() - t0, cpu_before + time.process_time() - c0
+
+
+def save_state(model, path: Path) -> None:
+    """The model's weights as safetensors at ``path`` (atomically)."""
+    from safetensors.torch import save
+
+    state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    atomic_write_bytes(path, save(state))
+
+
+def run_settings(a, keys: Sequence[str]) -> dict:
+    """The values of ``keys`` in the run's options (absent ones as None)."""
+    return {k: getattr(a, k, None) for k in keys}
+
+
+def resumed(path: Path, settings: dict) -> dict | None:
+    """The finished run at ``path`` (JSON), None when there is none; ``ValueError`` naming the
+    options that differ when it was made with other ``settings`` (runs written before runs
+    recorded their settings are taken as they are)."""
+    if not path.is_file():
+        return None
+    res = json.loads(path.read_text())
+    saved = res.get("settings")
+    if saved is not None:
+        diff = {k: (saved.get(k), v) for k, v in settings.items() if saved.get(k) != v}
+        if diff:
+            raise ValueError(f"{path} was made with other settings (" + ", ".join(
+                f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
+                + "): use another --out, or remove it")
+    return res
+
+
+def finish_run(folder: Path, name: str, model, res: dict, settings: dict) -> None:
+    """Write a finished run (weights, then the JSON that marks it done) and drop its
+    checkpoints."""
+    res["settings"] = settings
+    save_state(model, folder / f"{name}.safetensors")
+    atomic_write_json(folder / f"{name}.json", res)
+    shutil.rmtree(folder / f"{name}.ckpt", ignore_errors=True)
+
+
+def checkpoint_dir(folder: Path, name: str, settings: dict) -> Path:
+    """The run's checkpoint folder, made (with its settings) if new; ``ValueError`` when a
+    checkpoint there was made with other settings."""
+    d = folder / f"{name}.ckpt"
+    d.mkdir(parents=True, exist_ok=True)
+    marker = d / "settings.json"
+    if marker.is_file():
+        resumed(marker, settings)
+    else:
+        atomic_write_json(marker, {"settings": settings})
+    return d
+
+
+
 # -- training ------------------------------------------------------------------------------------
 def train_one(kind: str, seed: int, task: DepoTask, a, ffn: int,
               run_dir: Path | None = None) -> tuple[dict, TransformerLM]:
     """Train one model for ``a.steps`` steps on fresh sequences (resuming from ``run_dir``'s
-    checkpoint, see ``shift_heads.train_steps``); (result with the curve, model)."""
+    checkpoint, see ``train_steps``); (result with the curve, model)."""
     torch.manual_seed(seed)
     dev = device(a)
     # built on the CPU, then moved; sequences drawn on the CPU from CPU generators, then moved:

@@ -118,7 +118,7 @@ def _overrides(form: str, seed: int, a) -> list[str]:
     return [f"model.forecast.form={form}", f"seed={seed}", f"train.max_steps={a.steps}",
             f"train.epochs={math.ceil(a.steps / a.eval_every)}",
             f"data.batches_per_epoch={a.eval_every}", f"data.batch_size={a.batch}",
-            f"train.lr={a.lr!r}", f"train.min_lr={a.lr / 10!r}", f"model.forecast.width={a.width}",
+            f"train.lr={a.lr!r}", "train.min_lr_ratio=0.1", f"model.forecast.width={a.width}",
             f"model.forecast.heads={a.heads}", f"data.options.val={a.val!r}",
             f"data.options.test={a.test!r}"]
 

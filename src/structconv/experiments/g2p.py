@@ -4,170 +4,183 @@ models on one task, beside a baseline that reads spellings only.
 ``structconv reproduce g2p --out runs`` trains, for ``--seeds`` model seeds on one split
 (``--data-seed``; words, not pronunciations, held out: 5 % valid, 10 % test, stress dropped):
 
-* ``transformer``: ``sc.nn.Seq2Seq`` with sinusoidal positions (Vaswani et al.'s model: the
-  encoder's self-attention, the decoder's masked self-attention and cross-attention, each an
-  attention convolution);
+* ``transformer``: the shipped ``g2p_transformer`` config, ``sc.nn.Seq2Seq`` with sinusoidal
+  positions (Vaswani et al.'s model: the encoder's self-attention, the decoder's masked
+  self-attention and cross-attention, each an attention convolution);
 * ``transformer-shift``: the same without positional encodings, with shift-matrix heads
   instead (causal offsets 0..S-1 in the decoder, signed offsets in the encoder: the paper's
   proposal), its feed-forward width lowered to the ``transformer``'s parameter count;
-* ``pervasive``: ``sc.nn.PervasiveAttention`` (Elbayad et al. 2018), attention pooling;
-  ``pervasive-max``: the same with max pooling (not in the default arms);
+* ``pervasive``: the shipped ``g2p_pervasive`` config, ``sc.nn.PervasiveAttention`` (Elbayad
+  et al. 2018), attention pooling; ``pervasive-max``: the same with max pooling (not in the
+  default arms);
 * ``nearest``: the pronunciation of the training word closest in spelling (character trigrams
   to shortlist, edit distance to choose), once (it has no seed).
 
-Training: AdamW (betas 0.9, 0.98, weight decay 0.01), linear warm-up and cosine decay,
-clipping 1.0, label smoothing 0.1, dropout 0.1, batches of words of similar length; every
-``--eval-every`` steps the validation loss and the greedy PER / WER of ``--eval-words``
-validation words make the learning curves. At the end: greedy PER / WER on the whole
-validation and test splits, beam search (``--beam``) on test, decoded examples, the
-cross-attention maps (the alignment) and the pervasive model's pooling maps.
+Each neural arm is its config plus overrides (the options' values, the arm's model, the
+seed), trained by ``structconv.training.train``: AdamW (betas 0.9, 0.98, weight decay 0.01 on
+matrices), linear warm-up and cosine decay to a tenth, clipping 1.0, label smoothing 0.1,
+dropout 0.1, batches of words of similar length; every ``--eval-every`` steps the validation
+loss and the greedy PER / WER of ``--eval-words`` validation words make the learning curves,
+and the weights of the lowest validation loss are kept. Then, on each trained run (read back
+with ``load_run``): greedy PER / WER on the whole validation and test splits, beam search
+(``--beam``) on test, decoded examples, the cross-attention maps (the alignment) and the
+pervasive model's pooling maps.
 
-Every run checkpoints every ``--checkpoint-every`` steps under ``<out>/g2p_runs/<run>/`` and
-resumes there when killed; a finished run writes ``<run>.json`` and ``<run>.safetensors`` and
-is skipped next time. One process, ``--threads`` torch threads (default 1). Writes
-``<out>/g2p.json``, ``g2p_curves.png`` and ``g2p_attention.png``.
+Every run is a run directory ``<out>/g2p_runs/<arm>-s<seed>-<steps>`` trained at most once
+under its lock: a finished run is read back, an interrupted one resumed from its checkpoint
+(to the numbers of an uninterrupted one), one made with other options refused. One process,
+``--threads`` torch threads (default 1). Writes ``<out>/g2p.json``, ``g2p_curves.png`` and
+``g2p_attention.png``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
+import math
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from ..data.g2p import PAD, G2PData, edit_distance, load_cmudict
+from ..config import SEQ2SEQ_KEYS, config_from
+from ..data.g2p import PAD, G2PData, edit_distance
 from ..io import atomic_write_json
-from ..models.seq2seq import decode_words, epoch_batches, pair_tensors, score
+from ..models.seq2seq import decode_words, epoch_batches, score
+from ..models.sizes import seq2seq_parameters
 from ..nn.decoding import strip
-from ..nn.pervasive import PervasiveAttention
 from ..nn.seq2seq import Seq2Seq
-from ..training.checkpoint import CHECKPOINT_JSON, resume_training, save_checkpoint
 from ._common import (
-    COUNT,
     DROPOUT,
-    NATURAL,
     POSITIVE,
     SEED,
     THREADS,
+    Bounded,
     Listed,
-    finished,
     hardware,
     heads_divide,
     mean_std,
-    param_count,
     pyplot,
-    run_once,
     save_figure,
+    set_threads,
     write_result,
 )
-from .shift_heads import lr_at, save_state
+from .sweep import Run, config_run
 
-__all__ = ["add_arguments", "run", "ARMS", "build", "train_run", "decode_words", "scored_entries",
-           "nearest_predictions", "epoch_batches", "equalised_ffn"]
+__all__ = ["add_arguments", "run", "ARMS", "CONFIGS", "arm_run", "scored_entries",
+           "nearest_predictions", "equalised_ffn", "example_words", "analyse", "run_name",
+           "attention_maps", "train_run"]
 
 #: the arms this recipe knows; ``DEFAULT_ARMS`` run unless ``--arms`` says otherwise
 ARMS = ("nearest", "transformer", "transformer-shift", "pervasive", "pervasive-max")
 DEFAULT_ARMS = ("nearest", "transformer", "transformer-shift", "pervasive")
+#: the options' ranges: every size bounded above
+SEEDS, STEPS, SIZE = Bounded(int, 1, 1000), Bounded(int, 1, 10**8), Bounded(int, 1, 65536)
+FEW, WORDS = Bounded(int, 1, 1024), Bounded(int, 1, 10**7)
+#: the shipped config of each neural arm
+CONFIGS = {"transformer": "g2p_transformer", "transformer-shift": "g2p_transformer",
+           "pervasive": "g2p_pervasive", "pervasive-max": "g2p_pervasive"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arms", default=",".join(DEFAULT_ARMS), type=Listed.of(ARMS),
                         help=f"comma list of arms from {', '.join(ARMS)}")
-    parser.add_argument("--seeds", type=COUNT, default=3, help="model seeds per neural arm")
+    parser.add_argument("--seeds", type=SEEDS, default=3, help="model seeds per neural arm")
     parser.add_argument("--data-seed", type=SEED, default=0, help="the split's seed")
-    parser.add_argument("--limit", type=NATURAL, default=0, help="use a sample of this many words")
-    parser.add_argument("--steps", type=COUNT, default=6000, help="Transformer training steps")
-    parser.add_argument("--pervasive-steps", type=COUNT, default=6000,
+    parser.add_argument("--limit", type=Bounded(int, 0, 10**7), default=0,
+                        help="use a sample of this many words")
+    parser.add_argument("--steps", type=STEPS, default=6000, help="Transformer training steps")
+    parser.add_argument("--pervasive-steps", type=STEPS, default=6000,
                         help="pervasive training steps (a step costs about what the "
                              "Transformer's does at the default sizes)")
-    parser.add_argument("--batch", type=COUNT, default=64, help="words per batch")
+    parser.add_argument("--batch", type=SIZE, default=64, help="words per batch")
     parser.add_argument("--lr", type=POSITIVE, default=1e-3)
     parser.add_argument("--dropout", type=DROPOUT, default=0.1)
     parser.add_argument("--label-smoothing", type=DROPOUT, default=0.1)
-    parser.add_argument("--width", type=COUNT, default=128)
-    parser.add_argument("--layers", type=COUNT, default=3, help="encoder and decoder layers")
-    parser.add_argument("--heads", type=COUNT, default=4, help="attention heads per layer")
-    parser.add_argument("--shifts", type=COUNT, default=4,
+    parser.add_argument("--width", type=SIZE, default=128)
+    parser.add_argument("--layers", type=FEW, default=3, help="encoder and decoder layers")
+    parser.add_argument("--heads", type=FEW, default=4, help="attention heads per layer")
+    parser.add_argument("--shifts", type=FEW, default=4,
                         help="decoder shift heads of transformer-shift (offsets 0..S-1)")
-    parser.add_argument("--src-shifts", type=COUNT, default=5,
+    parser.add_argument("--src-shifts", type=FEW, default=5,
                         help="encoder shift heads of transformer-shift (centred offsets)")
-    parser.add_argument("--embed", type=COUNT, default=32, help="pervasive: embedding size")
-    parser.add_argument("--grid-layers", type=COUNT, default=6, help="pervasive: layers")
-    parser.add_argument("--growth", type=COUNT, default=24, help="pervasive: growth rate")
-    parser.add_argument("--bottleneck", type=COUNT, default=48, help="pervasive: bottleneck")
-    parser.add_argument("--kernel", type=COUNT, default=3, help="pervasive: k x k taps")
-    parser.add_argument("--eval-every", type=COUNT, default=500)
-    parser.add_argument("--eval-words", type=COUNT, default=500,
+    parser.add_argument("--embed", type=SIZE, default=32, help="pervasive: embedding size")
+    parser.add_argument("--grid-layers", type=FEW, default=6, help="pervasive: layers")
+    parser.add_argument("--growth", type=SIZE, default=24, help="pervasive: growth rate")
+    parser.add_argument("--bottleneck", type=SIZE, default=48, help="pervasive: bottleneck")
+    parser.add_argument("--kernel", type=Bounded(int, 1, 63), default=3,
+                        help="pervasive: k x k taps")
+    parser.add_argument("--eval-every", type=Bounded(int, 1, 10**6), default=500,
+                        help="steps between validations (the configs' batches_per_epoch)")
+    parser.add_argument("--eval-words", type=WORDS, default=500,
                         help="validation words decoded for the learning curves")
-    parser.add_argument("--beam", type=COUNT, default=4, help="beam width of the test decoding")
-    parser.add_argument("--eval-limit", type=NATURAL, default=0,
+    parser.add_argument("--beam", type=FEW, default=4, help="beam width of the test decoding")
+    parser.add_argument("--eval-limit", type=Bounded(int, 0, 10**7), default=0,
                         help="score valid and test on a seeded sample of this many words each "
                              "(0: every word; for reduced runs)")
-    parser.add_argument("--checkpoint-every", type=COUNT, default=500)
+    parser.add_argument("--checkpoint-every", type=STEPS, default=500,
+                        help="steps between a run's checkpoints, rounded up to whole "
+                             "--eval-every intervals")
     parser.add_argument("--threads", type=THREADS, default=1, help="torch threads (0: default)")
     parser.add_argument("--plot", default=None, help="learning-curve PNG path")
 
 
-# -- models ----------------------------------------------------------------------------------------
+# -- the arms: shipped configs and their overrides -------------------------------------------------
+def steps_of(arm: str, a) -> int:
+    """Training steps of an arm (``--pervasive-steps`` for the pervasive arms)."""
+    return a.pervasive_steps if arm.startswith("pervasive") else a.steps
+
+
+def run_name(arm: str, seed: int, a) -> str:
+    return f"{arm}-s{seed}-{steps_of(arm, a)}"
+
+
+def _data(a) -> list[str]:
+    limit = f", limit={a.limit}" if a.limit else ""
+    return [f"data.options={{seed={a.data_seed}{limit}}}", f"data.batch_size={a.batch}",
+            f"data.batches_per_epoch={a.eval_every}", f"data.val_sample={a.eval_words}"]
+
+
+def _model(arm: str, a, ffn: int) -> list[str]:
+    m = "model.seq2seq"
+    if arm.startswith("pervasive"):
+        return [f"{m}.embed={a.embed}", f"{m}.layers={a.grid_layers}", f"{m}.growth={a.growth}",
+                f"{m}.bottleneck={a.bottleneck}", f"{m}.kernel={a.kernel}",
+                f"{m}.pooling={'max' if arm == 'pervasive-max' else 'attention'}",
+                f"{m}.dropout={a.dropout}"]
+    out = [f"{m}.width={a.width}", f"{m}.layers={a.layers}", f"{m}.heads={a.heads}",
+           f"{m}.dropout={a.dropout}"]
+    if arm == "transformer-shift":
+        out += [f"{m}.position=shift", f"{m}.shifts={a.shifts}", f"{m}.src_shifts={a.src_shifts}",
+                f"{m}.ffn={ffn}"]
+    return out
+
+
+def arm_run(arm: str, seed: int, a, ffn: int = 0) -> Run:
+    """The run of a neural ``arm`` with ``seed``: its shipped config and overrides (``ffn``:
+    transformer-shift's feed-forward width, ``equalised_ffn``)."""
+    steps = steps_of(arm, a)
+    return Run(run_name(arm, seed, a), CONFIGS[arm], (
+        *_data(a), *_model(arm, a, ffn), f"train.lr={a.lr}", f"train.max_steps={steps}",
+        f"train.epochs={math.ceil(steps / a.eval_every)}",
+        f"train.warmup_steps={max(1, min(100, steps // 10))}",
+        f"train.label_smoothing={a.label_smoothing}",
+        f"train.checkpoint_every={math.ceil(a.checkpoint_every / a.eval_every)}",
+        f"seed={seed}"))
+
+
 def equalised_ffn(data: G2PData, a) -> int:
     """The feed-forward width at which ``transformer-shift`` has the parameter count of
     ``transformer`` (one unit of width costs 2·width + 1 parameters in each of the
-    2·layers blocks)."""
-    base = param_count(build("transformer", data, a))
-    shift = param_count(build("transformer-shift", data, a, ffn=4 * a.width))
+    2·layers blocks), counted from the sizes (``models.sizes``)."""
+    V_s, V_t = len(data.graphemes), len(data.phonemes)
+    spec = {**SEQ2SEQ_KEYS, "width": a.width, "layers": a.layers, "heads": a.heads}
+    base = seq2seq_parameters(spec, V_s, V_t, 0)
+    shift = seq2seq_parameters({**spec, "position": "shift", "shifts": a.shifts,
+                                "src_shifts": a.src_shifts, "ffn": 4 * a.width}, V_s, V_t, 0)
     unit = 2 * a.layers * (2 * a.width + 1)
     return max(1, 4 * a.width + round((base - shift) / unit))
-
-
-def build(arm: str, data: G2PData, a, ffn: int | None = None):
-    """The model of a neural arm for ``data``'s vocabularies."""
-    V_s, V_t = len(data.graphemes), len(data.phonemes)
-    if arm in ("pervasive", "pervasive-max"):
-        return PervasiveAttention(V_s, V_t, a.embed, a.grid_layers, a.growth, a.kernel,
-                                  bottleneck=a.bottleneck, dropout=a.dropout,
-                                  pooling="max" if arm == "pervasive-max" else "attention")
-    if arm == "transformer":
-        return Seq2Seq(V_s, V_t, a.width, a.layers, a.heads, "sinusoidal", dropout=a.dropout)
-    if arm == "transformer-shift":
-        return Seq2Seq(V_s, V_t, a.width, a.layers, a.heads, "shift", a.shifts,
-                       ffn or equalised_ffn(data, a), a.dropout, src_shifts=a.src_shifts)
-    raise ValueError(f"unknown arm {arm!r}: choose from {', '.join(ARMS)}")
-
-
-# -- batches, loss and scoring: models.seq2seq's (shared with `structconv train`) ----------------
-def _loss(model, src, tin, tout, smoothing: float) -> torch.Tensor:
-    # the mean of models.seq2seq.token_losses (tested equal), in torch's fused form: the
-    # published tables were made with it, bit for bit
-    logits = model(src, tin)
-    return F.cross_entropy(logits.flatten(0, 1), tout.flatten(), ignore_index=PAD,
-                           label_smoothing=smoothing)
-
-
-@torch.no_grad()
-def _valid_loss(model, data: G2PData, entries, smoothing: float) -> float:
-    pairs = [(w, p[0]) for w, p in entries]
-    tot = n = 0.0
-    for k in range(0, len(pairs), 256):
-        src, tin, tout = pair_tensors(data, pairs, range(k, min(len(pairs), k + 256)))
-        tokens = float((tout != PAD).sum())
-        tot += float(_loss(model, src, tin, tout, 0.0)) * tokens
-        n += tokens
-    return tot / n
-
-
-def _checkpoint_eval(model, data: G2PData, entries, a) -> dict:
-    was = model.training
-    model.eval()
-    preds = decode_words(model, data, [w for w, _ in entries])
-    out = {"valid_loss": _valid_loss(model, data, entries, a.label_smoothing),
-           **{f"valid_{k}": v for k, v in score(preds, entries).items() if k != "words"}}
-    model.train(was)
-    return out
 
 
 # -- the nearest-spelling baseline ---------------------------------------------------------------
@@ -217,23 +230,6 @@ def _nearest(data: G2PData, folder: Path, examples: list[str], a) -> dict:
     return res
 
 
-# -- training ------------------------------------------------------------------------------------
-def steps_of(arm: str, a) -> int:
-    """Training steps of an arm (``--pervasive-steps`` for the pervasive arms)."""
-    return a.pervasive_steps if arm.startswith("pervasive") else a.steps
-
-
-def run_name(arm: str, seed: int, a) -> str:
-    return f"{arm}-s{seed}-{steps_of(arm, a)}"
-
-
-def _optimizer(model, a) -> torch.optim.Optimizer:
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
-                              {"params": rest, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.98))
-
-
 def scored_entries(data: G2PData, split: str, a) -> list:
     """The words of ``split`` that the final scores use: all of them, or with
     ``--eval-limit n`` a seeded sample of n (the same for every arm)."""
@@ -243,13 +239,6 @@ def scored_entries(data: G2PData, split: str, a) -> list:
     g = torch.Generator().manual_seed(2718 + ("valid", "test").index(split))
     pick = torch.randperm(len(entries), generator=g)[:n]
     return [entries[i] for i in sorted(pick.tolist())]
-
-
-def monitor_entries(data: G2PData, a) -> list:
-    """The validation words of the learning curves: a fixed seeded sample."""
-    entries = data.splits["valid"]
-    pick = torch.randperm(len(entries), generator=torch.Generator().manual_seed(4321))
-    return [entries[i] for i in sorted(pick[:a.eval_words].tolist())]
 
 
 def example_words(data: G2PData, n: int = 8) -> list[str]:
@@ -263,110 +252,83 @@ def example_words(data: G2PData, n: int = 8) -> list[str]:
     return (multi[:k] + single[:n - k]) if single else [w for w, _ in test[:n]]
 
 
-def _train_steps(arm, model, opt, data: G2PData, a, seed: int, state: dict, run_dir: Path,
-                 stop_after: int | None) -> bool:
-    """Train from ``state["step"]`` to the arm's steps (checkpointing, recording the curve);
-    False when stopped early at ``stop_after`` steps (a test's simulated kill)."""
-    pairs = data.pairs("train")
-    lengths = [len(w) for w, _ in pairs]
-    steps, sched = steps_of(arm, a), argparse.Namespace(steps=steps_of(arm, a), lr=a.lr)
-    monitor, epochs = monitor_entries(data, a), {}
-    per_epoch = len(epoch_batches(lengths, a.batch, seed, 0))
-    model.train()
-    while state["step"] < steps:
-        e, i = divmod(state["step"], per_epoch)
-        if e not in epochs:
-            epochs = {e: epoch_batches(lengths, a.batch, seed, e)}
-        src, tin, tout = pair_tensors(data, pairs, epochs[e][i])
-        for g in opt.param_groups:
-            g["lr"] = lr_at(state["step"], sched)
-        c0, t0 = time.process_time(), time.perf_counter()
-        loss = _loss(model, src, tin, tout, a.label_smoothing)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        state["cpu"] += time.process_time() - c0
-        state["wall"] += time.perf_counter() - t0
-        state["step"] += 1
-        state["loss_sum"] += float(loss.detach())
-        state["loss_n"] += 1
-        s = state["step"]
-        if s % a.eval_every == 0 or s == steps:
-            _record(model, data, monitor, a, state, per_epoch, arm, seed)
-        if s % a.checkpoint_every == 0 and s < steps:
-            save_checkpoint(run_dir, s, model.state_dict(), opt.state_dict(), trainer=state)
-        if stop_after is not None and s >= stop_after and s < steps:
-            return False
-    return True
+# -- training (the engine) and the analysis of each trained run ---------------------------------
+def _curve(where: Path, a, steps: int, per_pass: int) -> list[dict]:
+    """The learning curve from the run's metrics: after each validation the step, the passes
+    over the words, the training loss (mean over the interval) and the validation sample's
+    loss and greedy PER / WER."""
+    rows = [json.loads(line) for line in (where / "metrics.jsonl").read_text().splitlines()]
+    out = []
+    for r in rows:
+        step = min(r["epoch"] * a.eval_every, steps)
+        out.append({"step": step, "epoch": step / per_pass, "train_loss": r["train_loss"],
+                    "valid_loss": r["val_loss"], "valid_per": r["val_per"],
+                    "valid_wer": r["val_wer"]})
+    return out
 
 
-def _record(model, data, monitor, a, state: dict, per_epoch: int, arm: str, seed: int):
+def analyse(where: Path, result: dict, a, examples: list[str]) -> dict:
+    """The final scores of the run in ``where`` (its best-validation weights): greedy PER /
+    WER on valid and test (the engine's result's, or on ``--eval-limit`` samples), beam search
+    on test, the examples and the attention maps; written to ``analysis.json`` there and read
+    back when made with the same options."""
+    from ..training import load_run
+
+    path = where / "analysis.json"
+    settings = {"beam": a.beam, "eval_limit": a.eval_limit, "examples": examples}
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        if saved.get("settings") == settings:
+            return saved
     c0 = time.process_time()
-    entry = {"step": state["step"], "epoch": state["step"] / per_epoch,
-             "train_loss": state["loss_sum"] / max(1, state["loss_n"]),
-             **_checkpoint_eval(model, data, monitor, a), "cpu": state["cpu"]}
-    state["eval_cpu"] += time.process_time() - c0
-    state["loss_sum"], state["loss_n"] = 0.0, 0
-    state["curve"].append(entry)
-    print(f"    {arm} seed {seed} step {entry['step']} (epoch {entry['epoch']:.2f}): train "
-          f"{entry['train_loss']:.3f} valid {entry['valid_loss']:.3f} PER "
-          f"{entry['valid_per']:.2f} WER {entry['valid_wer']:.2f}  cpu {state['cpu']:.0f}s",
-          flush=True)
+    _, data, model = load_run(where, "best")
+    model.eval()
+    out = {"settings": settings}
+    for split, key in (("valid", "val"), ("test", "test")):
+        entries = scored_entries(data, split, a)
+        out[split] = score(decode_words(model, data, [w for w, _ in entries]), entries) \
+            if a.eval_limit else {"per": result[f"{key}_per"], "wer": result[f"{key}_wer"],
+                                  "words": len(entries)}
+    out["examples"] = {w: " ".join(p) for w, p in zip(examples,
+                                                       decode_words(model, data, examples))}
+    test = scored_entries(data, "test", a)
+    out["test_beam"] = score(decode_words(model, data, [w for w, _ in test], beam=a.beam), test)
+    out["maps"] = attention_maps(model, data, examples[:3])
+    out["eval_cpu_seconds"] = time.process_time() - c0
+    atomic_write_json(path, out)
+    return json.loads(json.dumps(out))  # as the file has it (lists, not tuples)
 
 
 def train_run(arm: str, seed: int, data: G2PData, a, folder: Path, examples: list[str],
-              stop_after: int | None = None) -> dict | None:
-    """One neural run: trained (resuming from its checkpoint when there is one), evaluated,
-    written; a finished run is read back. None when stopped at ``stop_after`` steps."""
-    name = run_name(arm, seed, a)
-    done = folder / f"{name}.json"
-    return run_once(folder, name, "g2p",
-                    lambda: finished(done),
-                    lambda: _train_and_write(arm, seed, data, a, folder, examples, stop_after,
-                                             name, done))
-
-
-def _train_and_write(arm, seed, data, a, folder: Path, examples, stop_after, name: str,
-                     done: Path) -> dict | None:
-    torch.manual_seed(seed)
-    model = build(arm, data, a)
-    opt = _optimizer(model, a)
-    run_dir = folder / name
-    state = {"step": 0, "curve": [], "cpu": 0.0, "wall": 0.0, "eval_cpu": 0.0,
-             "loss_sum": 0.0, "loss_n": 0}
-    if (run_dir / CHECKPOINT_JSON).is_file():
-        state = resume_training(run_dir, model, opt)["trainer"]
-        print(f"  {name}: resumed at step {state['step']}", flush=True)
-    if not _train_steps(arm, model, opt, data, a, seed, state, run_dir, stop_after):
-        return None
-    res = _final_eval(arm, seed, model, data, a, state, examples)
-    save_state(model, folder / f"{name}.safetensors")
-    atomic_write_json(done, res)
-    shutil.rmtree(run_dir, ignore_errors=True)
-    print(f"  {name}: test PER {res['test']['per']:.2f} WER {res['test']['wer']:.2f} (beam "
-          f"{a.beam}: {res['test_beam']['per']:.2f} / {res['test_beam']['wer']:.2f})  params "
-          f"{res['params']}  cpu {res['cpu_seconds']:.0f}s", flush=True)
-    return res
-
-
-def _final_eval(arm, seed, model, data: G2PData, a, state: dict, examples) -> dict:
-    model.eval()
+              ffn: int = 0) -> dict:
+    """One neural run: trained by the engine (resumed from its checkpoint where one was
+    left, read back where finished), then analysed; its record in ``g2p.json``."""
+    run = arm_run(arm, seed, a, ffn)
+    where = folder / run.name
+    fresh = not (where / "result.json").is_file()
     c0 = time.process_time()
-    res = {"arm": arm, "seed": seed, "params": param_count(model), "steps": state["step"],
-           "epochs": state["curve"][-1]["epoch"], "curve": state["curve"],
-           "cpu_seconds": state["cpu"], "seconds": state["wall"],
-           "monitor_cpu_seconds": state["eval_cpu"]}
-    for split in ("valid", "test"):
-        entries = scored_entries(data, split, a)
-        res[split] = score(decode_words(model, data, [w for w, _ in entries]), entries)
-    res["examples"] = {w: " ".join(p) for w, p in zip(examples,
-                                                       decode_words(model, data, examples))}
-    test = scored_entries(data, "test", a)
-    res["test_beam"] = score(decode_words(model, data, [w for w, _ in test], beam=a.beam), test)
-    res["maps"] = attention_maps(model, data, examples[:3])
-    res["eval_cpu_seconds"] = time.process_time() - c0
-    return res
+    res = config_run(folder, run, "g2p", a.device)
+    cpu = time.process_time() - c0
+    if fresh:  # the CPU time of the call that trained it (a resumed run: since the resume)
+        atomic_write_json(where / "cpu.json", {"cpu_seconds": cpu})
+    ana = analyse(where, res, a, examples)
+    pairs = data.pairs("train")
+    per_pass = len(epoch_batches([len(w) for w, _ in pairs], a.batch, seed, 1))
+    steps = steps_of(arm, a)
+    curve = _curve(where, a, steps, per_pass)
+    cpu_file = where / "cpu.json"
+    out = {"arm": arm, "seed": seed, "params": res["parameters"], "steps": steps,
+           "epochs": curve[-1]["epoch"], "curve": curve, "best_step": min(
+               res["best_epoch"] * a.eval_every, steps),
+           "cpu_seconds": json.loads(cpu_file.read_text())["cpu_seconds"]
+           if cpu_file.is_file() else 0.0, "seconds": res["train_time_s"],
+           **{k: ana[k] for k in ("valid", "test", "examples", "test_beam", "maps",
+                                  "eval_cpu_seconds")}}
+    if fresh:
+        print(f"  {run.name}: test PER {out['test']['per']:.2f} WER {out['test']['wer']:.2f} "
+              f"(beam {a.beam}: {out['test_beam']['per']:.2f} / {out['test_beam']['wer']:.2f})"
+              f"  params {out['params']}  cpu {out['cpu_seconds']:.0f}s", flush=True)
+    return out
 
 
 @torch.no_grad()
@@ -395,33 +357,37 @@ QUICK = dict(limit=1500, seeds=1, steps=24, pervasive_steps=16, batch=16, width=
              eval_words=40, checkpoint_every=8, beam=2)
 
 
-def parse_arms(text: str) -> list[str]:
-    arms = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [x for x in arms if x not in ARMS]
-    if bad or not arms:
-        raise ValueError(f"--arms: unknown arm(s) {', '.join(map(repr, bad)) or '(none)'}; "
-                         f"choose from {', '.join(ARMS)}")
-    return list(dict.fromkeys(arms))
-
-
 def check_arguments(a) -> None:
-    """The checks that join options or cut a range (each option's range is its argparse type)."""
+    """The checks that join options or cut a range (each option's range is its argparse
+    type), and every arm's config validated (``ConfigError`` naming the key)."""
     heads_divide(a)
     if a.limit < 0 or (0 < a.limit < 3):
         raise ValueError(f"--limit must be 0 (every word) or >= 3, got {a.limit}")
+    for arm in dict.fromkeys(a.arms.split(",") if isinstance(a.arms, str) else a.arms):
+        if arm.strip() in CONFIGS:
+            config_from(CONFIGS[arm.strip()], list(arm_run(arm.strip(), a.seed, a,
+                                                           4 * a.width).overrides))
+
+
+def _load(a) -> G2PData:
+    """The words as the runs' configs load them."""
+    from ..training import load_data
+
+    return load_data(config_from("g2p_transformer", _data(a)))
 
 
 def run(args) -> int:
     """Every arm x seed; prints the table, writes JSON and the plots."""
     check_arguments(args)
-    arms = parse_arms(args.arms)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    arms = list(dict.fromkeys(x.strip() for x in args.arms.split(",") if x.strip())) \
+        if isinstance(args.arms, str) else list(dict.fromkeys(args.arms))
+    set_threads(args)
     t_all = time.perf_counter()
-    data = load_cmudict(seed=args.data_seed, limit=args.limit or None)
+    data = _load(args)
     folder = Path(args.out) / "g2p_runs"
     folder.mkdir(parents=True, exist_ok=True)
     examples = example_words(data)
+    ffn = equalised_ffn(data, args)
     print(f"{data.describe()}; arms {', '.join(arms)}", flush=True)
     runs = []
     for arm in arms:
@@ -429,11 +395,12 @@ def run(args) -> int:
             runs.append(_nearest(data, folder, examples, args))
             continue
         for i in range(args.seeds):
-            runs.append(train_run(arm, args.seed + i, data, args, folder, examples))
+            runs.append(train_run(arm, args.seed + i, data, args, folder, examples, ffn))
     rows = _summarise(runs, arms)
     refs = {w: [" ".join(p) for p in prons] for w, prons in data.splits["test"]
             if w in set(examples)}
-    result = dict(experiment="g2p", data=data.describe(), split=data.meta, settings={
+    result = dict(experiment="g2p", data=data.describe(), split=data.meta, configs={
+        arm: CONFIGS[arm] for arm in arms if arm in CONFIGS}, settings={
         k: v for k, v in vars(args).items() if isinstance(v, (int, float, str))},
         arms=rows, runs=runs, examples={w: refs[w] for w in examples},
         cpu_hours=sum(r["all_cpu_minutes"] for r in rows.values()) / 60,
@@ -521,4 +488,4 @@ def _plot_maps(runs: list[dict], a, plt) -> None:
             if i == 0:
                 kind = "cross-attention" if r["arm"].startswith("transformer") else "pooling"
                 ax.set_title(f"{r['arm']} ({kind})", fontsize=9)
-    save_figure(fig, argparse.Namespace(out=a.out, plot=None), "g2p_attention")
+    save_figure(fig, a, "g2p_attention", use_plot=False)

@@ -1,12 +1,16 @@
 """Shift-matrix heads instead of positional encodings, tested as the literature tests encodings.
 
-``structconv reproduce shift-heads --out runs`` trains ``sc.nn.TransformerLM`` on Tiny
-Shakespeare in nanoGPT's CPU configuration (4 layers, 4 heads, width 128, context 64, batch 12,
-2,000 AdamW steps: lr 1e-3 with 100 warm-up steps and cosine decay to 1e-4, betas (0.9, 0.99),
-weight decay 0.1 on matrices, clipping 1.0, no dropout; 90/10 split) for every position kind
-and seed, parameters equalised to the ``none`` model through the feed-forward width. Then:
+``structconv reproduce shift-heads --out runs`` trains the shipped ``transformer_shakespeare``
+config (``sc.nn.TransformerLM`` on Tiny Shakespeare in nanoGPT's CPU configuration: 4 layers, 4
+heads, width 128, context 64, batch 12, 2,000 AdamW steps: lr 1e-3 with 100 warm-up steps and
+cosine decay to 1e-4, betas (0.9, 0.99), weight decay 0.1 on matrices, clipping 1.0, no
+dropout; 90/10 split) for every position kind and seed, each an arm of config overrides (its
+position, Canon places, seed, and the feed-forward width that equalises its parameters to the
+``none`` model), trained by ``structconv.training.train``. Then, on each trained run (read back
+with ``load_run``):
 
-1. validation loss mean ± std and learning curves (``shift_heads.png``);
+1. validation loss mean ± std (the last validation, on a fixed sample of 480 windows) and
+   learning curves (``shift_heads.png``);
 2. length extrapolation: every model evaluated at 1, 2, 4, 8, 16 x the training context on
    non-overlapping windows and with a sliding window that scores only each window's last
    ``--stride`` positions (``shift_heads_extrapolation.png``);
@@ -18,9 +22,11 @@ and seed, parameters equalised to the ``none`` model through the feed-forward wi
 at some of the places A-D, e.g. ``none+Canon-ABCD`` or ``rotary+Canon-B`` (``--canon-kernel``
 taps, default 4); their parameters are counted and equalised like any other.
 
-Runs are independent: ``--jobs 2`` runs two at once with one thread each. Every run writes its
-result (JSON) and weights (safetensors) under ``<out>/shift_heads_runs/`` and is skipped when
-already there, so an interrupted reproduction resumes. Writes ``<out>/shift_heads.json``.
+Runs are independent: ``--jobs 2`` runs two at once with one thread each. Every run is a run
+directory ``<out>/shift_heads_runs/<kind>-s<seed>-<steps>`` trained at most once under its
+lock: a finished run is read back, an interrupted one resumed from its checkpoint (to the
+numbers of an uninterrupted one), and one made with other options refused. Writes
+``<out>/shift_heads.json``.
 """
 
 from __future__ import annotations
@@ -29,40 +35,39 @@ import argparse
 import json
 import math
 import multiprocessing as mp
-import shutil
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from ..data.registry import DatasetError, data_root
-from ..data.text import encode_text, load_text_file
-from ..io import atomic_write_bytes, atomic_write_json
-from ..nn.lm import POSITIONS, TransformerLM, equalised_ffn, split_kind
-from ..training.checkpoint import CHECKPOINT_JSON, resume_training, save_checkpoint
+from ..config import LM_KEYS, config_from
+from ..io import atomic_write_json
+from ..models.sizes import lm_parameters
+from ..nn.lm import POSITIONS, split_kind
 from ._common import (
-    COUNT,
-    NATURAL,
     POSITIVE,
     THREADS,
+    Bounded,
     Listed,
-    device,
     hardware,
     heads_divide,
     mean_std,
-    param_count,
     pyplot,
-    run_once,
     save_figure,
     write_result,
 )
+from .sweep import Run, config_run
 
-__all__ = ["add_arguments", "run", "build", "train_one", "extrapolation", "shift_likeness",
-           "lr_at", "save_state", "run_all", "parse_kinds", "run_name", "equalised", "adamw",
-           "train_steps", "run_settings", "resumed", "finish_run", "checkpoint_dir", "RUN_KEYS"]
+__all__ = ["add_arguments", "run", "CONFIG", "QUICK", "FACTORS", "extrapolation",
+           "shift_likeness", "window_loss", "run_all", "parse_kinds", "run_name", "equalised",
+           "overrides", "kind_run", "warmup_steps", "analyse", "kind_styles"]
 
+#: the shipped config every arm overrides
+CONFIG = "transformer_shakespeare"
+#: the options' ranges: every size bounded above
+SEEDS, STEPS, SIZE = Bounded(int, 1, 1000), Bounded(int, 1, 10**8), Bounded(int, 1, 65536)
+FEW, EVERY, CHARS = Bounded(int, 1, 1024), Bounded(int, 1, 10**6), Bounded(int, 1, 10**9)
 FACTORS = (1, 2, 4, 8, 16)
 
 
@@ -71,48 +76,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kinds", default=",".join(POSITIONS), type=Listed(split_kind),
                         help=f"comma list of model kinds: position kinds ({', '.join(POSITIONS)})"
                              ", each optionally with Canon layers, e.g. none+Canon-ABCD")
-    parser.add_argument("--seeds", type=COUNT, default=3)
-    parser.add_argument("--steps", type=COUNT, default=2000)
-    parser.add_argument("--batch", type=COUNT, default=12)
-    parser.add_argument("--context", type=COUNT, default=64)
-    parser.add_argument("--width", type=COUNT, default=128)
-    parser.add_argument("--layers", type=COUNT, default=4)
-    parser.add_argument("--heads", type=COUNT, default=4, help="attention heads per layer")
-    parser.add_argument("--shifts", type=COUNT, default=4,
+    parser.add_argument("--seeds", type=SEEDS, default=3)
+    parser.add_argument("--steps", type=STEPS, default=2000)
+    parser.add_argument("--batch", type=SIZE, default=12)
+    parser.add_argument("--context", type=SIZE, default=64)
+    parser.add_argument("--width", type=SIZE, default=128)
+    parser.add_argument("--layers", type=FEW, default=4)
+    parser.add_argument("--heads", type=FEW, default=4, help="attention heads per layer")
+    parser.add_argument("--shifts", type=FEW, default=4,
                         help="shift heads of the shift kinds (offsets 0..S-1)")
-    parser.add_argument("--canon-kernel", type=COUNT, default=4,
+    parser.add_argument("--canon-kernel", type=FEW, default=4,
                         help="taps of the Canon layers of the +Canon- kinds")
     parser.add_argument("--lr", type=POSITIVE, default=1e-3)
-    parser.add_argument("--eval-every", type=COUNT, default=100)
-    parser.add_argument("--val-batches", type=COUNT, default=40)
-    parser.add_argument("--eval-chars", type=COUNT, default=16384,
+    parser.add_argument("--eval-every", type=EVERY, default=100,
+                        help="steps between validations (the config's batches_per_epoch)")
+    parser.add_argument("--val-batches", type=EVERY, default=40,
+                        help="validation batches (of --batch windows: the config's val_sample)")
+    parser.add_argument("--eval-chars", type=CHARS, default=16384,
                         help="validation characters scored per extrapolation length")
-    parser.add_argument("--sliding-chars", type=COUNT, default=8192,
+    parser.add_argument("--sliding-chars", type=CHARS, default=8192,
                         help="validation characters scored by the sliding window")
-    parser.add_argument("--stride", type=NATURAL, default=0,
+    parser.add_argument("--stride", type=Bounded(int, 0, 65536), default=0,
                         help="sliding-window stride = scored positions (0: the context)")
     parser.add_argument("--long-kinds", default="", type=Listed(split_kind, empty=True),
                         help="comma list of kinds for one longer run each")
-    parser.add_argument("--long-steps", type=COUNT, default=5000)
-    parser.add_argument("--checkpoint-every", type=NATURAL, default=500,
-                        help="steps between a run's checkpoints (0: none; a killed run then "
-                             "starts again)")
-    parser.add_argument("--jobs", type=COUNT, default=1, help="runs at once (one thread each)")
+    parser.add_argument("--long-steps", type=STEPS, default=5000)
+    parser.add_argument("--checkpoint-every", type=Bounded(int, 0, 10**8), default=500,
+                        help="steps between a run's checkpoints, rounded up to whole "
+                             "--eval-every intervals (0: every 10 s)")
+    parser.add_argument("--jobs", type=Bounded(int, 1, 256), default=1,
+                        help="runs at once (one thread each)")
     parser.add_argument("--threads", type=THREADS, default=0,
                         help="torch threads with --jobs 1 (0: torch's default)")
     parser.add_argument("--plot", default=None, help="learning-curve PNG path")
 
 
-# -- the models and their training ---------------------------------------------------------------
-def build(kind: str, vocab: int, a, ffn: int | None = None) -> TransformerLM:
-    """The ``kind`` model (a model kind: position[+Canon-places]) of the run's shape (``ffn``
-    default 4·width)."""
-    position, canon = split_kind(kind)
-    return TransformerLM(vocab, a.width, a.layers, a.heads, position, a.shifts, ffn,
-                         context=a.context, canon=canon,
-                         canon_kernel=getattr(a, "canon_kernel", 4))
-
-
+# -- the arms: the shipped config and its overrides ------------------------------------------------
 def parse_kinds(text: str) -> list[str]:
     """The model kinds of a comma list (``ValueError`` naming an unknown one)."""
     kinds = [k.strip() for k in text.split(",") if k.strip()]
@@ -121,136 +120,74 @@ def parse_kinds(text: str) -> list[str]:
     return kinds
 
 
-def equalised(kinds: list[str], vocab: int, a) -> tuple[int, dict]:
-    """(the ``none`` model's parameter count, {kind: the feed-forward width that matches it})."""
-    budget = param_count(build("none", vocab, a))
-    ffns = {}
-    for k in dict.fromkeys(kinds):
-        position, canon = split_kind(k)
-        ffns[k] = equalised_ffn(vocab, a.width, a.layers, a.heads, position, a.shifts, budget,
-                                a.context, canon=canon,
-                                canon_kernel=getattr(a, "canon_kernel", 4))
-    return budget, ffns
+def warmup_steps(steps: int) -> int:
+    """nanoGPT's warm-up: 100 steps, a tenth of a shorter run (at least 1)."""
+    return max(1, min(100, steps // 10))
+
+
+def overrides(a, steps: int) -> list[str]:
+    """The overrides every arm of a run of ``steps`` steps shares: the options' values."""
+    out = [f"data.batch_size={a.batch}", f"data.seq_len={a.context}",
+           f"data.batches_per_epoch={a.eval_every}", f"data.val_sample={a.val_batches * a.batch}",
+           f"model.lm.width={a.width}", f"model.lm.layers={a.layers}",
+           f"model.lm.heads={a.heads}", f"model.lm.shifts={a.shifts}", f"train.lr={a.lr}",
+           f"train.max_steps={steps}", f"train.epochs={math.ceil(steps / a.eval_every)}",
+           f"train.warmup_steps={warmup_steps(steps)}",
+           f"train.checkpoint_every={math.ceil(a.checkpoint_every / a.eval_every)}"]
+    if a.quick:  # the first 60,000 characters
+        out.append("data.options={val=0.1, test=0.0, limit=60000}")
+    if a.data:
+        out.append(f"data.root={json.dumps(str(a.data))}")
+    return out
+
+
+def _kind(kind: str, a, ffn: int) -> list[str]:
+    position, canon = split_kind(kind)
+    out = [f"model.lm.position={position}", f"model.lm.canon={json.dumps(canon)}",
+           f"model.lm.ffn={ffn}"]
+    return out + ([f"model.lm.canon_kernel={a.canon_kernel}"] if canon else [])
 
 
 def run_name(kind: str, seed: int, steps: int, a) -> str:
-    """A run's file name: kind, seed and steps (and the Canon taps when not the default 4)."""
-    k = getattr(a, "canon_kernel", 4)
+    """A run's name: kind, seed and steps (and the Canon taps when not the default 4)."""
+    k = a.canon_kernel
     tag = f"-k{k}" if split_kind(kind)[1] and k != 4 else ""
     return f"{kind}{tag}-s{seed}-{steps}"
 
 
-def _load(args):
-    root = Path(args.data) if args.data else (data_root() or Path("/nonexistent")) / \
-        "tinyshakespeare"
-    path = root / "input.txt"
-    if not path.is_file():
-        raise DatasetError(f"no Tiny Shakespeare at {path}: pass --data DIR or set "
-                           "STRUCTCONV_DATA (see `structconv datasets`)")
-    if args.quick:
-        return encode_text("tinyshakespeare", path.read_text(encoding="utf-8")[:60000],
-                           val=0.1, test=0.0)
-    return load_text_file(path, "tinyshakespeare", val=0.1, test=0.0)
+def kind_run(kind: str, seed: int, steps: int, a, ffn: int) -> Run:
+    """The run of ``kind`` with ``seed`` for ``steps`` steps: the config and its overrides."""
+    return Run(run_name(kind, seed, steps, a), CONFIG,
+               (*overrides(a, steps), *_kind(kind, a, ffn), f"seed={seed}"))
 
 
-def _batch(ids, B: int, L: int, gen: torch.Generator):
-    start = torch.randint(0, ids.numel() - L - 1, (B,), generator=gen)
-    off = torch.arange(L)
-    return ids[start[:, None] + off], ids[start[:, None] + off + 1]
+def _spec(kind: str, a, ffn: int = 0) -> dict:
+    position, canon = split_kind(kind)
+    return {**LM_KEYS, "width": a.width, "layers": a.layers, "heads": a.heads,
+            "position": position, "shifts": a.shifts, "ffn": ffn, "canon": canon,
+            "canon_kernel": a.canon_kernel}
 
 
-@torch.no_grad()
-def _val_loss(model, batches) -> float:
-    model.eval()
-    tot = sum(float(F.cross_entropy(model(x).flatten(0, 1), y.flatten())) for x, y in batches)
-    model.train()
-    return tot / len(batches)
+def equalised(kinds: list[str], vocab: int, a) -> tuple[int, dict]:
+    """(the ``none`` model's parameter count, {kind: the feed-forward width that matches it}),
+    counted from the sizes (``models.sizes``): one unit of width costs 2·width + 1 parameters
+    per layer (plus the Canon-D taps)."""
+    budget = lm_parameters(_spec("none", a), vocab, a.context)
+    ffns = {}
+    for k in dict.fromkeys(kinds):
+        spec = _spec(k, a, 4 * a.width)
+        p0 = lm_parameters(spec, vocab, a.context)
+        unit = 2 * a.width + 1 + (a.canon_kernel if "D" in spec["canon"] else 0)
+        ffns[k] = max(1, 4 * a.width + round((budget - p0) / (a.layers * unit)))
+    return budget, ffns
 
 
-def lr_at(step: int, a) -> float:
-    """The learning rate at ``step`` of ``a.steps`` (peak ``a.lr``)."""
-    # nanoGPT's schedule: linear warm-up, cosine decay to a tenth at the last step
-    warm, lo = max(1, min(100, a.steps // 10)), a.lr / 10
-    if step < warm:
-        return a.lr * (step + 1) / warm
-    t = min(1.0, (step - warm) / max(1, a.steps - warm))
-    return lo + 0.5 * (1 + math.cos(math.pi * t)) * (a.lr - lo)
+def _vocab(a) -> int:
+    """The vocabulary size of the runs' data (as the engine loads it)."""
+    from ..training import load_data
 
-
-def adamw(model, lr: float) -> torch.optim.AdamW:
-    """nanoGPT's optimizer: AdamW, betas (0.9, 0.99), weight decay 0.1 on matrices (and
-    tables) only; ``train_steps`` sets the learning rate every step (``lr_at``)."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                              {"params": rest, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.99))
-
-
-def train_steps(model, opt, a, batch_loss, evaluate, gen: torch.Generator,
-                run_dir: Path | None = None) -> tuple[list[dict], float, float]:
-    """The recipes' training loop: ``a.steps`` steps at ``lr_at``, gradients clipped to norm 1;
-    ``batch_loss(step)`` draws a batch from ``gen`` and returns its loss, ``evaluate(step,
-    train_loss)`` a curve entry every ``a.eval_every`` steps and at the last. Returns (curve,
-    wall seconds of training, CPU seconds of this process while training).
-
-    With ``run_dir`` and ``a.checkpoint_every`` > 0 a checkpoint (model, optimizer, RNG states,
-    the batch generator, the curve so far; ``sc.checkpoint``) is committed every that many
-    steps and resumed from when present: a run killed midway continues where it stopped and
-    ends as the uninterrupted run would (the same batches and the same arithmetic).
-    """
-    start, curve, before, cpu_before = 0, [], 0.0, 0.0
-    every = getattr(a, "checkpoint_every", 0) if run_dir is not None else 0
-    if every and (Path(run_dir) / CHECKPOINT_JSON).is_file():
-        tr = resume_training(run_dir, model, opt)["trainer"]
-        start, curve, before, cpu_before = tr["step"], tr["curve"], tr["seconds"], tr["cpu"]
-        # the batch generator goes on from where it stood (the RNG states are the checkpoint's)
-        gen.set_state(torch.tensor(tr["generator"], dtype=torch.uint8))
-    t0, c0 = time.perf_counter(), time.process_time()
-    for step in range(start, a.steps):
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, a)
-        loss = batch_loss(step)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
-            curve.append(evaluate(step + 1, float(loss.detach())))
-        if every and (step + 1) % every == 0 and step + 1 < a.steps:
-            save_checkpoint(run_dir, step + 1, model.state_dict(), opt.state_dict(), dict(
-                step=step + 1, curve=curve, seconds=before + time.perf_counter() - t0,
-                cpu=cpu_before + time.process_time() - c0, generator=gen.get_state().tolist()))
-    return curve, before + time.perf_counter() - t0, cpu_before + time.process_time() - c0
-
-
-def train_one(kind: str, seed: int, data, a, ffn: int,
-              run_dir: Path | None = None) -> tuple[dict, TransformerLM]:
-    """Train one model for ``a.steps`` steps (resuming from ``run_dir``'s checkpoint, see
-    ``train_steps``); (result with the learning curve, model)."""
-    torch.manual_seed(seed)
-    dev = device(a)
-    # built (and initialised) on the CPU, then moved: the same initial weights on every device
-    model = build(kind, len(data.vocab), a, ffn).to(dev)
-    opt = adamw(model, a.lr)
-    # batches are drawn on the CPU from CPU generators, then moved: the same batches on every
-    # device, and a checkpoint's generator state is device-independent
-    gen = torch.Generator().manual_seed(10_000 + seed)  # the same batches for every kind
-    vgen = torch.Generator().manual_seed(12345)
-    val = [tuple(t.to(dev) for t in _batch(data.splits["val"], a.batch, a.context, vgen))
-           for _ in range(a.val_batches)]
-    train = data.splits["train"]
-
-    def batch_loss(step):
-        x, y = (t.to(dev, non_blocking=True) for t in _batch(train, a.batch, a.context, gen))
-        return F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-
-    def evaluate(step, train_loss):
-        return dict(step=step, train_loss=train_loss, val_loss=_val_loss(model, val))
-
-    curve, seconds, cpu = train_steps(model, opt, a, batch_loss, evaluate, gen, run_dir)
-    return dict(kind=kind, seed=seed, steps=a.steps, val_loss=curve[-1]["val_loss"],
-                curve=curve, seconds=seconds, cpu_seconds=cpu, params=param_count(model),
-                ffn=ffn, device=dev.type), model
+    cfg = config_from(CONFIG, overrides(a, a.steps))
+    return len(load_data(cfg).vocab)
 
 
 # -- evaluation at length --------------------------------------------------------------------------
@@ -317,88 +254,64 @@ def shift_likeness(model, val, a, windows: int = 32) -> list[list[dict]]:
     return out
 
 
-# -- orchestration ---------------------------------------------------------------------------------
-def save_state(model, path: Path) -> None:
-    """The model's weights as safetensors at ``path`` (atomically)."""
-    from safetensors.torch import save
-
-    state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
-    atomic_write_bytes(path, save(state))
+def _batch(ids, B: int, L: int, gen: torch.Generator):
+    start = torch.randint(0, ids.numel() - L - 1, (B,), generator=gen)
+    off = torch.arange(L)
+    return ids[start[:, None] + off], ids[start[:, None] + off + 1]
 
 
-#: the options a run's result depends on (besides kind and seed): a run found on disk with
-#: other values is refused rather than reused
-RUN_KEYS = ("steps", "batch", "context", "width", "layers", "heads", "shifts", "canon_kernel",
-            "lr", "eval_every", "val_batches", "eval_chars", "sliding_chars", "stride", "quick")
+# -- the sweep: train (the engine) and analyse each run ------------------------------------------
+def _curve(where: Path, steps: int, every: int) -> list[dict]:
+    """The run's learning curve from its metrics: (step, train loss: the mean over the
+    interval, validation loss) after each validation."""
+    rows = [json.loads(line) for line in (where / "metrics.jsonl").read_text().splitlines()]
+    return [dict(step=min(r["epoch"] * every, steps), train_loss=r["train_loss"],
+                 val_loss=r["val_loss"]) for r in rows]
 
 
-def run_settings(a, keys: Sequence[str]) -> dict:
-    """The values of ``keys`` in the run's options (absent ones as None)."""
-    return {k: getattr(a, k, None) for k in keys}
+def analyse(where: Path, a, device: str = "cpu") -> dict:
+    """Extrapolation and shift-likeness of the run in ``where`` (its last weights), written to
+    ``analysis.json`` there and read back when made with the same options."""
+    from ..training import load_run
+
+    path = where / "analysis.json"
+    settings = {k: getattr(a, k) for k in ("eval_chars", "sliding_chars", "stride")}
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        if saved.get("settings") == settings:
+            return saved
+    cfg, data, model = load_run(where, "last", device)
+    val = data.splits["val"]
+    out = {"settings": settings, "extrapolation": extrapolation(model, val, a),
+           "shift_likeness": shift_likeness(model, val, a)}
+    atomic_write_json(path, out)
+    return json.loads(json.dumps(out))  # the factors as the file has them (strings)
 
 
-def resumed(path: Path, settings: dict) -> dict | None:
-    """The finished run at ``path`` (JSON), None when there is none; ``ValueError`` naming the
-    options that differ when it was made with other ``settings`` (runs written before runs
-    recorded their settings are taken as they are)."""
-    if not path.is_file():
-        return None
-    res = json.loads(path.read_text())
-    saved = res.get("settings")
-    if saved is not None:
-        diff = {k: (saved.get(k), v) for k, v in settings.items() if saved.get(k) != v}
-        if diff:
-            raise ValueError(f"{path} was made with other settings (" + ", ".join(
-                f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
-                + "): use another --out, or remove it")
-    return res
-
-
-def finish_run(folder: Path, name: str, model, res: dict, settings: dict) -> None:
-    """Write a finished run (weights, then the JSON that marks it done) and drop its
-    checkpoints."""
-    res["settings"] = settings
-    save_state(model, folder / f"{name}.safetensors")
-    atomic_write_json(folder / f"{name}.json", res)
-    shutil.rmtree(folder / f"{name}.ckpt", ignore_errors=True)
-
-
-def checkpoint_dir(folder: Path, name: str, settings: dict) -> Path:
-    """The run's checkpoint folder, made (with its settings) if new; ``ValueError`` when a
-    checkpoint there was made with other settings."""
-    d = folder / f"{name}.ckpt"
-    d.mkdir(parents=True, exist_ok=True)
-    marker = d / "settings.json"
-    if marker.is_file():
-        resumed(marker, settings)
-    else:
-        atomic_write_json(marker, {"settings": settings})
-    return d
-
-
-def _job(spec):
-    """One run (in a worker with one thread, or inline): train, evaluate, write, return."""
-    kind, seed, ffn, a, threads, folder = spec
+def _job(spec) -> dict:
+    """One run (in a worker with one thread, or inline): trained or read, analysed."""
+    kind, seed, steps, ffn, a, threads, folder = spec
     if threads:
         torch.set_num_threads(threads)
-    folder = Path(folder)
-    name = run_name(kind, seed, a.steps, a)
-    settings = run_settings(a, RUN_KEYS)
-    return run_once(folder, name, "shift-heads",
-                    lambda: resumed(folder / f"{name}.json", settings),
-                    lambda: _train_job(kind, seed, ffn, a, folder, name, settings))
-
-
-def _train_job(kind, seed, ffn, a, folder: Path, name: str, settings: dict) -> dict:
-    data = _load(a)
-    res, model = train_one(kind, seed, data, a, ffn, checkpoint_dir(folder, name, settings))
-    val = data.splits["val"]
-    res["extrapolation"] = extrapolation(model, val, a)
-    res["shift_likeness"] = shift_likeness(model, val, a)
-    finish_run(folder, name, model, res, settings)
-    print(f"  {kind:<18} seed {seed} ({a.steps} steps): val {res['val_loss']:.4f}  "
-          f"params {res['params']}  ffn {ffn}  {res['seconds']:.0f}s", flush=True)
-    return res
+    run = kind_run(kind, seed, steps, a, ffn)
+    where = Path(folder) / run.name
+    fresh = not (where / "result.json").is_file()
+    c0 = time.process_time()
+    res = config_run(folder, run, "shift-heads", a.device)
+    cpu = time.process_time() - c0
+    ana = analyse(where, a, a.device)
+    if "cpu_seconds" not in ana:  # the CPU time of the call that trained it (or resumed it)
+        ana["cpu_seconds"] = cpu
+        atomic_write_json(where / "analysis.json", ana)
+    curve = _curve(where, steps, a.eval_every)
+    out = dict(kind=kind, seed=seed, steps=steps, val_loss=curve[-1]["val_loss"], curve=curve,
+               seconds=res["train_time_s"], cpu_seconds=ana["cpu_seconds"],
+               params=res["parameters"], ffn=ffn, device=a.device,
+               extrapolation=ana["extrapolation"], shift_likeness=ana["shift_likeness"])
+    if fresh:  # trained (or finished) by this call
+        print(f"  {kind:<18} seed {seed} ({steps} steps): val {out['val_loss']:.4f}  "
+              f"params {out['params']}  ffn {ffn}  {out['seconds']:.0f}s", flush=True)
+    return out
 
 
 def run_all(job, specs, jobs: int) -> list[dict]:
@@ -409,16 +322,20 @@ def run_all(job, specs, jobs: int) -> list[dict]:
         return pool.map(job, specs, chunksize=1)
 
 
-#: the defaults of ``--quick`` (a value given on the command line is kept)
+#: the defaults of ``--quick`` (a value given on the command line is kept): the first 60,000
+#: characters, a tiny model for a few steps; a smoke test, not a result
 QUICK = dict(steps=6, seeds=1, eval_every=3, val_batches=2, width=16, layers=1, context=8,
              batch=2, eval_chars=300, sliding_chars=200, long_steps=8)
 
 
 def check_arguments(a) -> None:
-    """The checks that join options (each option's range is its argparse type)."""
+    """The checks that join options (each option's range is its argparse type), and every
+    arm's config validated (``ConfigError`` naming the key) before anything trains."""
     heads_divide(a)
     if a.stride > a.context:
         raise ValueError(f"--stride must be at most --context ({a.context}), got {a.stride}")
+    for k in dict.fromkeys(parse_kinds(a.kinds) + parse_kinds(a.long_kinds)):
+        config_from(CONFIG, list(kind_run(k, a.seed, a.steps, a, 4 * a.width).overrides))
 
 
 def run(args) -> int:
@@ -426,25 +343,21 @@ def run(args) -> int:
     check_arguments(args)
     kinds, longk = parse_kinds(args.kinds), parse_kinds(args.long_kinds)
     t_all = time.perf_counter()
-    data = _load(args)
-    V = len(data.vocab)
+    V = _vocab(args)
     budget, ffns = equalised(kinds + longk, V, args)
     folder = Path(args.out) / "shift_heads_runs"
     folder.mkdir(parents=True, exist_ok=True)
     threads = 1 if args.jobs > 1 else args.threads
-    specs = [(k, args.seed + i, ffns[k], args, threads, str(folder))
+    specs = [(k, args.seed + i, args.steps, ffns[k], args, threads, str(folder))
              for k in kinds for i in range(args.seeds)]
     runs = run_all(_job, specs, args.jobs)
-    long_runs = []
-    if longk:
-        la = argparse.Namespace(**{**vars(args), "steps": args.long_steps})
-        long_runs = run_all(_job, [(k, args.seed, ffns[k], la, threads, str(folder))
-                                   for k in longk], args.jobs)
+    long_runs = run_all(_job, [(k, args.seed, args.long_steps, ffns[k], args, threads,
+                                str(folder)) for k in longk], args.jobs) if longk else []
     rows = _summarise(runs, kinds)
-    result = dict(experiment="shift_heads", settings={k: v for k, v in vars(args).items()
-                                                      if isinstance(v, (int, float, str))},
-                  vocab=V, budget=budget, ffn=ffns, kinds=rows, runs=runs, long_runs=long_runs,
-                  wall_seconds=time.perf_counter() - t_all, hardware=hardware())
+    result = dict(experiment="shift_heads", config=CONFIG, settings={
+        k: v for k, v in vars(args).items() if isinstance(v, (int, float, str))},
+        vocab=V, budget=budget, ffn=ffns, kinds=rows, runs=runs, long_runs=long_runs,
+        wall_seconds=time.perf_counter() - t_all, hardware=hardware())
     _print_tables(rows, long_runs, args)
     write_result(args, "shift_heads", result)
     _plots(rows, runs, args)
@@ -530,4 +443,4 @@ def _plots(rows: dict, runs: list[dict], a) -> None:
         ax.set_title(f"{mode} windows")
     axes[0].set_ylabel("validation loss (nats / char)")
     axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    save_figure(fig, argparse.Namespace(out=a.out, plot=None), "shift_heads_extrapolation")
+    save_figure(fig, a, "shift_heads_extrapolation", use_plot=False)

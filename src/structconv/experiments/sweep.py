@@ -10,14 +10,16 @@ same run twice.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..config import config_from
 from ..training import train
 from ._common import finished, run_once
 
-__all__ = ["Run", "config_run", "sweep"]
+__all__ = ["Run", "config_run", "sweep", "check_same_config"]
 
 
 @dataclass(frozen=True)
@@ -30,11 +32,39 @@ class Run:
     overrides: Sequence[str] = field(default_factory=tuple)
 
 
+def _flat(d, prefix: str = "") -> dict:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def check_same_config(where: Path, run: Run) -> None:
+    """Refuse (ValueError naming the keys) a run directory ``where`` made with another config
+    than ``run``'s: a sweep never reads back or resumes a run of other options."""
+    path = where / "config.json"
+    if not path.is_file():
+        return
+    want = config_from(run.config, list(run.overrides))
+    if not want.get("name"):
+        want["name"] = "run" if isinstance(run.config, dict) else Path(run.config).stem
+    want, saved = _flat(json.loads(json.dumps(want))), _flat(json.loads(path.read_text()))
+    diff = sorted(k for k in set(want) | set(saved) if want.get(k) != saved.get(k))
+    if diff:
+        raise ValueError(f"{where} was made with another config (" + ", ".join(
+            f"{k}: {saved.get(k)!r} there, {want.get(k)!r} now" for k in diff[:4])
+            + "): use another --out, or remove it")
+
+
 def config_run(folder: str | Path, run: Run, recipe: str, device: str = "cpu") -> dict:
     """The result (``result.json``'s summary) of ``run`` in ``<folder>/<run.name>``: read where
-    finished, resumed where a checkpoint was left, trained otherwise (under the run's lock)."""
+    finished, resumed where a checkpoint was left, trained otherwise (under the run's lock);
+    refused (ValueError) where the folder holds a run of another config."""
     folder = Path(folder)
     where = folder / run.name
+    check_same_config(where, run)
 
     def make() -> dict:
         if (where / "checkpoint.json").is_file():

@@ -43,7 +43,7 @@ __all__ = ["Loop", "check_trainer_state"]
 #: what ``train.*`` keys the loop reads beyond the config's own, with their defaults
 LOOP_DEFAULTS = {"max_steps": 0, "accumulate": 1, "schedule": "constant", "warmup_steps": 0,
                  "amp": False, "monitor": "val_acc", "patience": 0, "grad_clip": 0.0,
-                 "checkpoint_every": 0, "checkpoint_seconds": 10.0, "min_lr": 0.0,
+                 "checkpoint_every": 0, "checkpoint_seconds": 10.0, "min_lr_ratio": 0.0,
                  "lr_decay": 1.0}
 
 
@@ -215,10 +215,9 @@ class Loop:
         them); the global (loss sum, correct, items, ranks asked to stop)."""
         t = self.t
         if t["schedule"] != "constant" or t["warmup_steps"] or t["lr_decay"] != 1.0:
-            # (min_lr: where the decay ends, as a share of train.lr; lr_decay: per epoch)
-            floor = t["min_lr"] / t["lr"] if t["min_lr"] else 0.0
+            # (min_lr_ratio: where the decay ends, as a share of train.lr; lr_decay: per epoch)
             f = lr_factor(t["schedule"], self.state["steps"], t["warmup_steps"],
-                          t["max_steps"], floor) * t["lr_decay"] ** (epoch - 1)
+                          t["max_steps"], t["min_lr_ratio"]) * t["lr_decay"] ** (epoch - 1)
             for g, base in zip(self.opt.param_groups, self.base_lrs):
                 g["lr"] = base * f
         share = self.w.size / self.task.group_items(group)

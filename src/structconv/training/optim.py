@@ -19,9 +19,10 @@ OPTIMIZERS = ("adam", "adamw", "sgd", "adagrad")
 
 
 def make_optimizer(name: str, params: Iterable, lr: float, weight_decay: float = 0.0,
-                   momentum: float = 0.0) -> torch.optim.Optimizer:
-    """The optimizer ``name`` (one of ``OPTIMIZERS``) over ``params`` (``momentum``: SGD's):
-    tensors, or parameter groups (``param_groups``) whose own weight decay wins."""
+                   momentum: float = 0.0, betas=(0.9, 0.999)) -> torch.optim.Optimizer:
+    """The optimizer ``name`` (one of ``OPTIMIZERS``) over ``params`` (``momentum``: SGD's,
+    ``betas``: Adam's and AdamW's): tensors, or parameter groups (``param_groups``) whose own
+    weight decay wins."""
     params = list(params)
     if params and isinstance(params[0], dict):
         params = [{**g, "params": [p for p in g["params"] if p.requires_grad]} for g in params]
@@ -33,7 +34,7 @@ def make_optimizer(name: str, params: Iterable, lr: float, weight_decay: float =
         return torch.optim.Adagrad(params, lr=lr, weight_decay=weight_decay)
     if name in ("adam", "adamw"):
         cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
-        return cls(params, lr=lr, weight_decay=weight_decay)
+        return cls(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas))
     raise ValueError(f"unknown optimizer {name!r}: use one of {', '.join(OPTIMIZERS)}")
 
 
@@ -66,7 +67,8 @@ def param_groups(model: torch.nn.Module, weight_decay: float, no_decay=()) -> li
 def lr_factor(schedule: str, step: int, warmup: int = 0, total: int = 0,
               floor: float = 0.0) -> float:
     """The learning rate's factor at optimizer step ``step`` (0-based): a linear warm-up over
-    ``warmup`` steps, then constant, or linear / cosine decay to ``floor`` at step ``total``."""
+    ``warmup`` steps, then constant, or linear / cosine decay to ``floor`` at step ``total``
+    (nanoGPT decays to a tenth: ``floor=0.1``)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
     if schedule != "constant" and total <= warmup:

@@ -55,7 +55,8 @@ def make_optimizer(cfg: dict, model: nn.Module) -> torch.optim.Optimizer:
     t = cfg["train"]
     no_decay = t.get("no_decay") or ()
     params = param_groups(model, t["weight_decay"], no_decay) if no_decay else model.parameters()
-    return named_optimizer(t["optimizer"], params, t["lr"], t["weight_decay"], t["momentum"])
+    return named_optimizer(t["optimizer"], params, t["lr"], t["weight_decay"], t["momentum"],
+                           t.get("betas", (0.9, 0.999)))
 
 
 def check_world_size(cfg: dict, size: int) -> None:

@@ -155,15 +155,21 @@ class ItemTask(Task):
     def eval_losses(self, model, inputs, targets, device, dtype):
         return self.losses(model, inputs, targets, device, dtype)
 
+    def val_batches(self):
+        """The batches validation scores after each epoch: the whole split (a task may score a
+        fixed sample of it instead: ``data.val_sample``)."""
+        return self.eval_batches("val")
+
     @torch.no_grad()
-    def evaluate(self, model, split: str, device=None) -> dict:
-        """``{loss, acc, n}`` of a model on a split (mean cross-entropy, accuracy)."""
+    def evaluate(self, model, split: str, device=None, batches=None) -> dict:
+        """``{loss, acc, n}`` of a model on a split (mean cross-entropy, accuracy), or on
+        ``batches`` of it."""
         device = device or next(model.parameters()).device
         dtype = next(model.parameters()).dtype
         was = model.training
         model.eval()
         tot, correct, n = 0.0, 0, 0
-        for inputs, targets in self.eval_batches(split):
+        for inputs, targets in self.eval_batches(split) if batches is None else batches:
             loss, ok = self.eval_losses(model, inputs, targets, device, dtype)
             tot += loss.double().sum().item()
             correct += int(ok.sum())
@@ -174,7 +180,7 @@ class ItemTask(Task):
         return {"loss": tot / n, "acc": correct / n, "n": n}
 
     def validate(self, model, epoch: int, last: bool) -> dict:
-        val = self.evaluate(model, "val", self.dev)
+        val = self.evaluate(model, "val", self.dev, self.val_batches())
         return {"val_loss": val["loss"], "val_acc": val["acc"]}
 
     def row(self, epoch: int, totals: list, dt: float, val: dict | None, lr: float) -> dict:
