@@ -28,6 +28,7 @@ from .. import basis as B
 from .. import params as P
 from ..config import ConfigError, is_content
 from ..engine import convolve
+from ..nn.blocks import feed_forward
 from ..nn.dropout import sparse_dropout
 from ..nn.layers import Convolution
 from ..sampling import Block as SampledBlock
@@ -316,8 +317,7 @@ class MLP(nn.Module):
         self.act = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.inner(x)
-        return self.outer(self.act(h) if self.act is not None else h)
+        return feed_forward(x, self.inner, self.outer, self.act)
 
 
 def _pool_sizes(spec: dict, nd: int, where: str):
