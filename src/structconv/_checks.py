@@ -52,6 +52,32 @@ def check_index_tensor(t, rows: int, what: str) -> None:
         raise TypeError(f"{what} must be an integer tensor, got dtype {t.dtype}")
 
 
+def token_ids(ids, vocab: int, who: str, what: str = "ids", *, keep_int32: bool = False,
+              name_vocab: bool = False) -> Tensor:
+    """Token ids (B, L), L >= 1, of an integer dtype with 0 <= id < ``vocab``, as long (int32
+    kept with ``keep_int32``, as an embedding takes it); ``ValueError`` naming ``who``, ``what``
+    and the offending shape, dtype or values (``name_vocab``: the message names vocab_size)."""
+    if not isinstance(ids, Tensor) or ids.dim() != 2:
+        got = f"shape {tuple(ids.shape)}" if isinstance(ids, Tensor) else type(ids).__name__
+        raise ValueError(f"{who}: {what} must be integer token ids (B, L), got {got}")
+    dt = ids.dtype
+    if dt == torch.bool or dt.is_floating_point or dt.is_complex:
+        raise ValueError(f"{who}: {what} must be integer token ids (B, L), got dtype {dt} "
+                         f"(shape {tuple(ids.shape)}): token ids are integers 0..{vocab - 1}")
+    if ids.shape[1] == 0:
+        raise ValueError(f"{who}: {what} needs at least one token per sequence, got ids of "
+                         f"shape {tuple(ids.shape)}")
+    if ids.numel() and not torch.compiler.is_compiling() and ids.device.type != "meta":
+        # a value check needs the data: skipped inside a compiled graph (and on meta)
+        lo, hi = (int(v) for v in ids.aminmax())
+        if lo < 0 or hi >= vocab:
+            bad = ids[(ids < 0) | (ids >= vocab)].unique()
+            more = "" if bad.numel() <= 8 else f" (and {bad.numel() - 8} more)"
+            span = f"0..{vocab - 1}" + (f" (vocab_size {vocab})" if name_vocab else "")
+            raise ValueError(f"{who}: {what} must be in {span}, got {bad[:8].tolist()}{more}")
+    return ids if keep_int32 and dt in (torch.int64, torch.int32) else ids.long()
+
+
 def as_batched(x: Tensor, M: int, what: str = "x") -> tuple[Tensor, bool]:
     """(M, P) or (B, M, P) -> (B, M, P), and whether a batch dim was added."""
     if not isinstance(x, Tensor):

@@ -19,6 +19,7 @@ from .registry import KindError, Registry
 __all__ = [
     "Parameterization", "Full", "Grouped", "DepthwiseSeparable", "ControlledSeparable",
     "LowRank", "Fixed", "as_theta", "make_param", "register", "build", "PARAMS", "glorot_",
+    "reset_module", "reset_children",
 ]
 
 
@@ -31,6 +32,23 @@ def glorot_(t: Tensor, fan_in: int | None = None, fan_out: int | None = None) ->
     a = math.sqrt(6.0 / (fan_in + fan_out))
     with torch.no_grad():
         return t.uniform_(-a, a)
+
+
+def reset_module(module) -> None:
+    """``module.reset_parameters()``, or that of each child where it has none (PyG's
+    ``reset``: the way a layer re-initialises an ``nn`` it was given)."""
+    if hasattr(module, "reset_parameters"):
+        module.reset_parameters()
+    else:
+        reset_children(module)
+
+
+def reset_children(module) -> None:
+    """``reset_module`` of each child of ``module`` in registration order: the
+    ``reset_parameters`` of a layer made of layers (each draws as its constructor did, so a
+    seed gives the values a fresh layer had)."""
+    for child in module.children() if hasattr(module, "children") else []:
+        reset_module(child)
 
 
 def _check_sizes(**kw):

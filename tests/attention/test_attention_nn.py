@@ -306,7 +306,7 @@ def test_mixed_attention_equals_dense_formula_and_encoder_with_shift_heads():
     assert w is None
     basis = layer.basis(x)
     assert isinstance(basis.parts[0], at.DotProductAttention)
-    assert isinstance(basis.parts[1], sc.basis.Sparse)
+    assert isinstance(basis.parts[1], sc.basis.Shift)  # (shift_basis: the one shift basis)
     A_att = at.Softmax(at.Masked(layer.qk, causal=True))(x, x)  # (B, 2, M, N)
     A_shift = at.shift_basis(6, (1, 2), dtype=DT).to_dense().expand(2, 2, 6, 6)
     A = torch.cat([A_att, A_shift], 1)

@@ -5,7 +5,8 @@
   ``torch.nn.functional.scaled_dot_product_attention`` (never builds M x N unless asked).
 * ``GraphAttention``       attention restricted to a graph: per-edge weights (E, K), applied by a
   sparse kernel in O(E) memory.
-* ``shift_basis``          index-based causal shift heads for mixing with attention heads.
+* ``shift_basis``, ``CausalShift``  index-based shift heads for mixing with attention heads
+  (``sc.basis.Shift``).
 
 An attention basis may carry a batch dimension B (one basis per batch item, since it is computed
 from the batch's content); its ``propagate*`` then take bundles with the same B (or B = 1 bases
@@ -22,10 +23,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._checks import check_index_tensor, floating, int_in, number_in
-from ..basis.base import Basis, Sparse
+from ..basis.base import Basis
+from ..basis.shift import Shift
 from ..sparse import SparseMatrix
 from .masks import dead_columns, edge_softmax
-from .positions import causal_shift, gather_shifts
 
 __all__ = ["AttentionBasis", "DotProductAttention", "GraphAttention", "GraphStructure",
            "shift_basis", "CausalShift"]
@@ -604,10 +605,12 @@ class GraphAttention(_Batched):
 
 
 # ------------------------------------------------------------------------------------------------
-def shift_basis(length: int, shifts: Sequence[int] = (1,), *, dtype=None, device=None) -> Sparse:
+def shift_basis(length: int, shifts: Sequence[int] = (1,), *, dtype=None, device=None) -> Shift:
     """Index-based heads: A_s[m, n] = 1 iff m = n - s, for each shift s (a 1-d grid's shifts).
 
-    A positive s brings the entry s steps before (causal); K = len(shifts), M = N = length.
+    A positive s brings the entry s steps before (causal), a negative one an entry after;
+    K = len(shifts), M = N = length: ``sc.basis.Shift(length, shifts, causal=False)`` (on
+    ``dtype`` / ``device`` where given).
     """
     if not (isinstance(length, torch.SymInt) or int_in(length, 1, 2**62)) or \
             not isinstance(shifts, Sequence) or \
@@ -618,61 +621,16 @@ def shift_basis(length: int, shifts: Sequence[int] = (1,), *, dtype=None, device
     if length < 1 or not shifts:
         raise ValueError(f"shift_basis needs length >= 1 and at least one shift, got "
                          f"length={length}, shifts={shifts}")
-    ks, ms, ns = [], [], []
-    for k, s in enumerate(shifts):
-        # a shift of the whole length or more leaves an all-zero matrix
-        lo = max(0, s)
-        n = torch.arange(lo, max(lo, min(length, length + s)), device=device)
-        ks.append(torch.full_like(n, k))
-        ms.append(n - s)
-        ns.append(n)
-    idx = torch.stack([torch.cat(ks), torch.cat(ms), torch.cat(ns)])
-    vals = torch.ones(idx.shape[1], dtype=dtype or torch.get_default_dtype(), device=device)
-    return Sparse(idx, vals, (len(shifts), length, length))
+    out = Shift(length, shifts, causal=False)
+    return out if dtype is None and device is None else out.to(device=device, dtype=dtype)
 
 
-class CausalShift(Basis):
-    """Causal shift heads as a basis: A_s[m, n] = 1 iff m = n + past − shifts[s]; (S, past + L, L).
-
-    Output n (of L) reads input n + past − shift_s: with ``past = 0`` input and output are the
-    same sequence (head s brings the entry s steps before, zero before the start); with
-    ``past = R`` the first R inputs are cached entries before the L outputs (generation).
-    ``propagate_heads`` is one gather (``sc.attention.positions.causal_shift``), never a matrix
-    product: K·N multiply-adds of cost, the same as ``shift_basis`` but without its SpMM.
-    """
-
-    cost_kernel = "element"
+class CausalShift(Shift):
+    """Causal shift heads: ``sc.basis.Shift(length, shifts, causal=True, past=past)``,
+    A_s[m, n] = 1 iff m = n + past − shifts[s]; (S, past + L, L). Output n (of L) reads input
+    n + past − shift_s: with ``past = 0`` input and output are the same sequence (zero before
+    the start); with ``past = R`` the first R inputs are cached entries before the L outputs
+    (generation)."""
 
     def __init__(self, length: int, shifts: Sequence[int], past: int = 0):
-        shifts = [int(s) for s in shifts]
-        if not shifts or min(shifts) < 0:
-            raise ValueError(f"CausalShift needs at least one shift, all >= 0, got {shifts}")
-        if past and past < max(shifts):
-            raise ValueError(f"CausalShift: past={past} cached entries cannot feed a shift of "
-                             f"{max(shifts)} (need past >= max(shifts) or past = 0)")
-        super().__init__(len(shifts), past + length, length)
-        self.shifts, self.past = shifts, int(past)
-
-    def __repr__(self):
-        return f"CausalShift(length={self.N}, shifts={self.shifts}, past={self.past})"
-
-    def apply_flops(self):
-        return float(self.K * self.N)
-
-    def propagate_heads(self, z):
-        if z.dim() != 4 or z.shape[1] != self.M or z.shape[2] != self.K:
-            raise ValueError(f"CausalShift.propagate_heads expects z (B, M={self.M}, "
-                             f"K={self.K}, C), got shape {tuple(z.shape)}")
-        if self.past:
-            # the cached entries and the new ones are one tensor already: no copy
-            return gather_shifts(z, self.shifts, self.N)
-        return causal_shift(z, self.shifts)
-
-    def to_dense(self):
-        A = torch.zeros(self.K, self.M, self.N)
-        n = torch.arange(self.N)
-        for k, s in enumerate(self.shifts):
-            m = n + self.past - s
-            ok = m >= 0
-            A[k, m[ok], n[ok]] = 1.0
-        return A
+        super().__init__(length, shifts, causal=True, past=past)

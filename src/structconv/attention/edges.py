@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from .._checks import check_index_tensor
 from ..basis.edges import FILL_REDUCTIONS  # re-exported: the kind checks it
+from ..params import glorot_
 from .mechanisms import Mechanism, PerHead, QueryDot, check_scale, check_sizes, edges, heads
 
 __all__ = ["EdgeTerm", "EdgeDot", "GATv2Scores", "add_self_loops", "self_loop_attr",
@@ -31,9 +32,19 @@ __all__ = ["EdgeTerm", "EdgeDot", "GATv2Scores", "add_self_loops", "self_loop_at
 
 
 
-def _glorot(*shape) -> Tensor:
-    s = math.sqrt(6.0 / (shape[-2] + shape[-1]))
-    return torch.empty(*shape).uniform_(-s, s)
+def _own(given: dict) -> list[str]:
+    """The names among ``given`` (name -> a given tensor or None) that a mechanism makes itself
+    (None: drawn by its ``reset_parameters``); given weights belong to the caller (a layer
+    resets its own)."""
+    return [n for n, w in given.items() if w is None]
+
+
+def _glorot_own(module) -> None:
+    """Glorot-initialise the weights ``module`` made itself (``module._own``)."""
+    for n in module._own:
+        w = getattr(module, n)
+        if w is not None:
+            glorot_(w)
 
 
 def edge_features(edge_attr, D: int, who: str, E: int | None = None) -> Tensor:
@@ -78,7 +89,13 @@ class EdgeTerm(Mechanism):
         super().__init__()
         check_sizes("EdgeTerm", K=K, edge_dim=edge_dim)
         self.K, self.edge_dim = K, edge_dim
-        self.weight = nn.Parameter(_glorot(K, edge_dim)) if weight is None else weight
+        self._own = _own({"weight": weight})
+        self.weight = nn.Parameter(torch.empty(K, edge_dim)) if weight is None else weight
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """``weight`` (unless given) ~ Glorot."""
+        _glorot_own(self)
 
     def extra_repr(self):
         return f"K={self.K}, edge_dim={self.edge_dim}"
@@ -119,10 +136,16 @@ class EdgeDot(QueryDot):
         check_sizes("EdgeDot", K=K, C=C, **({} if edge_dim is None else {"edge_dim": edge_dim}))
         self.K, self.C, self.edge_dim = K, C, edge_dim
         self.scale = check_scale(scale, 1.0 / math.sqrt(C), "EdgeDot")
+        self._own = _own({"weight": weight})
         if edge_dim is None:
             self.weight = None
         else:
-            self.weight = nn.Parameter(_glorot(K * C, edge_dim)) if weight is None else weight
+            self.weight = nn.Parameter(torch.empty(K * C, edge_dim)) if weight is None else weight
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """``weight`` (with ``edge_dim``, unless given) ~ Glorot."""
+        _glorot_own(self)
 
     def extra_repr(self):
         return f"K={self.K}, C={self.C}, edge_dim={self.edge_dim}, scale={self.scale:.4g}"
@@ -183,12 +206,18 @@ class GATv2Scores(PerHead):
         check_sizes("GATv2Scores", K=K, C=C, **({} if edge_dim is None else {"edge_dim": edge_dim}))
         self.K, self.C, self.edge_dim = K, C, edge_dim
         self.negative_slope = float(negative_slope)
-        self.att = nn.Parameter(_glorot(K, C)) if att is None else att
+        self._own = _own({"att": att, "edge_weight": edge_weight})
+        self.att = nn.Parameter(torch.empty(K, C)) if att is None else att
         if edge_dim is None:
             self.edge_weight = None
         else:
-            self.edge_weight = nn.Parameter(_glorot(K * C, edge_dim)) if edge_weight is None \
+            self.edge_weight = nn.Parameter(torch.empty(K * C, edge_dim)) if edge_weight is None \
                 else edge_weight
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """``att`` and ``edge_weight`` (those not given) ~ Glorot."""
+        _glorot_own(self)
 
     def extra_repr(self):
         return (f"K={self.K}, C={self.C}, edge_dim={self.edge_dim}, "

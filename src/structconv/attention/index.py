@@ -115,6 +115,11 @@ class RelativeBias(IndexTerm):
         self.max_distance, self.bidirectional = max_distance, bool(bidirectional)
         self.weight = nn.Parameter(torch.zeros(num_buckets, K))
 
+    def reset_parameters(self) -> None:
+        """``weight`` = 0 (no bias before training)."""
+        with torch.no_grad():
+            self.weight.zero_()
+
     def extra_repr(self):
         return (f"K={self.K}, num_buckets={self.num_buckets}, max_distance={self.max_distance}, "
                 f"bidirectional={self.bidirectional}")
@@ -163,6 +168,11 @@ class PeriodicBias(IndexTerm):
         self.mode, self.bidirectional = mode, bool(bidirectional)
         rows = period if mode == "phase" else num_periods * (2 if bidirectional else 1)
         self.weight = nn.Parameter(torch.zeros(rows, K))
+
+    def reset_parameters(self) -> None:
+        """``weight`` = 0 (no bias before training)."""
+        with torch.no_grad():
+            self.weight.zero_()
 
     def extra_repr(self):
         return (f"K={self.K}, period={self.period}, mode={self.mode!r}, "

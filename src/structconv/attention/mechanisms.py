@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import check_index_tensor, count, floating, number_in
+from ..params import reset_children
 from .biaffine import biaffine
 from .masks import edge_softmax, graph_mask, masked_softmax
 
@@ -80,6 +81,11 @@ class Mechanism(nn.Module):
     K: int
     #: False for terms that depend only on positions or edge features (they take M, N)
     reads_inputs: bool = True
+
+    def reset_parameters(self) -> None:
+        """Re-draw the weights from their initial distribution (here: those of the terms and
+        wrapped mechanisms; a mechanism with weights of its own overrides this)."""
+        reset_children(self)
 
     def edge_scores(self, x1, x2, edge_index: Tensor, edge_attr: Tensor | None = None) -> Tensor:
         """The mechanism's values on the edges m -> n of ``edge_index``: (E, K) or (B, E, K)."""
@@ -217,11 +223,21 @@ class Biaffine(Mechanism):
             raise ValueError("Biaffine needs at least one term")
         check_sizes("Biaffine", K=K, in1=in1, in2=in2)
         self.K, self.in1, self.in2 = K, in1, in2
-        s = 1.0 / math.sqrt(max(in1, in2))
-        self.Lambda = nn.Parameter(torch.empty(K, in1, in2).uniform_(-s, s)) if bilinear else None
-        self.mu = nn.Parameter(torch.empty(K, in1).uniform_(-s, s)) if linear1 else None
-        self.nu = nn.Parameter(torch.empty(K, in2).uniform_(-s, s)) if linear2 else None
-        self.xi = nn.Parameter(torch.zeros(K)) if bias else None
+        self.Lambda = nn.Parameter(torch.empty(K, in1, in2)) if bilinear else None
+        self.mu = nn.Parameter(torch.empty(K, in1)) if linear1 else None
+        self.nu = nn.Parameter(torch.empty(K, in2)) if linear2 else None
+        self.xi = nn.Parameter(torch.empty(K)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Λ, μ, ν ~ U(±1/√max(P', Q')), ξ = 0."""
+        s = 1.0 / math.sqrt(max(self.in1, self.in2))
+        with torch.no_grad():
+            for w in (self.Lambda, self.mu, self.nu):
+                if w is not None:
+                    w.uniform_(-s, s)
+            if self.xi is not None:
+                self.xi.zero_()
 
     def extra_repr(self):
         return f"K={self.K}, in1={self.in1}, in2={self.in2}"
@@ -260,10 +276,20 @@ class DotProduct(Mechanism):
         check_sizes("DotProduct", K=K, in1=in1, in2=in2, D=D)
         self.K, self.in1, self.in2, self.D = K, in1, in2, D
         self.scale = check_scale(scale, 1.0 / math.sqrt(D), "DotProduct")
-        self.key = nn.Parameter(torch.empty(K, in1, D).uniform_(-1, 1) / math.sqrt(in1))
-        self.query = nn.Parameter(torch.empty(K, in2, D).uniform_(-1, 1) / math.sqrt(in2))
-        self.key_bias = nn.Parameter(torch.zeros(K, D)) if bias else None
-        self.query_bias = nn.Parameter(torch.zeros(K, D)) if bias else None
+        self.key = nn.Parameter(torch.empty(K, in1, D))
+        self.query = nn.Parameter(torch.empty(K, in2, D))
+        self.key_bias = nn.Parameter(torch.empty(K, D)) if bias else None
+        self.query_bias = nn.Parameter(torch.empty(K, D)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Λ_key ~ U(±1/√P'), Λ_query ~ U(±1/√Q'), biases 0."""
+        with torch.no_grad():
+            self.key.uniform_(-1, 1).div_(math.sqrt(self.in1))
+            self.query.uniform_(-1, 1).div_(math.sqrt(self.in2))
+            for b in (self.key_bias, self.query_bias):
+                if b is not None:
+                    b.zero_()
 
     def extra_repr(self):
         return f"K={self.K}, in1={self.in1}, in2={self.in2}, D={self.D}, scale={self.scale:.4g}"
@@ -340,9 +366,18 @@ class GATScores(PerHead):
         super().__init__()
         check_sizes("GATScores", K=K, C=C)
         self.K, self.C = K, C
-        s = math.sqrt(6.0 / (K + C))
-        self.mu = nn.Parameter(torch.empty(K, C).uniform_(-s, s)) if mu is None else mu
-        self.nu = nn.Parameter(torch.empty(K, C).uniform_(-s, s)) if nu is None else nu
+        # given weights belong to the caller (a layer resets its own)
+        self._own = [n for n, w in (("mu", mu), ("nu", nu)) if w is None]
+        self.mu = nn.Parameter(torch.empty(K, C)) if mu is None else mu
+        self.nu = nn.Parameter(torch.empty(K, C)) if nu is None else nu
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """μ, ν (those not given) ~ Glorot U(±√(6 / (K + C)))."""
+        s = math.sqrt(6.0 / (self.K + self.C))
+        with torch.no_grad():
+            for n in self._own:
+                getattr(self, n).uniform_(-s, s)
 
     def extra_repr(self):
         return f"K={self.K}, C={self.C}"

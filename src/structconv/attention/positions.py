@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..basis.shift import gather_shifts  # re-exported: the shift heads' gather
+
 __all__ = ["sinusoidal", "rotary", "rotary_angles", "alibi_slopes", "alibi_mask",
            "causal_shift", "gather_shifts", "toeplitz", "relative_offsets"]
 
@@ -163,28 +165,3 @@ def causal_shift(z: Tensor, shifts: Sequence[int], past: Tensor | None = None) -
                              f"S={S}, D={D})")
         ext = torch.cat([past[:, past.shape[1] - R:], z], 1) if R else z
     return gather_shifts(ext, shifts, L)
-
-
-def gather_shifts(ext: Tensor, shifts: Sequence[int], length: int) -> Tensor:
-    """The last ``length`` positions of ext (B, P + length, S, D), each head shifted:
-    out[:, n, s] = ext[:, P + n − shifts[s], s] -> (B, length, S, D); P >= max(shifts) entries
-    come before the outputs (padding or a cache).
-
-    One ``index_select`` over the flattened (position, head) rows: forward one gather, backward
-    one scatter-add (per-head slices stacked cost a copy per head and a zero-filled buffer per
-    head in the backward pass, about twice the time at nanoGPT's shape). Equal shifts are a
-    view.
-    """
-    B, T, S, D = ext.shape
-    P = T - length
-    if len(shifts) != S or length < 0 or (shifts and (min(shifts) < 0 or max(shifts) > P)):
-        raise ValueError(f"gather_shifts: ext {tuple(ext.shape)} (B, P + length, S, D) with "
-                         f"length {length} cannot give shifts {list(shifts)} (S heads, each "
-                         f"0..P)")
-    if not shifts or all(s == shifts[0] for s in shifts):
-        first = shifts[0] if shifts else 0
-        return ext[:, P - first: P - first + length]
-    off = torch.tensor([P - s for s in shifts], device=ext.device)
-    rows = (torch.arange(length, device=ext.device)[:, None] + off) * S \
-        + torch.arange(S, device=ext.device)
-    return ext.flatten(1, 2).index_select(1, rows.flatten()).view(B, length, S, D)

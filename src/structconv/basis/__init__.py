@@ -25,6 +25,7 @@ from .kinds import (
     with_defaults,
 )
 from .mining import MinedSort, mine_sorts, single_and_mined_sorts
+from .shift import Shift
 from .sorts import INVERSE, inverse_name, parse_sorts, sort_name
 from .typed import TypedBasis, metapath_basis, metapath_edges, parse_metapath, typed_basis
 
@@ -35,4 +36,5 @@ __all__ = ["Basis", "Dense", "Sparse", "Stack", "Product", "as_basis", "density"
            "mine_sorts", "MinedSort", "single_and_mined_sorts", "parse_sorts", "sort_name",
            "inverse_name", "INVERSE",
            "readout", "Readout", "adjacency", "READOUTS",
-           "TypedBasis", "typed_basis", "metapath_basis", "metapath_edges", "parse_metapath"]
+           "TypedBasis", "typed_basis", "metapath_basis", "metapath_edges", "parse_metapath",
+           "Shift"]

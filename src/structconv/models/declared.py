@@ -28,7 +28,9 @@ from .. import basis as B
 from .. import params as P
 from ..config import ConfigError, is_content
 from ..engine import convolve
+from ..nn.blocks import feed_forward
 from ..nn.dropout import sparse_dropout
+from ..nn.graph_attention import gat_mechanism, gated_root, graph_softmax, transformer_scores
 from ..nn.layers import Convolution
 from ..sampling import Block as SampledBlock
 
@@ -234,15 +236,14 @@ class GraphAttentionConv(nn.Module):
         return ei, n, e, st
 
     def _mechanism(self, ei: Tensor, with_edges: bool) -> att.Softmax:
-        """The layer's whole mechanism on the edges ``ei`` (the paper's view)."""
+        """The layer's whole mechanism on the edges ``ei`` (the paper's view): that of
+        ``sc.nn``'s GATConv, GATv2Conv or TransformerConv."""
         if self.mode == "gat":
             terms = self.scores + self.edge_term if with_edges else self.scores
-            return att.Softmax(att.LeakyReLU(att.GraphMasked(terms, ei), self.slope))
+            return gat_mechanism(terms, ei, self.slope)
         if self.mode == "v2":
-            return att.Softmax(att.GraphMasked(self.scores, ei))
-        H, Q = self.heads, self.param.Q
-        terms = att.HeadDot(H, Q) + att.EdgeDot(H, Q) if with_edges else att.HeadDot(H, Q)
-        return att.Softmax(att.GraphMasked(terms, ei))
+            return graph_softmax(self.scores, ei)
+        return graph_softmax(transformer_scores(self.heads, self.param.Q, with_edges), ei)
 
     def _one(self, x: Tensor | None, rows: Tensor | None, structure) -> Tensor:
         """One item: x (M, P), or None for one-hot inputs (``rows`` their ids) -> (N, Q)."""
@@ -290,10 +291,7 @@ class GraphAttentionConv(nn.Module):
 
     def _root(self, y: Tensor, r: Tensor) -> Tensor:
         """The root term r = x_n W_r added to y, or gated: β r + (1 − β) y (PyG's beta)."""
-        if self.beta is None:
-            return y + r
-        b = torch.sigmoid(self.beta(torch.cat([y, r, y - r], -1)))
-        return b * r + (1 - b) * y
+        return gated_root(y, r, self.beta)
 
     def forward(self, x: Tensor, structure=None) -> Tensor:
         """x (B, M, P) -> (B, N, Q) (each batch item on the same graph)."""
@@ -316,8 +314,7 @@ class MLP(nn.Module):
         self.act = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.inner(x)
-        return self.outer(self.act(h) if self.act is not None else h)
+        return feed_forward(x, self.inner, self.outer, self.act)
 
 
 def _pool_sizes(spec: dict, nd: int, where: str):

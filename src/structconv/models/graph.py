@@ -20,11 +20,11 @@ from ..nn.attention import GATConv
 from ..nn.dropout import SparseDropout
 from ..nn.graph import GCNConv, RGCNConv
 from ..nn.layers import Convolution
-from ..params import ControlledSeparable, Full, glorot_
+from ..params import ControlledSeparable, glorot_
 from ..sampling import apply_layers
 
 __all__ = ["GCN", "ChebNet", "SGC", "GAT", "RGCN", "gcn_basis", "chebyshev_basis",
-           "relational_basis", "identity_basis", "RelationalLayer", "glorot_reset", "glorot_",
+           "relational_basis", "identity_basis", "RelationalLayer", "glorot_",
            "featureless_convolve", "InputDropout", "TwoLayerGraphNet"]
 
 
@@ -70,20 +70,6 @@ def relational_basis(edge_index: Tensor, edge_type: Tensor, num_nodes: int,
                              num_relations=num_relations, relations=relations)
 
 
-def glorot_reset(conv: Convolution) -> Convolution:
-    """PyG's init of a layer: Glorot weights (a separable theta's both factors), zero bias."""
-    p = conv.param
-    if isinstance(p, Full):
-        glorot_(p.weight)
-    elif isinstance(p, ControlledSeparable):
-        glorot_(p.channel)
-        # PyG's comp is (R, bases); ours is its transpose, same bound
-        glorot_(p.basis_coef)
-    if conv.bias is not None:
-        nn.init.zeros_(conv.bias)
-    return conv
-
-
 def featureless_convolve(conv: Convolution) -> Tensor:
     """``conv(I)`` for one-hot node features without forming I (``sc.engine.featureless``)."""
     return featureless(conv.basis, conv.param, bias=conv.bias)
@@ -100,8 +86,8 @@ class GCN(nn.Module):
                  out_channels: int, dropout: float = 0.5, edge_weight: Tensor | None = None):
         super().__init__()
         A = gcn_basis(edge_index, num_nodes, edge_weight)
-        self.conv1 = glorot_reset(Convolution(A, in_channels, hidden))
-        self.conv2 = glorot_reset(Convolution(A, hidden, out_channels))
+        self.conv1 = Convolution(A, in_channels, hidden, init="glorot")
+        self.conv2 = Convolution(A, hidden, out_channels, init="glorot")
         self.dropout = dropout
         self.input_dropout = InputDropout(dropout)
 
@@ -123,8 +109,8 @@ class ChebNet(GCN):
                  edge_weight: Tensor | None = None):
         nn.Module.__init__(self)
         A = chebyshev_basis(edge_index, num_nodes, K, edge_weight)
-        self.conv1 = glorot_reset(Convolution(A, in_channels, hidden))
-        self.conv2 = glorot_reset(Convolution(A, hidden, out_channels))
+        self.conv1 = Convolution(A, in_channels, hidden, init="glorot")
+        self.conv2 = Convolution(A, hidden, out_channels, init="glorot")
         self.dropout = dropout
         self.input_dropout = InputDropout(dropout)
 
@@ -194,8 +180,8 @@ class RelationalLayer(nn.Module):
                  param="full"):
         super().__init__()
         # the self-connection (the identity basis) keeps its own full weight, as in the paper
-        self.conv = glorot_reset(Convolution(rel, in_channels, out_channels, param, bias=False))
-        self.root = glorot_reset(Convolution(eye, in_channels, out_channels))
+        self.conv = Convolution(rel, in_channels, out_channels, param, bias=False, init="glorot")
+        self.root = Convolution(eye, in_channels, out_channels, init="glorot")
 
     def forward(self, x: Tensor | None) -> Tensor:
         if x is None:

@@ -35,6 +35,7 @@ from .. import attention as att
 from .._checks import check_index_tensor
 from ..attention.mechanisms import edges, heads
 from ..basis.edges import check_edge_type
+from ..nn.graph_attention import gat_mechanism
 from ..params import ControlledSeparable, Full, glorot_
 
 __all__ = ["RelationGATScores", "RelationalGraph", "RGATConv", "RGAT", "ATTENTIONS"]
@@ -163,8 +164,7 @@ class RGATConv(nn.Module):
         scores = att.GATScores(H, C, mu=self.att_src, nu=self.att_dst) \
             if self.attention == "within" else \
             RelationGATScores(H, C, mu=self.att_src, nu=self.att_dst)
-        return att.Softmax(att.LeakyReLU(att.GraphMasked(scores, edge_index),
-                                         self.negative_slope))
+        return gat_mechanism(scores, edge_index, self.negative_slope)
 
     def _graph(self, edge_index: Tensor, edge_type: Tensor, M: int, N: int) -> RelationalGraph:
         check_index_tensor(edge_index, 2, "RGATConv edge_index")

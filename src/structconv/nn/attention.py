@@ -23,7 +23,8 @@ from ..attention.build import attention_basis
 from ..attention.mechanisms import DotProduct, Masked, Softmax
 from ..basis.base import Stack
 from ..engine import convolve
-from ..params import LowRank
+from ..params import LowRank, reset_children
+from .blocks import feed_forward, post_norm, pre_norm
 from .convert import register_torch
 from .graph_attention import GATConv, GATv2Conv, TransformerConv  # re-exported (converters)
 
@@ -91,9 +92,16 @@ class MultiheadAttention(nn.Module):
         else:
             self.bias_k = self.bias_v = None
         self.add_zero_attn = bool(add_zero_attn)
-        self._reset_parameters()
+        self._reset_in_proj()
 
-    def _reset_parameters(self):
+    def reset_parameters(self) -> None:
+        """Re-draw the weights as the constructor does (torch's init): ``out_proj`` as a
+        ``Linear``, the in-projections Glorot, biases zero, ``bias_k`` / ``bias_v`` Glorot
+        normal. (torch's own ``_reset_parameters`` leaves ``out_proj.weight`` as it is.)"""
+        self.out_proj.reset_parameters()
+        self._reset_in_proj()
+
+    def _reset_in_proj(self):
         for w in (self.in_proj_weight, self.q_proj_weight, self.k_proj_weight,
                   self.v_proj_weight):
             if w is not None:
@@ -312,7 +320,8 @@ class _FeedForward(nn.Module):
         return self.dropout1(x)
 
     def _ff_block(self, x):
-        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+        return self.dropout2(feed_forward(x, self.linear1, self.linear2, self.activation,
+                                          dropout=self.dropout))
 
 
 class TransformerEncoderLayer(_FeedForward):
@@ -346,15 +355,17 @@ class TransformerEncoderLayer(_FeedForward):
         self.activation = _activation(activation)
         self.batch_first = batch_first
 
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does (each sub-layer's own init)."""
+        reset_children(self)
+
     def forward(self, src: Tensor, src_mask: Tensor | None = None,
                 src_key_padding_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         _features("TransformerEncoderLayer", src=src)
-        x = src
-        if self.norm_first:
-            x = x + self._sa_block(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
-            return x + self._ff_block(self.norm2(x))
-        x = self.norm1(x + self._sa_block(x, src_mask, src_key_padding_mask, is_causal))
-        return self.norm2(x + self._ff_block(x))
+        wire = pre_norm if self.norm_first else post_norm
+        x = wire(src, self.norm1, lambda h: self._sa_block(h, src_mask, src_key_padding_mask,
+                                                           is_causal))
+        return wire(x, self.norm2, self._ff_block)
 
 
 class TransformerDecoderLayer(_FeedForward):
@@ -384,6 +395,10 @@ class TransformerDecoderLayer(_FeedForward):
         self.activation = _activation(activation)
         self.batch_first = batch_first
 
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does (each sub-layer's own init)."""
+        reset_children(self)
+
     def _mha_block(self, x, mem, attn_mask, key_padding_mask, is_causal):
         x = self.multihead_attn(x, mem, mem, attn_mask=attn_mask,
                                 key_padding_mask=key_padding_mask, need_weights=False,
@@ -391,23 +406,21 @@ class TransformerDecoderLayer(_FeedForward):
         return self.dropout2(x)
 
     def _ff_block(self, x):
-        return self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+        return self.dropout3(feed_forward(x, self.linear1, self.linear2, self.activation,
+                                          dropout=self.dropout))
 
     def forward(self, tgt: Tensor, memory: Tensor, tgt_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, tgt_key_padding_mask: Tensor | None = None,
                 memory_key_padding_mask: Tensor | None = None, tgt_is_causal: bool = False,
                 memory_is_causal: bool = False) -> Tensor:
         _features("TransformerDecoderLayer", tgt=tgt, memory=memory)
-        x = tgt
-        if self.norm_first:
-            x = x + self._sa_block(self.norm1(x), tgt_mask, tgt_key_padding_mask, tgt_is_causal)
-            x = x + self._mha_block(self.norm2(x), memory, memory_mask,
-                                    memory_key_padding_mask, memory_is_causal)
-            return x + self._ff_block(self.norm3(x))
-        x = self.norm1(x + self._sa_block(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal))
-        x = self.norm2(x + self._mha_block(x, memory, memory_mask, memory_key_padding_mask,
-                                           memory_is_causal))
-        return self.norm3(x + self._ff_block(x))
+        wire = pre_norm if self.norm_first else post_norm
+        x = wire(tgt, self.norm1, lambda h: self._sa_block(h, tgt_mask, tgt_key_padding_mask,
+                                                           tgt_is_causal))
+        x = wire(x, self.norm2, lambda h: self._mha_block(h, memory, memory_mask,
+                                                          memory_key_padding_mask,
+                                                          memory_is_causal))
+        return wire(x, self.norm3, self._ff_block)
 
 
 def _act_name(fn):
@@ -466,6 +479,14 @@ class MixedAttention(nn.Module):
         if device is not None or dtype is not None:
             self.to(device=device, dtype=dtype)
         self._shift_cache: dict = {}
+
+    def reset_parameters(self) -> None:
+        """Re-draw the scores' and theta's weights (their own inits); the bias is zero."""
+        self.qk.reset_parameters()
+        self.theta.reset_parameters()
+        if self.bias is not None:
+            with torch.no_grad():
+                self.bias.zero_()
 
     def extra_repr(self):
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "

@@ -51,9 +51,16 @@ class ResidualDepthwise(Parameterization):
         if not 0 <= self.identity < K:
             raise ValueError(f"ResidualDepthwise: identity tap {self.identity} outside 0..{K - 1}")
         self.groups = C  # one channel per group (F.convNd's depthwise form)
-        self.weight = nn.Parameter(torch.randn(K, C) * std)
+        self.std = float(std)
+        self.weight = nn.Parameter(torch.empty(K, C))
         self.register_buffer("eye", torch.zeros(K, 1), persistent=False)
         self.eye[self.identity] = 1.0
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """The taps ~ N(0, std²) (the identity tap's constant stays)."""
+        with torch.no_grad():
+            self.weight.normal_().mul_(self.std)
 
     @property
     def fan_in(self) -> int:
@@ -246,6 +253,10 @@ class Canon(nn.Module):
         self.channels, self.kernel = channels, kernel
         self.param = ResidualDepthwise(kernel, channels, std=std)
         self._grids: dict = {}
+
+    def reset_parameters(self) -> None:
+        """Re-draw the taps (``ResidualDepthwise``'s N(0, std²))."""
+        self.param.reset_parameters()
 
     def extra_repr(self) -> str:
         return f"channels={self.channels}, kernel={self.kernel}"

@@ -35,12 +35,49 @@ from ..attention.edges import (
     add_self_loops,
     edge_features,
 )
-from ..attention.mechanisms import GATScores, GraphMasked, HeadDot, LeakyReLU, Softmax
+from ..attention.mechanisms import (
+    GATScores,
+    GraphMasked,
+    HeadDot,
+    LeakyReLU,
+    Mechanism,
+    Softmax,
+)
 from ..basis.edges import as_edge_index
 from .convert import register_pyg
 from .pyg import PyGCompatible, check_mask, is_lazy, lazy_parameter
 
-__all__ = ["GATConv", "GATv2Conv", "TransformerConv"]
+__all__ = ["GATConv", "GATv2Conv", "TransformerConv", "gat_mechanism", "graph_softmax",
+           "transformer_scores", "gated_root"]
+
+
+# -- the mechanisms and the root term, shared with the declared graph_attention layer ------------
+def gat_mechanism(scores: Mechanism, edge_index: Tensor, negative_slope: float) -> Softmax:
+    """GAT's whole mechanism on a graph: Softmax(LeakyReLU(GraphMasked(scores, edge_index)))
+    (``scores``: ``GATScores``, plus an ``EdgeTerm`` with edge features)."""
+    return Softmax(LeakyReLU(GraphMasked(scores, edge_index), negative_slope))
+
+
+def graph_softmax(scores: Mechanism, edge_index: Tensor) -> Softmax:
+    """Softmax(GraphMasked(scores, edge_index)): GATv2's and TransformerConv's mechanism on a
+    graph (the scores' own nonlinearity inside, if any)."""
+    return Softmax(GraphMasked(scores, edge_index))
+
+
+def transformer_scores(heads: int, channels: int, with_edges: bool) -> Mechanism:
+    """TransformerConv's scores: HeadDot(k, q) (+ EdgeDot on the edge keys ê, which a layer
+    projects once and also sends as messages)."""
+    mech = HeadDot(heads, channels)
+    return mech + EdgeDot(heads, channels) if with_edges else mech
+
+
+def gated_root(out: Tensor, root: Tensor, lin_beta: nn.Module | None) -> Tensor:
+    """The root term added to ``out``, or gated as PyG's TransformerConv (``beta``):
+    b·root + (1 − b)·out with b = sigmoid(lin_beta([out, root, out − root]))."""
+    if lin_beta is None:
+        return out + root
+    b = torch.sigmoid(lin_beta(torch.cat([out, root, out - root], -1)))
+    return b * root + (1 - b) * out
 
 
 def _linear(i: int, o: int, bias: bool = False, glorot: bool = True) -> nn.Linear:
@@ -351,8 +388,7 @@ class GATConv(_EdgeAttention):
 
     def mechanism(self, edge_index: Tensor, with_edges: bool = False) -> Softmax:
         """GAT's whole mechanism on a graph (the paper's view), sharing this layer's weights."""
-        return Softmax(LeakyReLU(GraphMasked(self.scores(with_edges), edge_index),
-                                 self.negative_slope))
+        return gat_mechanism(self.scores(with_edges), edge_index, self.negative_slope)
 
     def _project(self, x_src: Tensor, x_dst: Tensor | None):
         H, C = self.heads, self.out_channels
@@ -469,7 +505,7 @@ class GATv2Conv(_EdgeAttention):
 
     def mechanism(self, edge_index: Tensor) -> Softmax:
         """GATv2's whole mechanism on a graph, sharing this layer's weights."""
-        return Softmax(GraphMasked(self.scores(), edge_index))
+        return graph_softmax(self.scores(), edge_index)
 
     def forward(self, x, edge_index: Tensor, edge_attr: Tensor | None = None,
                 return_attention_weights: bool | None = None):
@@ -566,21 +602,16 @@ class TransformerConv(_EdgeAttention):
     def scores(self):
         """TransformerConv's scores: HeadDot(k, q) (+ EdgeDot on the edge keys ê = lin_edge(e),
         which the layer projects once and also sends as messages)."""
-        H, C = self.heads, self.out_channels
-        mech = HeadDot(H, C)
-        return mech if self.lin_edge is None else mech + EdgeDot(H, C)
+        return transformer_scores(self.heads, self.out_channels, self.lin_edge is not None)
 
     def mechanism(self, edge_index: Tensor) -> Softmax:
         """The whole mechanism on a graph: inputs keys k (M, K, C), queries q (N, K, C) and,
         with edge_dim, the edge keys ê (E, K, C) as edge features."""
-        return Softmax(GraphMasked(self.scores(), edge_index))
+        return graph_softmax(self.scores(), edge_index)
 
     def _skip(self, out: Tensor, x_r: Tensor) -> Tensor:
         """The root term x_r = lin_skip(x_dst) added to ``out``, or gated by beta."""
-        if self.lin_beta is None:
-            return out + x_r
-        b = torch.sigmoid(self.lin_beta(torch.cat([out, x_r, out - x_r], -1)))
-        return b * x_r + (1 - b) * out
+        return gated_root(out, x_r, self.lin_beta)
 
     def forward(self, x, edge_index: Tensor, edge_attr: Tensor | None = None,
                 return_attention_weights: bool | None = None):

@@ -202,12 +202,23 @@ class GridConv(_GridLayer):
         if isinstance(self.param, Grouped) and groups == 1:
             self.groups = self.param.groups
         if bias:
-            b = 1.0 / math.sqrt(self.param.fan_in)
-            self.bias = nn.Parameter(torch.empty(out_channels).uniform_(-b, b))
+            self.bias = nn.Parameter(torch.empty(out_channels))
         else:
             self.register_parameter("bias", None)
+        self._reset_bias()  # (the form drew its theta in its constructor)
         self._plans: dict = {}
         self._init_layout(d, in_shape, layout)
+
+    def reset_parameters(self) -> None:
+        """Re-draw theta (the form's own init) and the bias, U(±1/√fan_in) as torch's."""
+        self.param.reset_parameters()
+        self._reset_bias()
+
+    def _reset_bias(self) -> None:
+        if self.bias is not None:
+            b = 1.0 / math.sqrt(self.param.fan_in)
+            with torch.no_grad():
+                self.bias.uniform_(-b, b)
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
@@ -289,6 +300,9 @@ class IdentityParam(Parameterization):
         super().__init__(1, channels, channels)
         self.register_buffer("eye", torch.eye(channels, dtype=dtype, device=device)[None],
                              persistent=False)
+
+    def reset_parameters(self) -> None:
+        """Nothing to draw: the identity has no weights."""
 
     def forward(self) -> Tensor:
         return self.eye

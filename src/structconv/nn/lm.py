@@ -25,17 +25,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._checks import floating
+from .._checks import floating, token_ids
 from ..attention.basis import CausalShift, DotProductAttention
 from ..attention.index import RelativeBias, index_bias
 from ..attention.positions import alibi_mask, alibi_slopes, rotary, rotary_angles, sinusoidal
 from ..basis.base import Stack
-from ..params import LowRank
+from ..params import LowRank, reset_children
+from .blocks import feed_forward, pre_norm
 from .canon import CANON_PLACES, Canon
 
 __all__ = ["CausalSelfAttention", "TransformerLM", "POSITIONS", "CANON_TAG", "equalised_ffn",
            "check_canon", "canon_places", "split_kind", "kind_name", "RELATIVE_BUCKETS",
-           "RELATIVE_MAX_DISTANCE"]
+           "RELATIVE_MAX_DISTANCE", "gpt2_init", "GPT2_STD"]
 
 #: the amplitude of the sinusoidal encoding: the token embeddings' initial standard deviation
 SINUSOIDAL_SCALE = 0.02
@@ -48,6 +49,9 @@ POSITIONS = ("none", "sinusoidal", "learned", "rotary", "alibi", "relative", "sh
 #: 0..15, 16 logarithmic buckets up to 128, then one bucket for every longer offset)
 RELATIVE_BUCKETS = 32
 RELATIVE_MAX_DISTANCE = 128
+
+#: GPT-2's initial standard deviation of every weight
+GPT2_STD = 0.02
 
 #: how a model kind names its Canon places: "<position>+Canon-<places>", e.g. "none+Canon-ABCD"
 CANON_TAG = "+Canon-"
@@ -132,6 +136,24 @@ def kind_name(position: str, canon: str = "") -> str:
     return f"{position}{CANON_TAG}{canon}" if canon else position
 
 
+def gpt2_init(model: nn.Module, extra=(), residual=()) -> None:
+    """GPT-2's initialisation in place: every ``Linear`` and ``Embedding`` weight of ``model``
+    N(0, 0.02²) with zero biases, then each of ``extra`` (tensors) N(0, 0.02²), then each
+    ``(weight, n)`` of ``residual`` (the projections onto the residual stream) N(0, 0.02²/n)
+    (GPT-2: n = 2·layers, two residual branches per layer), drawn in that order."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                m.weight.normal_(0.0, GPT2_STD)
+                if getattr(m, "bias", None) is not None:
+                    m.bias.zero_()
+        for p in extra:
+            if p is not None:
+                p.normal_(0.0, GPT2_STD)
+        for w, n in residual:
+            w.normal_(0.0, GPT2_STD / math.sqrt(n))
+
+
 def size_cached(store: dict, key, make):
     """``store[key]``, made by ``make()`` on its first use: for masks, angles and bias tables
     that depend only on sizes (a model meets few, so past 32 entries the store starts over)."""
@@ -186,6 +208,11 @@ class CausalSelfAttention(nn.Module):
         self.canon = Canon(3 * embed_dim, canon).to(device=device, dtype=dtype) if canon \
             else None
         self._masks: dict = {}
+
+    def reset_parameters(self) -> None:
+        """Re-draw the projections (torch's ``Linear`` init), the relative bias (zero) and the
+        Canon-B taps, as the constructor does."""
+        reset_children(self)
 
     def extra_repr(self):
         return (f"embed_dim={self.E}, heads={self.H}, shifts={self.shifts}, "
@@ -318,6 +345,9 @@ class _Block(nn.Module):
         width = {"A": E, "C": E, "D": ffn}
         self.canon = nn.ModuleDict({p: Canon(width[p], canon_kernel) for p in canon if p != "B"})
 
+    def reset_parameters(self) -> None:
+        reset_children(self)
+
     def _canon(self, place: str, h: Tensor, cache: dict | None) -> Tensor:
         return self.canon[place](h, cache, f"canon_{place}") if place in self.canon else h
 
@@ -326,9 +356,11 @@ class _Block(nn.Module):
         return self._canon("A", self.ln1(x), cache)
 
     def forward(self, x: Tensor, cache: dict | None = None) -> Tensor:
-        x = x + self.drop(self.attn(self.attention_input(x, cache), cache))
-        u = self._canon("D", self.fc(self._canon("C", self.ln2(x), cache)), cache)
-        return x + self.drop(self.proj(F.gelu(u)))
+        x = pre_norm(x, self.ln1, lambda h: self.attn(self._canon("A", h, cache), cache),
+                     self.drop)
+        return pre_norm(x, self.ln2, lambda h: feed_forward(
+            h, self.fc, self.proj, F.gelu, lambda place, u: self._canon(place, u, cache)),
+            self.drop)
 
 
 class TransformerLM(nn.Module):
@@ -386,20 +418,19 @@ class TransformerLM(nn.Module):
         self.head = nn.Linear(width, vocab_size, bias=False)
         if tie_weights:
             self.head.weight = self.tok.weight
-        self._init(layers)
+        self._init()
 
-    def _init(self, layers: int) -> None:
-        # GPT-2's initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2·layers)
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, 0.0, 0.02)
-                if getattr(m, "bias", None) is not None:
-                    nn.init.zeros_(m.bias)
-        if self.pos is not None:
-            nn.init.normal_(self.pos, 0.0, 0.02)
-        for b in self.blocks:
-            for w in (b.attn.out_proj.weight, b.proj.weight):
-                nn.init.normal_(w, 0.0, 0.02 / math.sqrt(2 * layers))
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does: the layers' own inits, then GPT-2's
+        (``gpt2_init``) over them."""
+        reset_children(self)
+        self._init()
+
+    def _init(self) -> None:
+        # GPT-2's: N(0, 0.02), the residual projections scaled by 1/sqrt(2·layers)
+        n = 2 * len(self.blocks)
+        gpt2_init(self, [self.pos], [(w, n) for b in self.blocks
+                                     for w in (b.attn.out_proj.weight, b.proj.weight)])
 
     def extra_repr(self):
         return (f"position={self.position!r}, shifts={self.shifts}, context={self.context}, "
@@ -424,27 +455,8 @@ class TransformerLM(nn.Module):
     def check_ids(self, ids) -> Tensor:
         """Token ids (B, L) of any integer dtype with 0 <= id < vocab_size, L >= 1, as the
         embedding takes them (int64 unless int32); ``ValueError`` naming what is wrong."""
-        if not isinstance(ids, Tensor) or ids.dim() != 2:
-            got = f"shape {tuple(ids.shape)}" if isinstance(ids, Tensor) else \
-                type(ids).__name__
-            raise ValueError(f"TransformerLM expects integer token ids (B, L), got {got}")
-        dt = ids.dtype
-        if dt == torch.bool or dt.is_floating_point or dt.is_complex:
-            raise ValueError(f"TransformerLM expects integer token ids (B, L), got dtype {dt} "
-                             f"(shape {tuple(ids.shape)}): token ids are integers "
-                             f"0..{self.vocab_size - 1}")
-        if ids.shape[1] == 0:
-            raise ValueError(f"TransformerLM needs at least one token per sequence, got ids of "
-                             f"shape {tuple(ids.shape)}")
-        if ids.numel() and not torch.compiler.is_compiling() and ids.device.type != "meta":
-            # a value check needs the data: skipped inside a compiled graph (and on meta)
-            lo, hi = (int(v) for v in ids.aminmax())
-            if lo < 0 or hi >= self.vocab_size:
-                bad = ids[(ids < 0) | (ids >= self.vocab_size)].unique()
-                more = "" if bad.numel() <= 8 else f" (and {bad.numel() - 8} more)"
-                raise ValueError(f"token ids must be in 0..{self.vocab_size - 1} (vocab_size "
-                                 f"{self.vocab_size}), got {bad[:8].tolist()}{more}")
-        return ids if dt in (torch.int64, torch.int32) else ids.long()
+        return token_ids(ids, self.vocab_size, "TransformerLM", keep_int32=True,
+                         name_vocab=True)
 
     def forward(self, ids: Tensor, cache: list | None = None) -> Tensor:
         """ids (B, L) -> logits (B, L, vocab_size). ``cache`` (from ``new_cache``) continues a

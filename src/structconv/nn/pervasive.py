@@ -26,13 +26,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._checks import count, floating, number_in
+from .._checks import count, floating, number_in, token_ids
 from ..attention.masks import masked_softmax
 from ..attention.mechanisms import Biaffine
 from ..basis.base import Basis
 from ..basis.grid import Grid
 from ..engine import convolve
-from ..params import Full
+from ..params import Full, reset_children
 from .decoding import generate
 from .grid import GridConv
 
@@ -101,6 +101,14 @@ class AttentionPooling(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
         self.heads, self.channels = heads, channels
 
+    def reset_parameters(self) -> None:
+        """Re-draw μ (``Biaffine``'s init) and theta (``Full``'s); the bias is zero."""
+        self.mechanism.reset_parameters()
+        self.param.reset_parameters()
+        if self.bias is not None:
+            with torch.no_grad():
+                self.bias.zero_()
+
     def weights(self, h: Tensor, pad: Tensor | None = None) -> Tensor:
         """α (B, K, T, S): each target row's distribution over the source cells."""
         s = torch.einsum("btsc,kc->bkts", h, self.mechanism.mu.to(h.dtype))
@@ -147,6 +155,10 @@ class DenseGridLayer(nn.Module):
                              padding=((kernel - 1, 0), (p, p)), layout="image")
         self.drop = nn.Dropout(dropout)
         self._grids: dict = {}
+
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does (each sub-layer's own init)."""
+        reset_children(self)
 
     def conv_input(self, h: Tensor, pad: Tensor | None) -> Tensor:
         """The k x k convolution's input (B, T, S, bottleneck), zero at padded columns."""
@@ -224,24 +236,17 @@ class PervasiveAttention(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.head = nn.Linear(width, tgt_vocab)
 
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does (each sub-layer's own init)."""
+        reset_children(self)
+
     def extra_repr(self):
         return f"pooling={self.pooling!r}, channels={self.channels}, kernel={self.kernel}"
 
     def check_ids(self, ids, vocab: int, what: str) -> Tensor:
-        """Token ids (B, L), L >= 1, integers in 0..vocab-1, as long (``ValueError`` else)."""
-        if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.dtype == torch.bool or \
-                ids.dtype.is_floating_point or ids.dtype.is_complex or ids.shape[1] == 0:
-            got = f"{ids.dtype} {tuple(ids.shape)}" if isinstance(ids, Tensor) else \
-                type(ids).__name__
-            raise ValueError(f"PervasiveAttention: {what} must be integer token ids (B, L >= 1),"
-                             f" got {got}")
-        # (a value check needs the data: skipped inside a compiled graph and on meta)
-        if ids.numel() and not torch.compiler.is_compiling() and ids.device.type != "meta" and \
-                (int(ids.min()) < 0 or int(ids.max()) >= vocab):
-            bad = ids[(ids < 0) | (ids >= vocab)].unique()[:8].tolist()
-            raise ValueError(f"PervasiveAttention: {what} ids must be in 0..{vocab - 1}, got "
-                             f"{bad}")
-        return ids.long()
+        """Token ids (B, L), L >= 1, integers in 0..vocab-1, as long (``ValueError`` else;
+        ``what``: "src" or "tgt")."""
+        return token_ids(ids, vocab, "PervasiveAttention", f"{what} ids")
 
     def source(self, src) -> tuple[Tensor, Tensor]:
         """src (B, S) -> (source embeddings (B, S, embed), pad (B, S) bool)."""

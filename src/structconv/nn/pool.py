@@ -16,20 +16,11 @@ from torch import Tensor, nn
 from ..attention.basis import GraphAttention
 from ..attention.mechanisms import Mechanism, edges
 from ..basis.batch import readout
+from ..params import reset_module  # re-exported: PyG's ``reset``
 from .convert import register_pyg
 
 __all__ = ["global_add_pool", "global_mean_pool", "global_max_pool", "AttentionalAggregation",
            "NodeGate", "reset_module"]
-
-
-def reset_module(module) -> None:
-    """``module.reset_parameters()``, or that of each child where it has none (PyG's
-    ``reset``: the way a layer re-initialises an ``nn`` it was given)."""
-    if hasattr(module, "reset_parameters"):
-        module.reset_parameters()
-    else:
-        for child in module.children() if hasattr(module, "children") else []:
-            reset_module(child)
 
 
 def _pool_args(x, batch, size, who: str):
@@ -104,6 +95,9 @@ class NodeGate(Mechanism):
     def __init__(self, gate_nn: nn.Module, K: int | None = None):
         super().__init__()
         self.gate_nn, self.K = gate_nn, K
+
+    def reset_parameters(self) -> None:
+        reset_module(self.gate_nn)
 
     def forward(self, x1, x2, edge_attr=None):
         s = self.gate_nn(x1)  # (M, K)

@@ -21,21 +21,22 @@ decodes greedily or by beam search with a KV cache (``structconv.nn.decoding``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._checks import floating
+from .._checks import floating, token_ids
 from ..attention.basis import DotProductAttention
 from ..attention.index import ALiBi, index_bias
 from ..attention.positions import rotary, rotary_angles, sinusoidal
-from ..basis.base import Basis, Stack
+from ..basis.base import Stack
 from ..basis.grid import Grid
+from ..basis.shift import Shift
 from ..engine import convolve
-from ..params import LowRank
+from ..params import LowRank, reset_children
+from .blocks import feed_forward, pre_norm
 from .canon import Canon, ResidualDepthwise
 from .decoding import generate
 from .lm import (
@@ -45,6 +46,7 @@ from .lm import (
     check_cache,
     check_canon,
     check_ffn,
+    gpt2_init,
     size_cached,
 )
 
@@ -69,47 +71,13 @@ def encoder_shifts(shifts) -> list[int]:
     return [int(s) for s in shifts]
 
 
-class SignedShift(Basis):
-    """Shift matrices of signed offsets: A_s[m, n] = 1 iff m = n − shifts[s]; (S, L, L).
-
-    The basis of a 1-d grid convolution over the sequence with the given taps (zero outside
-    the sequence): head s of output n is the input ``shifts[s]`` steps before (after, for a
-    negative offset). ``propagate_heads`` is one padded copy and S strided slices.
-    """
-
-    cost_kernel = "element"
+class SignedShift(Shift):
+    """Shift matrices of signed offsets: A_s[m, n] = 1 iff m = n − shifts[s]; (S, L, L), i.e.
+    ``sc.basis.Shift(length, shifts, causal=False)``: head s of output n is the input
+    ``shifts[s]`` steps before (after, for a negative offset), zero outside the sequence."""
 
     def __init__(self, length: int, shifts: Sequence[int]):
-        shifts = [int(s) for s in shifts]
-        if not shifts:
-            raise ValueError("SignedShift needs at least one offset")
-        super().__init__(len(shifts), length, length)
-        self.shifts = shifts
-
-    def __repr__(self):
-        return f"SignedShift(length={self.N}, shifts={self.shifts})"
-
-    def apply_flops(self):
-        return float(self.K * self.N)
-
-    def propagate_heads(self, z: Tensor) -> Tensor:
-        if z.dim() != 4 or z.shape[1] != self.M or z.shape[2] != self.K:
-            raise ValueError(f"SignedShift.propagate_heads expects z (B, M={self.M}, K={self.K},"
-                             f" C), got shape {tuple(z.shape)}")
-        before, after = max(0, max(self.shifts)), max(0, -min(self.shifts))
-        ext = F.pad(z, (0, 0, 0, 0, before, after))
-        L = self.N
-        return torch.stack([ext[:, before - s: before - s + L, h]
-                            for h, s in enumerate(self.shifts)], 2)
-
-    def to_dense(self) -> Tensor:
-        A = torch.zeros(self.K, self.M, self.N)
-        n = torch.arange(self.N)
-        for k, s in enumerate(self.shifts):
-            m = n - s
-            ok = (m >= 0) & (m < self.M)
-            A[k, m[ok], n[ok]] = 1.0
-        return A
+        super().__init__(length, shifts, causal=False)
 
 
 class CentredCanon(nn.Module):
@@ -128,6 +96,10 @@ class CentredCanon(nn.Module):
         self.channels, self.kernel = channels, kernel
         self.param = ResidualDepthwise(kernel, channels, identity=(kernel - 1) // 2, std=std)
         self._grids: dict = {}
+
+    def reset_parameters(self) -> None:
+        """Re-draw the taps (``ResidualDepthwise``'s N(0, std²))."""
+        self.param.reset_parameters()
 
     def extra_repr(self) -> str:
         return f"channels={self.channels}, kernel={self.kernel}"
@@ -198,6 +170,10 @@ class SelfAttention(nn.Module):
         self.alibi = ALiBi(heads) if alibi else None
         self.canon = CentredCanon(3 * embed_dim, canon) if canon else None
         self._memo: dict = {}
+
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does (each sub-layer's own init)."""
+        reset_children(self)
 
     def extra_repr(self):
         return (f"embed_dim={self.E}, heads={self.H}, shifts={self.shifts}, "
@@ -285,6 +261,10 @@ class CrossAttention(nn.Module):
         self.kv_proj = nn.Linear(embed_dim, 2 * embed_dim, bias=bias)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
 
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does (each sub-layer's own init)."""
+        reset_children(self)
+
     def extra_repr(self):
         return f"embed_dim={self.E}, heads={self.H}"
 
@@ -343,9 +323,14 @@ class _FeedForward(nn.Module):
         self.fc, self.proj = nn.Linear(E, ffn, bias=bias), nn.Linear(ffn, E, bias=bias)
         self.canon = nn.ModuleDict({p: make(E if p == "C" else ffn) for p in canon if p in "CD"})
 
-    def forward(self, x: Tensor, apply) -> Tensor:
-        """``apply(place, h)`` runs the Canon layer at a place (the identity where absent)."""
-        return self.proj(F.gelu(apply("D", self.fc(apply("C", self.ln(x))))))
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does (each sub-layer's own init)."""
+        reset_children(self)
+
+    def forward(self, h: Tensor, apply) -> Tensor:
+        """The feed-forward of the normalised input h (``ln`` is the block's to apply);
+        ``apply(place, h)`` runs the Canon layer at a place (the identity where absent)."""
+        return feed_forward(h, self.fc, self.proj, F.gelu, apply)
 
 
 class EncoderBlock(nn.Module):
@@ -363,15 +348,19 @@ class EncoderBlock(nn.Module):
         self.canon_a = CentredCanon(E, canon_kernel) if "A" in canon else None
         self.drop = nn.Dropout(dropout)
 
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does (each sub-layer's own init)."""
+        reset_children(self)
+
     def forward(self, x: Tensor, pad: Tensor | None = None) -> Tensor:
         def apply(place, h):
             return self.ff.canon[place](h, pad) if place in self.ff.canon else h
 
-        h = self.ln(x)
-        if self.canon_a is not None:
-            h = self.canon_a(h, pad)
-        x = x + self.drop(self.attn(h, pad))
-        return x + self.drop(self.ff(x, apply))
+        def attend(h):
+            return self.attn(h if self.canon_a is None else self.canon_a(h, pad), pad)
+
+        x = pre_norm(x, self.ln, attend, self.drop)
+        return pre_norm(x, self.ff.ln, lambda h: self.ff(h, apply), self.drop)
 
 
 class DecoderBlock(nn.Module):
@@ -392,9 +381,15 @@ class DecoderBlock(nn.Module):
         self.canon_a = Canon(E, canon_kernel) if "A" in canon else None
         self.drop = nn.Dropout(dropout)
 
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does (each sub-layer's own init)."""
+        reset_children(self)
+
     def self_attention_input(self, y: Tensor, cache: dict | None = None) -> Tensor:
         """What the self-attention reads: Canon-A of the normalised input."""
-        h = self.ln1(y)
+        return self._canon_a(self.ln1(y), cache)
+
+    def _canon_a(self, h: Tensor, cache: dict | None) -> Tensor:
         return h if self.canon_a is None else self.canon_a(h, cache, "canon_A")
 
     def forward(self, y: Tensor, memory: Tensor, pad: Tensor | None = None,
@@ -403,9 +398,10 @@ class DecoderBlock(nn.Module):
             return self.ff.canon[place](h, cache, f"canon_{place}") if place in self.ff.canon \
                 else h
 
-        y = y + self.drop(self.self_attn(self.self_attention_input(y, cache), cache))
-        y = y + self.drop(self.cross_attn(self.ln2(y), memory, pad, cache))
-        return y + self.drop(self.ff(y, apply))
+        y = pre_norm(y, self.ln1, lambda h: self.self_attn(self._canon_a(h, cache), cache),
+                     self.drop)
+        y = pre_norm(y, self.ln2, lambda h: self.cross_attn(h, memory, pad, cache), self.drop)
+        return pre_norm(y, self.ff.ln, lambda h: self.ff(h, apply), self.drop)
 
 
 class Seq2Seq(nn.Module):
@@ -460,7 +456,13 @@ class Seq2Seq(nn.Module):
         self.head = nn.Linear(width, tgt_vocab, bias=False)
         if tie_weights:
             self.head.weight = self.tgt_tok.weight
-        self._init(layers + dec_layers)
+        self._init()
+
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does: the layers' own inits, then GPT-2's
+        (``gpt2_init``) over them."""
+        reset_children(self)
+        self._init()
 
     @staticmethod
     def _check_sizes(src_vocab, tgt_vocab, width, layers, dec_layers, heads, position, dropout,
@@ -504,23 +506,16 @@ class Seq2Seq(nn.Module):
             raise ValueError(f"position={position!r} needs at least one encoder shift head")
         return dec, enc
 
-    def _init(self, layers: int) -> None:
-        # GPT-2's initialisation, as TransformerLM: N(0, 0.02), residual projections scaled
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, 0.0, 0.02)
-                if getattr(m, "bias", None) is not None:
-                    nn.init.zeros_(m.bias)
-        for p in (self.src_pos, self.tgt_pos):
-            if p is not None:
-                nn.init.normal_(p, 0.0, 0.02)
-        for b in self.encoder:
-            for w in (b.attn.out_proj.weight, b.ff.proj.weight):
-                nn.init.normal_(w, 0.0, 0.02 / math.sqrt(2 * layers))
-        for b in self.decoder:
-            for w in (b.self_attn.out_proj.weight, b.cross_attn.out_proj.weight,
-                      b.ff.proj.weight):
-                nn.init.normal_(w, 0.0, 0.02 / math.sqrt(3 * layers))
+    def _init(self) -> None:
+        # GPT-2's, as TransformerLM's: the residual projections scaled by 1/sqrt(branches ·
+        # layers), two branches per encoder block and three per decoder block
+        n = len(self.encoder) + len(self.decoder)
+        gpt2_init(self, [self.src_pos, self.tgt_pos],
+                  [(w, 2 * n) for b in self.encoder for w in (b.attn.out_proj.weight,
+                                                              b.ff.proj.weight)]
+                  + [(w, 3 * n) for b in self.decoder for w in (
+                      b.self_attn.out_proj.weight, b.cross_attn.out_proj.weight,
+                      b.ff.proj.weight)])
 
     def extra_repr(self):
         return (f"position={self.position!r}, shifts={self.shifts}, "
@@ -529,22 +524,8 @@ class Seq2Seq(nn.Module):
     # -- inputs --------------------------------------------------------------------------------
     def check_ids(self, ids, vocab: int, what: str) -> Tensor:
         """Token ids (B, L), L >= 1, of an integer dtype with 0 <= id < vocab, as long;
-        ``ValueError`` naming what is wrong."""
-        if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.dtype == torch.bool or \
-                ids.dtype.is_floating_point or ids.dtype.is_complex:
-            got = f"{ids.dtype} {tuple(ids.shape)}" if isinstance(ids, Tensor) else \
-                type(ids).__name__
-            raise ValueError(f"Seq2Seq: {what} must be integer token ids (B, L), got {got}")
-        if ids.shape[1] == 0:
-            raise ValueError(f"Seq2Seq: {what} needs at least one token per row, got shape "
-                             f"{tuple(ids.shape)}")
-        if ids.numel() and not torch.compiler.is_compiling() and ids.device.type != "meta":
-            # a value check needs the data: skipped inside a compiled graph (and on meta)
-            lo, hi = (int(v) for v in ids.aminmax())
-            if lo < 0 or hi >= vocab:
-                bad = ids[(ids < 0) | (ids >= vocab)].unique()[:8].tolist()
-                raise ValueError(f"Seq2Seq: {what} ids must be in 0..{vocab - 1}, got {bad}")
-        return ids.long()
+        ``ValueError`` naming what is wrong (``what``: "src" or "tgt")."""
+        return token_ids(ids, vocab, "Seq2Seq", f"{what} ids")
 
     def _positions(self, x: Tensor, table: Tensor | None, start: int) -> Tensor:
         L = x.shape[1]

@@ -31,7 +31,7 @@ from ..basis.cache import cached
 from ..basis.graph import PowerBasis
 from ..basis.typed import relation_operator, segment_matmul, typed_basis, typed_convolve
 from ..engine import convolve
-from ..params import Parameterization, build, glorot_, make_param
+from ..params import Parameterization, build, glorot_, make_param, reset_children
 from .hetero import HeteroConv, edge_key
 
 __all__ = ["TypedGraphConv", "to_hetero", "TypedModel", "check_metadata", "known_relations"]
@@ -344,6 +344,10 @@ class TypedModel(nn.Module):
         number = {node: i for i, node in enumerate(self.graph.nodes)}
         self._steps = [(node.op, node.target, _refs(node.args, number), _refs(node.kwargs, number))
                        for node in self.graph.nodes]
+
+    def reset_parameters(self) -> None:
+        """Re-draw the typed layers' weights and each node type's copies (their own inits)."""
+        reset_children(self.layers)
 
     def _module(self, target, args, kwargs):
         m = self.layers[self.typed_modules[target]]
