@@ -1,9 +1,10 @@
 """Recipe: node classification on typed graphs (DBLP authors, IMDB movies), Macro-F1 and Micro-F1.
 
-``structconv reproduce hetero --models sage,rgcn,hgt,han --datasets dblp,imdb --seeds 10``. Each
-(model, dataset, seed) trains the shipped ``hetero_<model>_<dataset>`` config (full batch,
-``structconv train``'s loop) with ``seed`` set: the best-validation epoch's weights (validation
-accuracy, i.e. Micro-F1) scored on the test nodes. Every run is a run directory
+``structconv reproduce hetero --models sage,rgcn,hgt,han --datasets dblp,imdb --seeds 10``
+(seeds ``--seed`` on). Each (model, dataset, seed) trains the shipped
+``hetero_<model>_<dataset>`` config (full batch, ``structconv train``'s loop) with ``seed`` set:
+the best-validation epoch's weights (validation accuracy, i.e. Micro-F1) scored on the test
+nodes. Every run is a run directory
 ``<out>/hetero/<model>-<dataset>-seed<s>``, trained at most once under its lock; an interrupted
 sweep run again resumes where it stopped. Prints and writes ``<out>/hetero.json``: mean ± std
 of the test Macro-F1 and Micro-F1 per model and dataset, and every run.
@@ -16,7 +17,6 @@ import time
 from pathlib import Path
 
 from ._common import (
-    SEED,
     THREADS,
     Bounded,
     Listed,
@@ -47,10 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma list of typed graphs (default dblp,imdb)")
     parser.add_argument("--seeds", type=Bounded(int, 1, 100), default=10,
                         help="seeds per model and dataset (default 10)")
-    parser.add_argument("--first-seed", type=SEED, default=0, help="the first seed (default 0)")
     parser.add_argument("--epochs", type=Bounded(int, 1, 100_000), default=None,
                         help="override the configs' epochs")
-    parser.add_argument("--root", default=None,
+    parser.add_argument("--data", default=None,
                         help="folder of the dataset's raw files (one dataset only; default: "
                              "the data home's hetero/DBLP or hetero/IMDB)")
     parser.add_argument("--threads", type=THREADS, default=1, help="torch threads (0: torch's)")
@@ -62,8 +61,8 @@ def _names(text: str) -> list[str]:
 
 def check_arguments(args) -> None:
     """ValueError where options do not fit together."""
-    if args.root is not None and len(_names(args.datasets)) != 1:
-        raise ValueError(f"--root is one dataset's folder: give one --datasets, got "
+    if args.data is not None and len(_names(args.datasets)) != 1:
+        raise ValueError(f"--data is one dataset's folder: give one --datasets, got "
                          f"{args.datasets!r}")
 
 
@@ -72,12 +71,12 @@ def runs(args) -> list[tuple[str, str, int, Run]]:
     over = list(QUICK_MODEL) if args.quick else []
     if args.epochs:
         over.append(f"train.epochs={args.epochs}")
-    if args.root is not None:
-        over.append(f"data.root={str(args.root)!r}")
+    if args.data is not None:
+        over.append(f"data.root={str(args.data)!r}")
     out = []
     for ds in _names(args.datasets):
         for model in _names(args.models):
-            for s in range(args.first_seed, args.first_seed + args.seeds):
+            for s in range(args.seed, args.seed + args.seeds):
                 out.append((model, ds, s, Run(f"{model}-{ds}-seed{s}", f"hetero_{model}_{ds}",
                                               (*over, f"seed={s}"))))
     return out
@@ -122,7 +121,7 @@ def run(args) -> int:
     out = Path(args.out) / "hetero.json"
     publish(out, dict(experiment="hetero", models=_names(args.models),
                       datasets=_names(args.datasets), seeds=args.seeds,
-                      first_seed=args.first_seed, epochs=args.epochs, quick=bool(args.quick),
+                      first_seed=args.seed, epochs=args.epochs, quick=bool(args.quick),
                       summary=table, runs=rows, hardware=hardware(),
                       seconds=time.perf_counter() - t0))
     print(f"wrote {out}")
