@@ -16,7 +16,7 @@ sampled mini-batches; ``[model.lm]`` (``LM_KEYS``) describes a language model in
 ``[model.seq2seq]`` (``SEQ2SEQ_KEYS``) a sequence-to-sequence model (grapheme-to-phoneme data),
 ``[model.link]`` (``LINK_KEYS``) a knowledge-graph link predictor trained as ``[train.link]``
 (``LINK_TRAIN_KEYS``) says; ``[model.gin]`` (``GIN_KEYS``) a graph-level GIN for a dataset of
-many graphs.
+many graphs; ``[model.hetero]`` (``HETERO_KEYS``) a typed model for a typed graph (DBLP, IMDB).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ __all__ = ["ConfigError", "load_config", "parse_config", "apply_overrides", "val
            "graph_layer_hops", "shipped_configs", "LINK_KEYS", "LINK_TRAIN_KEYS", "LM_KEYS",
            "LINK_MONITORS", "ACTIVATIONS", "link_spec", "link_train_spec", "is_link",
            "is_content", "import_paths", "config_from", "SEQ2SEQ_KEYS", "SEQ2SEQ_KINDS",
-           "seq2seq_spec", "is_seq2seq", "GIN_KEYS", "gin_spec", "is_gin"]
+           "seq2seq_spec", "is_seq2seq", "GIN_KEYS", "gin_spec", "is_gin",
+           "HETERO_KEYS", "HETERO_KINDS", "hetero_spec", "is_hetero"]
 
 
 class ConfigError(ValueError):
@@ -53,7 +54,8 @@ DEFAULTS = {
     "data": {"name": "digits", "root": None, "options": {}, "batch_size": 64, "seq_len": 64,
              "eval_batch_size": 512, "batches_per_epoch": 0},
     "model": {"layers": [], "readout": "auto", "classifier": "auto", "embedding": 0,
-              "dtype": "float32", "lm": {}, "link": None, "seq2seq": None, "gin": None},
+              "dtype": "float32", "lm": {}, "link": None, "seq2seq": None, "gin": None,
+              "hetero": None},
     "train": {"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "momentum": 0.9,
               "epochs": 10, "patience": 0, "monitor": "val_acc", "grad_clip": 0.0,
               "checkpoint_every": 0, "checkpoint_seconds": 10.0, "sampler": {}, "link": {},
@@ -288,7 +290,8 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
                                       f"{', '.join(sorted(DEFAULTS[sec]))})")
         # (a run directory written before these keys existed has none of them)
         missing = [f"{sec}.{k}" for k in DEFAULTS[sec]
-                   if k not in {*cfg[sec], "sampler", "link", "seq2seq", "gin", *_LATER_KEYS}]
+                   if k not in {*cfg[sec], "sampler", "link", "seq2seq", "gin", "hetero",
+                                *_LATER_KEYS}]
         _need(not missing, f"{source}: missing key(s) {', '.join(missing)}")
     t = cfg["train"]
     for k in ("epochs", "patience", "checkpoint_every"):
@@ -349,6 +352,8 @@ def _check_model(cfg: dict, source: str) -> dict:
                              "[model.link] table")
     _need(m.get("gin") is None or isinstance(m["gin"], dict),
           f"{source}: model.gin must be a table ([model.gin]), got {m['gin']!r}")
+    _need(m.get("hetero") is None or isinstance(m["hetero"], dict),
+          f"{source}: model.hetero must be a table ([model.hetero]), got {m['hetero']!r}")
     _need(t["monitor"] in ("val_acc", "val_loss") or (is_gin(cfg) and t["monitor"] == "val_auc"),
           f"{source}: train.monitor must be val_acc or val_loss (or val_auc for a [model.gin] "
           f"model of a two-class dataset), got {t['monitor']!r}"
@@ -359,6 +364,9 @@ def _check_model(cfg: dict, source: str) -> dict:
         return _check_rest(cfg, source)
     if is_gin(cfg):
         _check_gin(m, f"{source}: model.gin")
+        return _check_rest(cfg, source)
+    if is_hetero(cfg):
+        _check_hetero(m, f"{source}: model.hetero")
         return _check_rest(cfg, source)
     if m["lm"]:
         _check_lm(m, f"{source}: model.lm")
@@ -445,6 +453,8 @@ def _check_rest(cfg: dict, source: str) -> dict:
     if t.get("sampler"):
         _need(not m["lm"], f"{source}: train.sampler samples graph neighbourhoods for node "
                            "classification; a [model.lm] model has none")
+        _need(not is_hetero(cfg), f"{source}: a [model.hetero] model trains full batch; "
+                                  "remove [train.sampler]")
         _check_sampler(cfg, f"{source}: train.sampler")
     _need(m["readout"] in ("auto", "flatten", "mean", "sum", "max", "none"),
           f"{source}: model.readout must be auto, flatten, mean, sum, max or none, "
@@ -607,6 +617,60 @@ def _check_gin(m: dict, where: str) -> None:
           f"{where}.readout must be sum, mean, max or attention, got {s['readout']!r}")
     for k in ("edge_features", "train_eps", "batch_norm"):
         _need(isinstance(s[k], bool), f"{where}.{k} must be true or false, got {s[k]!r}")
+
+
+HETERO_KINDS = ("sage", "rgcn", "hgt", "han")
+HETERO_KEYS = {"kind": "sage", "hidden": 64, "layers": 2, "heads": 1, "dropout": 0.0,
+               "activation": "leaky_relu", "param": "full", "H": 4, "groups": 1, "rank": 1,
+               "metapaths": [], "target": ""}
+"""``[model.hetero]``: a typed node classifier (``sc.models.TypedClassifier``) for a typed graph:
+``kind`` "sage" (typed SAGE, as PyG's ``to_hetero`` of SAGE: one mean-aggregated weight per
+relation, a root weight per type), "rgcn" (the same typed convolution with ``param`` any
+``sc.params`` form across the relations: "full", "separable" with ``H`` shared channel matrices,
+PyG's ``to_hetero_with_bases``, "grouped" with ``groups``, "lowrank" with ``rank``), "hgt"
+(a linear map per type, then ``layers`` ``HGTConv`` of ``heads`` heads) or "han" (``HANConv``
+over the named ``metapaths``, e.g. "movie.to.actor.to.movie", with attention ``dropout``);
+``layers`` graph layers of ``hidden`` channels with ``activation`` and feature ``dropout``, a
+linear head on the ``target`` node type (default: the labelled one)."""
+
+
+def hetero_spec(cfg: dict) -> dict:
+    """The ``[model.hetero]`` table with its defaults filled in."""
+    return {**HETERO_KEYS, **(cfg["model"].get("hetero") or {})}
+
+
+def is_hetero(cfg: dict) -> bool:
+    """Whether ``cfg`` describes a typed model (a ``[model.hetero]`` table)."""
+    return cfg["model"].get("hetero") is not None
+
+
+def _check_hetero(m: dict, where: str) -> None:
+    for k in m["hetero"]:
+        _need(k in HETERO_KEYS, f"{where}: unknown key {k!r} (known: {', '.join(HETERO_KEYS)})")
+    _need(not m["layers"] and not m["lm"] and m.get("seq2seq") is None and m.get("gin") is None,
+          f"{where}: a [model.hetero] model takes no [[model.layers]], [model.lm], "
+          "[model.seq2seq] or [model.gin]")
+    s = {**HETERO_KEYS, **m["hetero"]}
+    _need(s["kind"] in HETERO_KINDS, f"{where}.kind must be one of {', '.join(HETERO_KINDS)}, "
+                                     f"got {s['kind']!r}")
+    _check_ints(s, where, ("hidden", "layers", "heads", "H", "groups", "rank"), ())
+    _need(s["kind"] not in ("hgt", "han") or s["hidden"] % s["heads"] == 0,
+          f"{where}.heads ({s['heads']}) must divide hidden ({s['hidden']})")
+    _need(number_in(s["dropout"], 0, 1, open_hi=True),
+          f"{where}.dropout must be a number in [0, 1), got {s['dropout']!r}")
+    _need(s["activation"] in ACTIVATIONS, f"{where}.activation must be one of "
+                                          f"{', '.join(ACTIVATIONS)}, got {s['activation']!r}")
+    _need(s["param"] in P.PARAMS, f"{where}.param must be a registered form "
+                                  f"({', '.join(P.PARAMS.kinds())}), got {s['param']!r}")
+    mp = s["metapaths"]
+    _need(isinstance(mp, list) and all(isinstance(x, str) and x for x in mp),
+          f"{where}.metapaths must be a list of dotted sorts (\"movie.to.actor.to.movie\"), "
+          f"got {mp!r}")
+    _need(bool(mp) == (s["kind"] == "han"),
+          f"{where}.metapaths: kind 'han' needs at least one metapath and the other kinds "
+          f"take none, got kind {s['kind']!r} with {len(mp)}")
+    _need(isinstance(s["target"], str), f"{where}.target must be a node type's name, got "
+                                        f"{s['target']!r}")
 
 
 def _check_link_sorts(spec: dict, where: str) -> None:

@@ -2,15 +2,15 @@
 
 A dataset says what it is (``data.task``) and the config what model it describes: ``load_data``
 refuses a pair that cannot train together, ``task_for`` returns the task object (a
-``[train.sampler]`` node run samples its batches). A new task is one new file and one entry in
-``TASKS``.
+``[train.sampler]`` node run samples its batches; a typed graph trains ``TypedNodeTask``). A
+new task is one new file and one entry in ``TASKS``.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-from ...config import ConfigError, is_gin, is_link, is_seq2seq, sampler_spec
+from ...config import ConfigError, is_gin, is_hetero, is_link, is_seq2seq, sampler_spec
 from ...data.registry import load_dataset
 from ..minibatch import SampledEval
 from .base import ItemTask, Task
@@ -20,14 +20,17 @@ from .link import LinkTask, TripleTask, evaluate_link, train_link
 from .node import NodeTask, SampledNodeTask
 from .seq2seq import Seq2SeqTask, decode_result
 from .text import TextTask
+from .typed import TypedNodeTask
 
 __all__ = ["TASKS", "Task", "ItemTask", "ImageTask", "GraphTask", "NodeTask", "SampledNodeTask",
-           "TextTask", "LinkTask", "TripleTask", "Seq2SeqTask", "task_for", "load_data",
+           "TextTask", "TypedNodeTask", "LinkTask", "TripleTask", "Seq2SeqTask", "task_for",
+           "load_data",
            "check_train_split", "evaluate", "evaluate_link", "decode_result", "train_link"]
 
 #: a dataset's ``task`` -> the task that trains on it
 TASKS: dict[str, type[Task]] = {"image": ImageTask, "node": NodeTask, "text": TextTask,
-                                "link": LinkTask, "g2p": Seq2SeqTask, "graph": GraphTask}
+                                "link": LinkTask, "g2p": Seq2SeqTask, "graph": GraphTask,
+                                "hetero": TypedNodeTask}
 
 
 def load_data(cfg: dict):
@@ -54,9 +57,14 @@ def load_data(cfg: dict):
                           f"grapheme-to-phoneme dataset (cmudict), but dataset {d['name']!r} is "
                           f"a {task} task")
     _check_graph(cfg, d["name"], task)
+    if (task == "hetero") != is_hetero(cfg):
+        raise ConfigError(f"dataset {d['name']!r} is a typed graph: describe the model with a "
+                          "[model.hetero] table (kind, hidden, ...)" if task == "hetero" else
+                          f"model.hetero classifies the nodes of a typed graph (dblp, imdb), "
+                          f"but dataset {d['name']!r} is a {task} task")
     if task not in TASKS:
         raise ConfigError(f"dataset {d['name']!r} is a {task or '?'} task; train handles "
-                          "image, node, text, link, g2p and graph tasks")
+                          "image, node, text, link, g2p, graph and hetero tasks")
     if sampler_spec(cfg) and TASKS[task] is not NodeTask:
         raise ConfigError(f"train.sampler samples graph neighbourhoods, but dataset "
                           f"{d['name']!r} is a {task} task: use a node-classification "
