@@ -16,7 +16,8 @@ sampled mini-batches; ``[model.lm]`` (``LM_KEYS``) describes a language model in
 ``[model.seq2seq]`` (``SEQ2SEQ_KEYS``) a sequence-to-sequence model (grapheme-to-phoneme data),
 ``[model.link]`` (``LINK_KEYS``) a knowledge-graph link predictor trained as ``[train.link]``
 (``LINK_TRAIN_KEYS``) says; ``[model.gin]`` (``GIN_KEYS``) a graph-level GIN for a dataset of
-many graphs; ``[model.hetero]`` (``HETERO_KEYS``) a typed model for a typed graph (DBLP, IMDB).
+many graphs; ``[model.hetero]`` (``HETERO_KEYS``) a typed model for a typed graph (DBLP, IMDB),
+with ``[train.sampler]`` (``TYPED_SAMPLER_KEYS``) on typed mini-batches.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ __all__ = ["ConfigError", "load_config", "parse_config", "apply_overrides", "val
            "LINK_MONITORS", "ACTIVATIONS", "link_spec", "link_train_spec", "is_link",
            "is_content", "import_paths", "config_from", "SEQ2SEQ_KEYS", "SEQ2SEQ_KINDS",
            "seq2seq_spec", "is_seq2seq", "GIN_KEYS", "gin_spec", "is_gin",
-           "HETERO_KEYS", "HETERO_KINDS", "hetero_spec", "is_hetero"]
+           "HETERO_KEYS", "HETERO_KINDS", "hetero_spec", "is_hetero", "TYPED_SAMPLER_KEYS",
+           "typed_sampler_spec"]
 
 
 class ConfigError(ValueError):
@@ -453,9 +455,10 @@ def _check_rest(cfg: dict, source: str) -> dict:
     if t.get("sampler"):
         _need(not m["lm"], f"{source}: train.sampler samples graph neighbourhoods for node "
                            "classification; a [model.lm] model has none")
-        _need(not is_hetero(cfg), f"{source}: a [model.hetero] model trains full batch; "
-                                  "remove [train.sampler]")
-        _check_sampler(cfg, f"{source}: train.sampler")
+        if is_hetero(cfg):  # typed seeds and a fanout per relation: its own keys
+            _check_typed_sampler(cfg, f"{source}: train.sampler")
+        else:
+            _check_sampler(cfg, f"{source}: train.sampler")
     _need(m["readout"] in ("auto", "flatten", "mean", "sum", "max", "none"),
           f"{source}: model.readout must be auto, flatten, mean, sum, max or none, "
           f"got {m['readout']!r}")
@@ -671,6 +674,57 @@ def _check_hetero(m: dict, where: str) -> None:
           f"take none, got kind {s['kind']!r} with {len(mp)}")
     _need(isinstance(s["target"], str), f"{where}.target must be a node type's name, got "
                                         f"{s['target']!r}")
+
+
+TYPED_SAMPLER_KEYS = {"fanouts": None, "batch_size": 1024, "prefetch": 0, "replace": False}
+"""``[train.sampler]`` of a ``[model.hetero]`` model: typed mini-batches (``TypedNeighborLoader``)
+of ``batch_size`` seeds of the target type. ``fanouts`` one entry per graph layer in PyG's order
+(fanouts[0] for the seeds' hop, i.e. the last layer), each a positive int, -1 / "all" or 0 (the
+relation draws nothing at that hop): one list for every relation, or a table of such lists keyed
+by edge type ``"src.rel.dst"`` or by relation name (every edge type of that relation; the edge
+type's own key wins) that covers every edge type of the graph. ``prefetch`` batches built ahead
+in a background thread; ``replace`` draws with replacement. Evaluation is full batch."""
+
+
+def typed_sampler_spec(cfg: dict) -> dict | None:
+    """A typed model's ``[train.sampler]`` table with its defaults filled in, or None."""
+    s = cfg["train"].get("sampler") or {}
+    return {**TYPED_SAMPLER_KEYS, **s} if s else None
+
+
+def _typed_fanout_list(fs, where: str, hops: int) -> None:
+    def ok(v) -> bool:
+        return v == "all" or (isinstance(v, int) and not isinstance(v, bool) and v >= -1)
+
+    _need(isinstance(fs, list) and len(fs) == hops and all(map(ok, fs)),
+          f"{where} must be a list of {hops} fanouts (one per layer of model.hetero.layers = "
+          f"{hops}, the first for the seeds' hop), each a positive int, -1 / \"all\" or 0, "
+          f"got {fs!r}")
+
+
+def _check_typed_sampler(cfg: dict, where: str) -> None:
+    s, spec = cfg["train"]["sampler"], hetero_spec(cfg)
+    for k in s:
+        _need(k in TYPED_SAMPLER_KEYS, f"{where}: unknown key {k!r} for a [model.hetero] model "
+                                       f"(known: {', '.join(TYPED_SAMPLER_KEYS)})")
+    s = {**TYPED_SAMPLER_KEYS, **s}
+    _need(spec["kind"] != "han",
+          f"{where}: model.hetero.kind 'han' cannot be sampled: its metapath graphs join "
+          "several relations, which a per-relation neighbour sample does not keep; use kind "
+          "sage, rgcn or hgt, or remove [train.sampler]")
+    _need(int_in(s["batch_size"], 1, MAX_BATCHES),
+          f"{where}.batch_size must be an int in [1, {MAX_BATCHES:,}], got {s['batch_size']!r}")
+    _need(int_in(s["prefetch"], 0, 64),
+          f"{where}.prefetch must be an int in [0, 64], got {s['prefetch']!r}")
+    _need(isinstance(s["replace"], bool),
+          f"{where}.replace must be true or false, got {s['replace']!r}")
+    fan, hops = s["fanouts"], spec["layers"]
+    if isinstance(fan, dict):
+        _need(bool(fan), f"{where}.fanouts must name at least one relation")
+        for k, fs in fan.items():
+            _typed_fanout_list(fs, f"{where}.fanouts[{k!r}]", hops)
+    else:
+        _typed_fanout_list(fan, f"{where}.fanouts", hops)
 
 
 def _check_link_sorts(spec: dict, where: str) -> None:

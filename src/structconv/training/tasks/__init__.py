@@ -21,10 +21,11 @@ from .node import NodeTask, SampledNodeTask
 from .seq2seq import Seq2SeqTask, decode_result
 from .text import TextTask
 from .typed import TypedNodeTask
+from .typed_sampled import SampledTypedNodeTask
 
 __all__ = ["TASKS", "Task", "ItemTask", "ImageTask", "GraphTask", "NodeTask", "SampledNodeTask",
            "TextTask", "TypedNodeTask", "LinkTask", "TripleTask", "Seq2SeqTask", "task_for",
-           "load_data",
+           "load_data", "SampledTypedNodeTask",
            "check_train_split", "evaluate", "evaluate_link", "decode_result", "train_link"]
 
 #: a dataset's ``task`` -> the task that trains on it
@@ -65,7 +66,7 @@ def load_data(cfg: dict):
     if task not in TASKS:
         raise ConfigError(f"dataset {d['name']!r} is a {task or '?'} task; train handles "
                           "image, node, text, link, g2p, graph and hetero tasks")
-    if sampler_spec(cfg) and TASKS[task] is not NodeTask:
+    if sampler_spec(cfg) and TASKS[task] not in (NodeTask, TypedNodeTask):
         raise ConfigError(f"train.sampler samples graph neighbourhoods, but dataset "
                           f"{d['name']!r} is a {task} task: use a node-classification "
                           "(graph) dataset or remove [train.sampler]")
@@ -88,6 +89,8 @@ def task_for(cfg: dict, data) -> Task:
     cls = TASKS[data.task]
     if cls is NodeTask and sampler_spec(cfg):
         cls = SampledNodeTask
+    if cls is TypedNodeTask and sampler_spec(cfg):
+        cls = SampledTypedNodeTask
     return cls(cfg, data)
 
 

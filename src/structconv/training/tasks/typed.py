@@ -5,7 +5,7 @@ The model (``[model.hetero]``, ``models.hetero``) reads the whole graph's ``type
 returns the target type's logits. A sampled mode is a subclass, as ``SampledNodeTask`` is of
 ``NodeTask``: its ``epoch_steps`` yields typed mini-batches (seeds of the target type, a fanout
 per relation), its ``batch_loss`` scores a batch's seeds, and ``task_for`` picks it where a
-config has ``[train.sampler]`` (refused for ``[model.hetero]`` until then).
+config has ``[train.sampler]`` (``SampledTypedNodeTask`` in ``typed_sampled``).
 """
 
 from __future__ import annotations
