@@ -175,6 +175,7 @@ def test_the_command_line_trains_sampled_and_refuses_in_one_line(tmp_path, root,
                "train.sampler.fanouts=[4, 4]", "train.sampler.batch_size=8",
                "--out", str(tmp_path / "run")])
     assert rc in (0, None) and (tmp_path / "run" / "result.json").is_file()
+    assert main(["eval", str(tmp_path / "run"), "--split", "test"]) == 0  # full batch
     capsys.readouterr()
     rc = main(["train", "--config", "hetero_sage_imdb", f"data.root='{root}'",
                "train.sampler.fanouts=[4]", "--out", str(tmp_path / "bad")])
