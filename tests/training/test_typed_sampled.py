@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 import structconv as sc
 from structconv.cli import main
-from structconv.config import ConfigError, apply_overrides, load_config
+from structconv.config import ConfigError, apply_overrides, load_config, validate
 from structconv.models import build_model
 from structconv.training.distributed import World
 from structconv.training.interrupt import StopRequest, TrainingInterrupted
@@ -36,7 +36,7 @@ def _cfg(root, kind: str, *over: str, sampler: dict | None = None) -> dict:
     cfg["train"]["sampler"] = sampler if sampler is not None else {"fanouts": [3, 2],
                                                                   "batch_size": 4}
     cfg["name"] = f"hetero_{kind}_imdb_sampled"
-    return sc.config.validate(cfg, "test")
+    return validate(cfg, "test")
 
 
 @pytest.mark.parametrize("kind", ["sage", "rgcn", "hgt"])
