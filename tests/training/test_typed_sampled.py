@@ -108,7 +108,7 @@ def _stop_at(monkeypatch, k: int) -> None:
 def test_a_sampled_typed_run_stopped_mid_epoch_resumes_exactly(monkeypatch, tmp_path, root,
                                                                kind, prefetch):
     # 10 training movies in batches of 4: 3 steps an epoch; dropout from each batch's seed
-    cfg = _cfg(root, kind, "train.epochs=3", "model.hetero.dropout=0.5",
+    cfg = _cfg(root, kind, "train.epochs=2", "model.hetero.dropout=0.5",
                sampler={"fanouts": [3, 2], "batch_size": 4, "prefetch": prefetch})
     ref = sc.train(cfg, tmp_path / "ref")
     with monkeypatch.context() as m:
