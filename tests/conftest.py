@@ -78,3 +78,39 @@ def stop_at(monkeypatch, k: int) -> None:
         return self.signum != 0
 
     monkeypatch.setattr(StopRequest, "requested", property(requested))
+
+
+# -- a tiny typed graph in PyG's raw IMDB format (movie / director / actor), for fast tests ----
+def tiny_imdb(folder: Path, movies: int = 30, directors: int = 8, actors: int = 20,
+              seed: int = 0) -> Path:
+    """Write a small IMDB-format graph (``adjM.npz``, ``features_*.npz``, ``labels.npy``,
+    ``node_types.npy``, ``train_val_test_idx.npz``) into ``folder/raw``; returns ``folder``.
+    Movies of a genre share directors and actors whose features name it, so the genres can
+    be learned."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(seed)
+    n = movies + directors + actors
+    y = np.arange(movies) % 3
+    A = np.zeros((n, n), dtype=np.float32)
+    for m in range(movies):
+        d = movies + (3 * rng.integers(0, directors // 3) + y[m]) % directors
+        acts = movies + directors + (3 * rng.integers(0, actors // 3, size=2) + y[m]) % actors
+        for j in (d, *acts):
+            A[m, j] = A[j, m] = 1
+    raw = folder / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    sp.save_npz(raw / "adjM.npz", sp.csr_matrix(A))
+    for i, count in enumerate((movies, directors, actors)):
+        x = (rng.random((count, 6)) < 0.4).astype(np.float32)
+        if i:  # a director's / actor's genre (its id mod 3) in its first three columns
+            x[:, :3] = np.eye(3, dtype=np.float32)[np.arange(count) % 3]
+        sp.save_npz(raw / f"features_{i}.npz", sp.csr_matrix(x))
+    np.save(raw / "labels.npy", y)
+    np.save(raw / "node_types.npy", np.repeat([0, 1, 2], [movies, directors, actors]))
+    idx = rng.permutation(movies)
+    third = movies // 3
+    np.savez(raw / "train_val_test_idx.npz", train_idx=np.sort(idx[:third]),
+             val_idx=np.sort(idx[third:2 * third]), test_idx=np.sort(idx[2 * third:]))
+    return folder

@@ -204,6 +204,14 @@ MEANINGS = {
     "train.sampler.degrees": "normalise by the `full` graph's degrees or the `sample`'s",
     "train.sampler.eval": "evaluation: `full` (full batch), `layerwise` (exact, one layer's "
                           "activations at a time) or `auto`",
+    "train.sampler.typed.fanouts": "one per layer of `model.hetero.layers` in PyG's order (the "
+                                   "first is the seeds' hop), each a positive int, -1 / "
+                                   "`\"all\"` or 0: one list for every relation, or a table of "
+                                   "lists keyed by edge type (`\"paper.to.author\"`) or relation "
+                                   "name covering every edge type",
+    "train.sampler.typed.batch_size": "seeds of the target node type per mini-batch and process",
+    "train.sampler.typed.prefetch": "batches built ahead in a background thread",
+    "train.sampler.typed.replace": "draw neighbours with replacement",
     "layer.type": "`conv` (a basis and a parameter form), `linear` (a channel map) or `mlp` "
                   "(the Transformer's residual feed-forward block)",
     "layer.basis": "a basis kind's name or table (kinds below)",
@@ -308,6 +316,7 @@ def _schema() -> dict[str, dict]:
             "train.link": C.LINK_TRAIN_KEYS, "train.sampler": C.SAMPLER_KEYS,
             "model.forecast": C.FORECAST_KEYS, "model.routing": C.ROUTING_KEYS,
             "train.routing": C.ROUTING_TRAIN_KEYS,
+            "train.sampler.typed": C.TYPED_SAMPLER_KEYS,
             "layer": LAYER_DEFAULTS}
 
 

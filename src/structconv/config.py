@@ -18,7 +18,9 @@ sampled mini-batches; ``[model.lm]`` (``LM_KEYS``) describes a language model in
 (``LINK_TRAIN_KEYS``) says; ``[model.gin]`` (``GIN_KEYS``) a graph-level GIN for a dataset of
 many graphs; ``[model.forecast]`` (``FORECAST_KEYS``) a forecaster of a univariate series;
 ``[model.routing]`` (``ROUTING_KEYS``) an attention model of TSP tours trained by REINFORCE as
-``[train.routing]`` (``ROUTING_TRAIN_KEYS``) says.
+``[train.routing]`` (``ROUTING_TRAIN_KEYS``) says; ``[model.hetero]`` (``HETERO_KEYS``) a typed
+model for a typed graph (DBLP, IMDB), with ``[train.sampler]`` (``TYPED_SAMPLER_KEYS``) on typed
+mini-batches.
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ __all__ = ["ConfigError", "load_config", "parse_config", "apply_overrides", "val
            "is_content", "import_paths", "config_from", "SEQ2SEQ_KEYS", "SEQ2SEQ_KINDS",
            "seq2seq_spec", "is_seq2seq", "GIN_KEYS", "gin_spec", "is_gin",
            "FORECAST_KEYS", "forecast_spec", "is_forecast", "ROUTING_KEYS", "ROUTING_TRAIN_KEYS",
-           "routing_spec", "routing_train_spec", "is_routing"]
+           "routing_spec", "routing_train_spec", "is_routing",
+           "HETERO_KEYS", "HETERO_KINDS", "hetero_spec", "is_hetero", "TYPED_SAMPLER_KEYS",
+           "typed_sampler_spec"]
 
 
 class ConfigError(ValueError):
@@ -58,7 +62,7 @@ DEFAULTS = {
              "eval_batch_size": 512, "batches_per_epoch": 0, "val_sample": 0},
     "model": {"layers": [], "readout": "auto", "classifier": "auto", "embedding": 0,
               "dtype": "float32", "lm": {}, "link": None, "seq2seq": None, "gin": None,
-              "forecast": None, "routing": None},
+              "forecast": None, "routing": None, "hetero": None},
     "train": {"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "momentum": 0.9,
               "epochs": 10, "patience": 0, "monitor": "val_acc", "grad_clip": 0.0,
               "checkpoint_every": 0, "checkpoint_seconds": 10.0, "sampler": {}, "link": {},
@@ -306,7 +310,7 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
         # (a run directory written before these keys existed has none of them)
         missing = [f"{sec}.{k}" for k in DEFAULTS[sec]
                    if k not in {*cfg[sec], "sampler", "link", "seq2seq", "gin", "forecast",
-                                "routing", *_LATER_KEYS}]
+                                "routing", "hetero", *_LATER_KEYS}]
         _need(not missing, f"{source}: missing key(s) {', '.join(missing)}")
     t = cfg["train"]
     for k in ("epochs", "patience", "checkpoint_every"):
@@ -370,6 +374,8 @@ def _check_model(cfg: dict, source: str) -> dict:
                              "[model.link] table")
     _need(m.get("gin") is None or isinstance(m["gin"], dict),
           f"{source}: model.gin must be a table ([model.gin]), got {m['gin']!r}")
+    _need(m.get("hetero") is None or isinstance(m["hetero"], dict),
+          f"{source}: model.hetero must be a table ([model.hetero]), got {m['hetero']!r}")
     if is_forecast(cfg) or is_routing(cfg) or t.get("routing"):
         _check_task_model(cfg, source)
         return _check_rest(cfg, source)
@@ -383,6 +389,9 @@ def _check_model(cfg: dict, source: str) -> dict:
         return _check_rest(cfg, source)
     if is_gin(cfg):
         _check_gin(m, f"{source}: model.gin")
+        return _check_rest(cfg, source)
+    if is_hetero(cfg):
+        _check_hetero(m, f"{source}: model.hetero")
         return _check_rest(cfg, source)
     if m["lm"]:
         _check_lm(m, f"{source}: model.lm")
@@ -469,7 +478,10 @@ def _check_rest(cfg: dict, source: str) -> dict:
     if t.get("sampler"):
         _need(not m["lm"], f"{source}: train.sampler samples graph neighbourhoods for node "
                            "classification; a [model.lm] model has none")
-        _check_sampler(cfg, f"{source}: train.sampler")
+        if is_hetero(cfg):  # typed seeds and a fanout per relation: its own keys
+            _check_typed_sampler(cfg, f"{source}: train.sampler")
+        else:
+            _check_sampler(cfg, f"{source}: train.sampler")
     _need(m["readout"] in ("auto", "flatten", "mean", "sum", "max", "none"),
           f"{source}: model.readout must be auto, flatten, mean, sum, max or none, "
           f"got {m['readout']!r}")
@@ -631,6 +643,111 @@ def _check_gin(m: dict, where: str) -> None:
           f"{where}.readout must be sum, mean, max or attention, got {s['readout']!r}")
     for k in ("edge_features", "train_eps", "batch_norm"):
         _need(isinstance(s[k], bool), f"{where}.{k} must be true or false, got {s[k]!r}")
+
+
+HETERO_KINDS = ("sage", "rgcn", "hgt", "han")
+HETERO_KEYS = {"kind": "sage", "hidden": 64, "layers": 2, "heads": 1, "dropout": 0.0,
+               "activation": "leaky_relu", "param": "full", "H": 4, "groups": 1, "rank": 1,
+               "metapaths": [], "target": ""}
+"""``[model.hetero]``: a typed node classifier (``sc.models.TypedClassifier``) for a typed graph:
+``kind`` "sage" (typed SAGE, as PyG's ``to_hetero`` of SAGE: one mean-aggregated weight per
+relation, a root weight per type), "rgcn" (the same typed convolution with ``param`` any
+``sc.params`` form across the relations: "full", "separable" with ``H`` shared channel matrices,
+PyG's ``to_hetero_with_bases``, "grouped" with ``groups``, "lowrank" with ``rank``), "hgt"
+(a linear map per type, then ``layers`` ``HGTConv`` of ``heads`` heads) or "han" (``HANConv``
+over the named ``metapaths``, e.g. "movie.to.actor.to.movie", with attention ``dropout``);
+``layers`` graph layers of ``hidden`` channels with ``activation`` and feature ``dropout``, a
+linear head on the ``target`` node type (default: the labelled one)."""
+
+
+def hetero_spec(cfg: dict) -> dict:
+    """The ``[model.hetero]`` table with its defaults filled in."""
+    return {**HETERO_KEYS, **(cfg["model"].get("hetero") or {})}
+
+
+def is_hetero(cfg: dict) -> bool:
+    """Whether ``cfg`` describes a typed model (a ``[model.hetero]`` table)."""
+    return cfg["model"].get("hetero") is not None
+
+
+def _check_hetero(m: dict, where: str) -> None:
+    for k in m["hetero"]:
+        _need(k in HETERO_KEYS, f"{where}: unknown key {k!r} (known: {', '.join(HETERO_KEYS)})")
+    _need(not m["layers"] and not m["lm"] and m.get("seq2seq") is None and m.get("gin") is None,
+          f"{where}: a [model.hetero] model takes no [[model.layers]], [model.lm], "
+          "[model.seq2seq] or [model.gin]")
+    s = {**HETERO_KEYS, **m["hetero"]}
+    _need(s["kind"] in HETERO_KINDS, f"{where}.kind must be one of {', '.join(HETERO_KINDS)}, "
+                                     f"got {s['kind']!r}")
+    _check_ints(s, where, ("hidden", "layers", "heads", "H", "groups", "rank"), ())
+    _need(s["kind"] not in ("hgt", "han") or s["hidden"] % s["heads"] == 0,
+          f"{where}.heads ({s['heads']}) must divide hidden ({s['hidden']})")
+    _need(number_in(s["dropout"], 0, 1, open_hi=True),
+          f"{where}.dropout must be a number in [0, 1), got {s['dropout']!r}")
+    _need(s["activation"] in ACTIVATIONS, f"{where}.activation must be one of "
+                                          f"{', '.join(ACTIVATIONS)}, got {s['activation']!r}")
+    _need(s["param"] in P.PARAMS, f"{where}.param must be a registered form "
+                                  f"({', '.join(P.PARAMS.kinds())}), got {s['param']!r}")
+    mp = s["metapaths"]
+    _need(isinstance(mp, list) and all(isinstance(x, str) and x for x in mp),
+          f"{where}.metapaths must be a list of dotted sorts (\"movie.to.actor.to.movie\"), "
+          f"got {mp!r}")
+    _need(bool(mp) == (s["kind"] == "han"),
+          f"{where}.metapaths: kind 'han' needs at least one metapath and the other kinds "
+          f"take none, got kind {s['kind']!r} with {len(mp)}")
+    _need(isinstance(s["target"], str), f"{where}.target must be a node type's name, got "
+                                        f"{s['target']!r}")
+
+
+TYPED_SAMPLER_KEYS = {"fanouts": None, "batch_size": 1024, "prefetch": 0, "replace": False}
+"""``[train.sampler]`` of a ``[model.hetero]`` model: typed mini-batches (``TypedNeighborLoader``)
+of ``batch_size`` seeds of the target type. ``fanouts`` one entry per graph layer in PyG's order
+(fanouts[0] for the seeds' hop, i.e. the last layer), each a positive int, -1 / "all" or 0 (the
+relation draws nothing at that hop): one list for every relation, or a table of such lists keyed
+by edge type ``"src.rel.dst"`` or by relation name (every edge type of that relation; the edge
+type's own key wins) that covers every edge type of the graph. ``prefetch`` batches built ahead
+in a background thread; ``replace`` draws with replacement. Evaluation is full batch."""
+
+
+def typed_sampler_spec(cfg: dict) -> dict | None:
+    """A typed model's ``[train.sampler]`` table with its defaults filled in, or None."""
+    s = cfg["train"].get("sampler") or {}
+    return {**TYPED_SAMPLER_KEYS, **s} if s else None
+
+
+def _typed_fanout_list(fs, where: str, hops: int) -> None:
+    def ok(v) -> bool:
+        return v == "all" or (isinstance(v, int) and not isinstance(v, bool) and v >= -1)
+
+    _need(isinstance(fs, list) and len(fs) == hops and all(map(ok, fs)),
+          f"{where} must be a list of {hops} fanouts (one per layer of model.hetero.layers = "
+          f"{hops}, the first for the seeds' hop), each a positive int, -1 / \"all\" or 0, "
+          f"got {fs!r}")
+
+
+def _check_typed_sampler(cfg: dict, where: str) -> None:
+    s, spec = cfg["train"]["sampler"], hetero_spec(cfg)
+    for k in s:
+        _need(k in TYPED_SAMPLER_KEYS, f"{where}: unknown key {k!r} for a [model.hetero] model "
+                                       f"(known: {', '.join(TYPED_SAMPLER_KEYS)})")
+    s = {**TYPED_SAMPLER_KEYS, **s}
+    _need(spec["kind"] != "han",
+          f"{where}: model.hetero.kind 'han' cannot be sampled: its metapath graphs join "
+          "several relations, which a per-relation neighbour sample does not keep; use kind "
+          "sage, rgcn or hgt, or remove [train.sampler]")
+    _need(int_in(s["batch_size"], 1, MAX_BATCHES),
+          f"{where}.batch_size must be an int in [1, {MAX_BATCHES:,}], got {s['batch_size']!r}")
+    _need(int_in(s["prefetch"], 0, 64),
+          f"{where}.prefetch must be an int in [0, 64], got {s['prefetch']!r}")
+    _need(isinstance(s["replace"], bool),
+          f"{where}.replace must be true or false, got {s['replace']!r}")
+    fan, hops = s["fanouts"], spec["layers"]
+    if isinstance(fan, dict):
+        _need(bool(fan), f"{where}.fanouts must name at least one relation")
+        for k, fs in fan.items():
+            _typed_fanout_list(fs, f"{where}.fanouts[{k!r}]", hops)
+    else:
+        _typed_fanout_list(fan, f"{where}.fanouts", hops)
 
 
 def _check_link_sorts(spec: dict, where: str) -> None:

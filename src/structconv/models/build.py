@@ -3,8 +3,8 @@
 ``build_model`` picks the model kind from the config (``[model.link]``: ``sc.kg.LinkPredictor``;
 ``[model.lm]``: ``sc.nn.TransformerLM``; ``[model.seq2seq]``: ``sc.nn.Seq2Seq`` or
 ``sc.nn.PervasiveAttention``; ``[model.gin]``: ``sc.models.GIN``; ``[model.forecast]``:
-``models.forecast.Forecaster``; ``[model.routing]``: ``models.routing.AttentionModel``; else a
-``StructNet`` of declared layers).
+``models.forecast.Forecaster``; ``[model.routing]``: ``models.routing.AttentionModel``;
+``[model.hetero]``: a ``models.hetero.TypedClassifier``; else a ``StructNet`` of declared layers).
 ``memory_estimate`` reads the built model's parameter count and per-sample activation count,
 or computes both from the config alone for the link predictor and the sequence models (whose
 sizes a config can make absurd: they are refused before anything is built), so that a run
@@ -26,6 +26,7 @@ from ..config import (
     graph_layer_hops,
     is_forecast,
     is_gin,
+    is_hetero,
     is_link,
     is_routing,
     is_seq2seq,
@@ -187,6 +188,9 @@ def build_routing(cfg: dict, data) -> nn.Module:
 def build_model(cfg: dict, data) -> nn.Module:
     """The model described by ``cfg['model']`` for ``data`` (a registry dataset)."""
     try:
+        if is_hetero(cfg):
+            from .hetero import build_hetero
+            return build_hetero(cfg, data).to(getattr(torch, cfg["model"]["dtype"]))
         model = build_forecast(cfg, data) if is_forecast(cfg) else build_routing(cfg, data) \
             if is_routing(cfg) else \
             build_link(cfg, data) if is_link(cfg) else build_gin(cfg, data) if is_gin(cfg) \
@@ -338,7 +342,7 @@ def memory_estimate(cfg: dict, data, model: nn.Module | None = None) -> dict | N
         _gin_activations(cfg, data) if is_gin(cfg) else \
         _seq2seq_activations(cfg, data) if is_seq2seq(cfg) else \
         _lm_activations(cfg, data) if cfg["model"]["lm"] else model.activation_elements
-    batch = 1 if data.task == "node" else d["batch_size"]
+    batch = 1 if data.task in ("node", "hetero") else d["batch_size"]
     if data.task == "node" and sampler_spec(cfg):
         per_sample = int(per_sample * sampled_share(cfg, data.num_nodes))
     return {"params": n_params * nbytes * copies, "activations": 2 * per_sample * batch * nbytes,

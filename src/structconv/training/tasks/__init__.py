@@ -2,8 +2,8 @@
 
 A dataset says what it is (``data.task``) and the config what model it describes: ``load_data``
 refuses a pair that cannot train together, ``task_for`` returns the task object (a
-``[train.sampler]`` node run samples its batches). A new task is one new file and one entry in
-``TASKS``.
+``[train.sampler]`` node run samples its batches; a typed graph trains ``TypedNodeTask``). A
+new task is one new file and one entry in ``TASKS``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from ...config import (
     ConfigError,
     is_forecast,
     is_gin,
+    is_hetero,
     is_link,
     is_routing,
     is_seq2seq,
@@ -30,16 +31,20 @@ from .node import NodeTask, SampledNodeTask
 from .routing import RoutingTask
 from .seq2seq import Seq2SeqTask, decode_result
 from .text import TextTask
+from .typed import TypedNodeTask
+from .typed_sampled import SampledTypedNodeTask
 
 __all__ = ["TASKS", "Task", "ItemTask", "ImageTask", "GraphTask", "NodeTask", "SampledNodeTask",
-           "TextTask", "LinkTask", "TripleTask", "Seq2SeqTask", "task_for", "load_data",
+           "TextTask", "TypedNodeTask", "LinkTask", "TripleTask", "Seq2SeqTask", "task_for",
+           "load_data", "SampledTypedNodeTask",
            "check_train_split", "evaluate", "evaluate_link", "decode_result", "train_link",
            "ForecastTask", "RoutingTask"]
 
 #: a dataset's ``task`` -> the task that trains on it
 TASKS: dict[str, type[Task]] = {"image": ImageTask, "node": NodeTask, "text": TextTask,
                                 "link": LinkTask, "g2p": Seq2SeqTask, "graph": GraphTask,
-                                "series": ForecastTask, "routing": RoutingTask}
+                                "series": ForecastTask, "routing": RoutingTask,
+                                "hetero": TypedNodeTask}
 
 
 def load_data(cfg: dict):
@@ -66,6 +71,11 @@ def load_data(cfg: dict):
                           f"grapheme-to-phoneme dataset (cmudict), but dataset {d['name']!r} is "
                           f"a {task} task")
     _check_graph(cfg, d["name"], task)
+    if (task == "hetero") != is_hetero(cfg):
+        raise ConfigError(f"dataset {d['name']!r} is a typed graph: describe the model with a "
+                          "[model.hetero] table (kind, hidden, ...)" if task == "hetero" else
+                          f"model.hetero classifies the nodes of a typed graph (dblp, imdb), "
+                          f"but dataset {d['name']!r} is a {task} task")
     _check_pair(is_forecast(cfg), task == "series", d["name"], task, "model.forecast",
                 "forecasts a series: it needs a series dataset (co2, elnino, sunspots, "
                 "elec_equip)")
@@ -74,7 +84,7 @@ def load_data(cfg: dict):
     if task not in TASKS:
         raise ConfigError(f"dataset {d['name']!r} is a {task or '?'} task; train handles "
                           f"{', '.join(TASKS)} tasks")
-    if sampler_spec(cfg) and TASKS[task] is not NodeTask:
+    if sampler_spec(cfg) and TASKS[task] not in (NodeTask, TypedNodeTask):
         raise ConfigError(f"train.sampler samples graph neighbourhoods, but dataset "
                           f"{d['name']!r} is a {task} task: use a node-classification "
                           "(graph) dataset or remove [train.sampler]")
@@ -106,6 +116,8 @@ def task_for(cfg: dict, data) -> Task:
     cls = TASKS[data.task]
     if cls is NodeTask and sampler_spec(cfg):
         cls = SampledNodeTask
+    if cls is TypedNodeTask and sampler_spec(cfg):
+        cls = SampledTypedNodeTask
     return cls(cfg, data)
 
 
