@@ -408,6 +408,10 @@ def _import_suite(package: str, name: str, known) -> object:
     if not name.replace("_", "").replace("-", "").isalnum():
         raise UsageError(f"bad name {name!r}; known: {', '.join(known) or '(none installed)'}")
     mod = name.replace("-", "_")
+    if name.replace("_", "-") not in known and mod in _shared(package):
+        raise UsageError(f"{name!r} is a shared module, not a "
+                         f"{'benchmark suite' if package == 'bench' else 'recipe'}; "
+                         f"known: {', '.join(known)}")
     try:
         return importlib.import_module(f"structconv.{package}.{mod}")
     except ModuleNotFoundError as e:
@@ -484,7 +488,12 @@ def _known(package: str) -> list[str]:
     import pkgutil
 
     return sorted(m.name.replace("_", "-") for m in pkgutil.iter_modules(mod.__path__)
-                  if not m.name.startswith("_"))
+                  if not m.name.startswith("_") and m.name not in _shared(package))
+
+
+def _shared(package: str) -> tuple:
+    """The modules of ``package`` shared by its entries, not entries themselves."""
+    return tuple(getattr(importlib.import_module(f"structconv.{package}"), "SHARED", ()))
 
 
 def _need_name(command: str, name) -> None:

@@ -158,6 +158,7 @@ def test_bad_inputs_exit_2(capsys, tmp_path, tiny):
          "a grid basis needs grid-shaped input")
     _bad(capsys, ["bench", "nosuch"], "unknown benchmark suite 'nosuch'")
     _bad(capsys, ["reproduce", "nosuch"], "unknown experiment 'nosuch'")
+    _bad(capsys, ["reproduce", "sweep"], "'sweep' is a shared module, not a recipe")
     _bad(capsys, ["eval", str(tmp_path / "norun")], "not found")
     _bad(capsys, ["demo", "--only", "sound"], "unknown families")
     if not torch.cuda.is_available():
