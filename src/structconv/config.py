@@ -41,7 +41,8 @@ __all__ = ["ConfigError", "load_config", "parse_config", "apply_overrides", "val
            "graph_layer_hops", "shipped_configs", "LINK_KEYS", "LINK_TRAIN_KEYS", "LM_KEYS",
            "LINK_MONITORS", "ACTIVATIONS", "link_spec", "link_train_spec", "is_link",
            "is_content", "import_paths", "config_from", "SEQ2SEQ_KEYS", "SEQ2SEQ_KINDS",
-           "seq2seq_spec", "is_seq2seq", "GIN_KEYS", "gin_spec", "is_gin"]
+           "seq2seq_spec", "is_seq2seq", "GIN_KEYS", "gin_spec", "is_gin", "GRAPH_KEYS",
+           "GRAPH_KINDS", "graph_spec", "is_graph", "SELECTIONS", "DECAYS"]
 
 
 class ConfigError(ValueError):
@@ -53,12 +54,14 @@ DEFAULTS = {
     "data": {"name": "digits", "root": None, "options": {}, "batch_size": 64, "seq_len": 64,
              "eval_batch_size": 512, "batches_per_epoch": 0},
     "model": {"layers": [], "readout": "auto", "classifier": "auto", "embedding": 0,
-              "dtype": "float32", "lm": {}, "link": None, "seq2seq": None, "gin": None},
+              "dtype": "float32", "lm": {}, "link": None, "seq2seq": None, "gin": None,
+              "graph": None},
     "train": {"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "momentum": 0.9,
               "epochs": 10, "patience": 0, "monitor": "val_acc", "grad_clip": 0.0,
               "checkpoint_every": 0, "checkpoint_seconds": 10.0, "sampler": {}, "link": {},
               "label_smoothing": 0.0, "max_steps": 0, "accumulate": 1, "schedule": "constant",
-              "warmup_steps": 0, "no_decay": [], "amp": False},
+              "warmup_steps": 0, "no_decay": [], "amp": False, "decay": "all",
+              "select": "monitor"},
 }
 """Defaults merged under every config (the file's values win)."""
 
@@ -245,10 +248,19 @@ def _need(cond: bool, msg: str):
 
 #: ``train`` keys added after runs were first written (a saved config may lack them)
 _LATER_KEYS = ("label_smoothing", "max_steps", "accumulate", "schedule", "warmup_steps",
-               "no_decay", "amp")
+               "no_decay", "amp", "decay", "select", "graph")
 #: what ``train.no_decay`` may exempt from weight decay; ``train.schedule``'s schedules
 NO_DECAY = ("bias", "norm", "embedding")
 SCHEDULES = ("constant", "linear", "cosine")
+#: ``train.decay``: weight decay on every parameter, or on the first layer's only (the
+#: Planetoid and R-GCN papers' L2 on the first layer)
+DECAYS = ("all", "first")
+#: ``train.select``: the weights a run keeps. ``monitor``: the best ``train.monitor`` epoch's;
+#: ``acc_then_loss``: the best validation accuracy's, ties to the lower validation loss;
+#: ``gat``: Velickovic et al.'s rule (kept where accuracy and loss both match or beat their
+#: best; patience counts epochs in which neither improved); ``last``: the last epoch's (no
+#: validation needed: an empty validation split is allowed)
+SELECTIONS = ("monitor", "acc_then_loss", "gat", "last")
 
 
 def _check_loop(cfg: dict, source: str) -> None:
@@ -272,6 +284,13 @@ def _check_loop(cfg: dict, source: str) -> None:
           "its own accumulate, and a [model.link] run steps once per batch of queries")
     _need(isinstance(t.get("amp", False), bool),
           f"{source}: train.amp must be true or false, got {t.get('amp')!r}")
+    for k, allowed in (("decay", DECAYS), ("select", SELECTIONS)):
+        v = t.get(k, DEFAULTS["train"][k])
+        _need(v in allowed, f"{source}: train.{k} must be one of {', '.join(allowed)}, "
+                            f"got {v!r}")
+    _need(t.get("select", "monitor") == "monitor" or not cfg["model"].get("link"),
+          f"{source}: train.select is for classification tasks; a [model.link] model keeps "
+          "its best train.monitor epoch")
 
 
 def validate(cfg: dict, source: str = "<config>") -> dict:
@@ -339,6 +358,9 @@ def _check_model(cfg: dict, source: str) -> dict:
           f"{source}: train.link must be a table ([train.link]), got {t['link']!r}")
     _need(m.get("seq2seq") is None or isinstance(m["seq2seq"], dict),
           f"{source}: model.seq2seq must be a table ([model.seq2seq]), got {m['seq2seq']!r}")
+    _need(m.get("graph") is None or all(m.get(k) is None for k in ("link", "seq2seq", "gin")),
+          f"{source}: a [model.graph] model is the whole model: remove [model.link], "
+          "[model.seq2seq] and [model.gin]")
     if is_link(cfg):
         _need(not t.get("label_smoothing"), f"{source}: train.label_smoothing is for "
                                             "classification; a link predictor's is "
@@ -359,6 +381,13 @@ def _check_model(cfg: dict, source: str) -> dict:
         return _check_rest(cfg, source)
     if is_gin(cfg):
         _check_gin(m, f"{source}: model.gin")
+        return _check_rest(cfg, source)
+    _need(m.get("graph") is None or isinstance(m["graph"], dict),
+          f"{source}: model.graph must be a table ([model.graph]), got {m['graph']!r}")
+    if is_graph(cfg):
+        _check_graph_model(m, f"{source}: model.graph")
+        _need(not t.get("sampler"), f"{source}: a [model.graph] model trains full batch: "
+                                    "remove [train.sampler]")
         return _check_rest(cfg, source)
     if m["lm"]:
         _check_lm(m, f"{source}: model.lm")
@@ -607,6 +636,72 @@ def _check_gin(m: dict, where: str) -> None:
           f"{where}.readout must be sum, mean, max or attention, got {s['readout']!r}")
     for k in ("edge_features", "train_eps", "batch_norm"):
         _need(isinstance(s[k], bool), f"{where}.{k} must be true or false, got {s[k]!r}")
+
+
+GRAPH_KINDS = ("gcn", "cheb", "sgc", "gat", "rgcn", "rgat", "heads")
+"""The two-layer node classifiers of the papers a ``[model.graph]`` table may name."""
+GRAPH_KEYS = {"kind": "gcn", "hidden": 16, "dropout": 0.0, "K": 2, "heads": 8, "out_heads": 1,
+              "bases": 0, "attention": "within", "sorts": "single", "top": 10,
+              "backtrack": True, "hops": 0, "sparse": True}
+"""``[model.graph]``: a paper's two-layer node classifier (``sc.models.graph``,
+``sc.models.relational_attention``, ``sc.models.mixed``) for one graph, built as the paper
+has it: ``kind`` "gcn", "cheb" (``K`` Chebyshev terms), "sgc" (S^``K``), "gat" (``heads`` x
+``hidden``, then ``out_heads`` averaged), "rgcn" (featureless, ``bases`` controlled-separable
+bases, 0: full; ``sorts`` "single" or "mined" with the ``top`` mined paths of length 2,
+``backtrack`` allowing r.r^-1), "rgat" (``heads`` x ``hidden``, ``attention`` "within" or
+"across" relations, ``bases``), "heads" (``heads`` attention heads plus index heads
+A^1..A^``hops``, ``hidden`` channels each; ``sparse`` input features); ``dropout``."""
+GRAPH_APPLIES = {
+    "gcn": ("kind", "hidden", "dropout"),
+    "cheb": ("kind", "hidden", "dropout", "K"),
+    "sgc": ("kind", "K"),
+    "gat": ("kind", "hidden", "dropout", "heads", "out_heads"),
+    "rgcn": ("kind", "hidden", "bases", "sorts", "top", "backtrack"),
+    "rgat": ("kind", "hidden", "heads", "bases", "attention"),
+    "heads": ("kind", "hidden", "dropout", "heads", "hops", "sparse"),
+}
+"""The ``[model.graph]`` keys each kind reads; a table that sets another is refused."""
+
+
+def graph_spec(cfg: dict) -> dict:
+    """The ``[model.graph]`` table with its defaults filled in."""
+    return {**GRAPH_KEYS, **(cfg["model"].get("graph") or {})}
+
+
+def is_graph(cfg: dict) -> bool:
+    """Whether ``cfg`` describes a paper's node classifier (a ``[model.graph]`` table)."""
+    return cfg["model"].get("graph") is not None
+
+
+def _check_graph_model(m: dict, where: str) -> None:
+    for k in m["graph"]:
+        _need(k in GRAPH_KEYS, f"{where}: unknown key {k!r} (known: {', '.join(GRAPH_KEYS)})")
+    _need(not m["layers"] and not m["lm"], f"{where}: a [model.graph] model takes no "
+                                           "[[model.layers]] and no [model.lm]")
+    s = {**GRAPH_KEYS, **m["graph"]}
+    _need(s["kind"] in GRAPH_KINDS, f"{where}.kind must be one of {', '.join(GRAPH_KINDS)}, "
+                                    f"got {s['kind']!r}")
+    for k in m["graph"]:
+        _need(k in GRAPH_APPLIES[s["kind"]],
+              f"{where}.{k} does not apply to kind = {s['kind']!r} (its keys: "
+              f"{', '.join(GRAPH_APPLIES[s['kind']])})")
+    # widths and counts a CPU run can hold: the first layer of a featureless model is
+    # (nodes x hidden) per relation already
+    for k, lo, hi in (("hidden", 1, 4096), ("K", 1, 64), ("heads", 0, 64), ("out_heads", 1, 64),
+                      ("bases", 0, 4096), ("top", 1, 10_000), ("hops", 0, 16)):
+        _need(int_in(s[k], lo, hi), f"{where}.{k} must be an int in {lo}..{hi}, got {s[k]!r}")
+    _need(number_in(s["dropout"], 0, 1, open_hi=True),
+          f"{where}.dropout must be in [0, 1), got {s['dropout']!r}")
+    _need(s["attention"] in ("within", "across"),
+          f"{where}.attention must be within or across, got {s['attention']!r}")
+    _need(s["sorts"] in ("single", "mined"),
+          f"{where}.sorts must be single or mined, got {s['sorts']!r}")
+    for k in ("backtrack", "sparse"):
+        _need(isinstance(s[k], bool), f"{where}.{k} must be true or false, got {s[k]!r}")
+    _need(s["kind"] not in ("gat", "rgat") or s["heads"] >= 1,
+          f"{where}.heads must be >= 1 for kind = {s['kind']!r}, got {s['heads']}")
+    _need(s["kind"] != "heads" or s["heads"] + s["hops"] >= 1,
+          f"{where}: kind = 'heads' needs attention heads or index hops (heads + hops >= 1)")
 
 
 def _check_link_sorts(spec: dict, where: str) -> None:
