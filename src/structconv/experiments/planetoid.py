@@ -28,7 +28,7 @@ from ..data.registry import data_root
 from ..training import load_run
 from ..training.tasks import task_for
 from ._common import add_recipe_arguments, publish, set_threads
-from .sweep import Run, history, settings_tag, sweep
+from .sweep import Run, history, quoted, settings_tag, sweep
 
 __all__ = ["CONFIGS", "PER_DATASET", "PUBLISHED", "QUICK", "add_arguments", "run", "overrides",
            "settings", "seed_runs"]
@@ -61,16 +61,13 @@ def overrides(model: str, dataset: str, data: str | None = None, epochs: int | N
         raise ValueError(f"unknown model {model!r}: choose one of {sorted(CONFIGS)}")
     over = [f'data.name="{dataset}"', *PER_DATASET.get(model, {}).get(dataset, [])]
     if data is not None:
-        over.append(f"data.root={_quoted(data)}")
+        over.append(f"data.root={quoted(data)}")
     if epochs:
         over.append(f"train.epochs={epochs}")
     if stopping == "gat":
         over.append('train.select="gat"')
     return over
 
-
-def _quoted(text: str) -> str:
-    return '"' + str(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def settings(model: str, dataset: str, **kw) -> dict:

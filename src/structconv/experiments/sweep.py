@@ -19,7 +19,7 @@ from pathlib import Path
 from ..training import train
 from ._common import finished, run_once
 
-__all__ = ["Run", "config_run", "sweep", "settings_tag", "history"]
+__all__ = ["Run", "config_run", "sweep", "settings_tag", "history", "quoted"]
 
 
 @dataclass(frozen=True)
@@ -70,3 +70,8 @@ def history(folder: str | Path, run: Run) -> list[dict]:
     """The metrics rows (one per epoch) of a finished run of a sweep."""
     path = Path(folder) / run.name / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def quoted(text) -> str:
+    """``text`` as a TOML string, for an override's value (``data.root=...``)."""
+    return '"' + str(text).replace("\\", "\\\\").replace('"', '\\"') + '"'

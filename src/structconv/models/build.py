@@ -38,7 +38,8 @@ from .sizes import lm_parameters, seq2seq_parameters
 
 __all__ = ["build_model", "build_gin", "build_graph", "graph_sorts", "graph_feature_dims",
            "build_lm", "build_link", "build_seq2seq_model", "data_info", "link_sorts",
-           "optimizer_copies", "estimated_from_config", "memory_estimate", "check_memory", "sampled_share"]
+           "optimizer_copies", "estimated_from_config", "memory_estimate", "check_memory",
+           "sampled_share"]
 
 
 def _need(cond: bool, msg: str):
