@@ -73,7 +73,8 @@ def overrides(model: str, dataset: str, data: str | None = None, epochs: int | N
 def settings(model: str, dataset: str, **kw) -> dict:
     """The recipe's hyper-parameters for ``model`` on ``dataset`` (the config's model table
     and training keys after the overrides)."""
-    cfg = load_config(CONFIGS[model], overrides(model, dataset, **kw))
+    over = overrides(model, dataset, **kw)
+    cfg = load_config(CONFIGS[model], over)
     t = cfg["train"]
     return {**cfg["model"]["graph"], **{k: t[k] for k in (
         "lr", "weight_decay", "decay", "epochs", "patience", "select")}}
