@@ -103,6 +103,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", default=None, help="PNG path (default <out>/mixed_heads.png)")
 
 
+def _cell(args, folder: Path, shared: list, ds: str, v: str) -> dict:
+    """Variant ``v`` on dataset ``ds`` over the seeds: the sweep's runs, mean ± std."""
+    runs = [Run(f"{ds}-{v}-seed-{s}", CONFIG, (*shared, *variant_overrides(v, ds), f"seed={s}"))
+            for s in range(args.seed, args.seed + args.seeds)]
+    res = sweep(folder, runs, "mixed-heads", getattr(args, "device", None) or "cpu")
+    rows = [dict(seed=args.seed + i, epoch=r["best_epoch"], val_acc=100 * r["val_acc"],
+                 test_acc=100 * r["test_acc"], epochs_run=r["epochs"],
+                 seconds=r["train_time_s"], params=r["parameters"]) for i, r in enumerate(res)]
+    m, s = mean_std([r["test_acc"] for r in rows])
+    cell = dict(test_acc_mean=m, test_acc_std=s, params=rows[0]["params"],
+                seconds_per_run=mean_std([r["seconds"] for r in rows])[0], runs=rows)
+    print(f"  {ds:<9} {v:<10} test {m:6.2f} ± {s:4.2f}  params {rows[0]['params']:>7}  "
+          f"{cell['seconds_per_run']:.1f}s/run", flush=True)
+    return cell
+
+
 def run(args) -> int:
     """All variants × datasets × seeds; prints the table, writes JSON and PNG."""
     set_threads(args)
@@ -117,24 +133,8 @@ def run(args) -> int:
     t_all = time.perf_counter()
     shared = _overrides(args)
     folder = Path(args.out) / f"mixed-heads-{settings_tag(CONFIG, shared)}"
-    table: dict = {}
-    for ds in datasets:
-        table[ds] = {}
-        for v in variants:
-            runs = [Run(f"{ds}-{v}-seed-{s}", CONFIG,
-                        (*shared, *variant_overrides(v, ds), f"seed={s}"))
-                    for s in range(args.seed, args.seed + args.seeds)]
-            res = sweep(folder, runs, "mixed-heads", getattr(args, "device", None) or "cpu")
-            rows = [dict(seed=args.seed + i, epoch=r["best_epoch"], val_acc=100 * r["val_acc"],
-                         test_acc=100 * r["test_acc"], epochs_run=r["epochs"],
-                         seconds=r["train_time_s"], params=r["parameters"])
-                    for i, r in enumerate(res)]
-            m, s = mean_std([r["test_acc"] for r in rows])
-            table[ds][v] = dict(test_acc_mean=m, test_acc_std=s, params=rows[0]["params"],
-                                seconds_per_run=mean_std([r["seconds"] for r in rows])[0],
-                                runs=rows)
-            print(f"  {ds:<9} {v:<10} test {m:6.2f} ± {s:4.2f}  params {rows[0]['params']:>7}  "
-                  f"{table[ds][v]['seconds_per_run']:.1f}s/run", flush=True)
+    table = {ds: {v: _cell(args, folder, shared, ds, v) for v in variants}
+             for ds in datasets}
     wall = time.perf_counter() - t_all
     print(f"{'variant':<10} {'heads (att, hops, r)':>20} " +
           " ".join(f"{d:>16}" for d in datasets))

@@ -95,7 +95,7 @@ def check_trainer_state(state, epoch: int, run) -> None:
     b = state["best"]
     if b is not None and not _number(b) and not (
             isinstance(b, list) and len(b) == 2 and all(map(_number, b))):
-        bad("best", f"must be null, a finite number or two (accuracy, loss), got {b!r}")
+        bad("best", f"must be null or a finite number (or two: accuracy, loss), got {b!r}")
     if not _count(state["best_epoch"], epoch):
         bad("best_epoch", f"must be an int in [0, {epoch}], got {state['best_epoch']!r}")
     if not _count(state["bad_epochs"], epoch):
