@@ -252,15 +252,15 @@ _LATER_KEYS = ("label_smoothing", "max_steps", "accumulate", "schedule", "warmup
 #: what ``train.no_decay`` may exempt from weight decay; ``train.schedule``'s schedules
 NO_DECAY = ("bias", "norm", "embedding")
 SCHEDULES = ("constant", "linear", "cosine")
-#: ``train.decay``: weight decay on every parameter, or on the first layer's only (the
-#: Planetoid and R-GCN papers' L2 on the first layer)
 DECAYS = ("all", "first")
-#: ``train.select``: the weights a run keeps. ``monitor``: the best ``train.monitor`` epoch's;
-#: ``acc_then_loss``: the best validation accuracy's, ties to the lower validation loss;
-#: ``gat``: Velickovic et al.'s rule (kept where accuracy and loss both match or beat their
-#: best; patience counts epochs in which neither improved); ``last``: the last epoch's (no
-#: validation needed: an empty validation split is allowed)
+"""``train.decay``: weight decay on every parameter, or on the first layer's only (the
+Planetoid and R-GCN papers' L2 on the first layer)."""
 SELECTIONS = ("monitor", "acc_then_loss", "gat", "last")
+"""``train.select``: the weights a run keeps. ``monitor``: the best ``train.monitor`` epoch's;
+``acc_then_loss``: the best validation accuracy's, ties to the lower validation loss; ``gat``:
+Velickovic et al.'s rule (kept where accuracy and loss both match or beat their best; patience
+counts epochs in which neither improved); ``last``: the last epoch's (no validation needed: an
+empty validation split is allowed)."""
 
 
 def _check_loop(cfg: dict, source: str) -> None:
