@@ -66,6 +66,24 @@ MEANINGS = {
     "model.link": "the `[model.link]` table: a `sc.kg.LinkPredictor` for a knowledge graph",
     "model.gin": "the `[model.gin]` table: a graph-level GIN (`sc.models.GIN`) for a dataset "
                  "of many graphs (tu-mutag, tu-proteins, tu-nci1, hiv)",
+    "model.graph": "the `[model.graph]` table: a paper's two-layer node classifier (GCN, "
+                   "ChebNet, SGC, GAT, R-GCN, RGAT, mixed heads) for one graph",
+    "model.graph.kind": "`gcn`, `cheb`, `sgc`, `gat`, `rgcn`, `rgat` or `heads`",
+    "model.graph.hidden": "hidden channels (per head for `gat`, `rgat`, `heads`)",
+    "model.graph.dropout": "dropout on the input and between the layers",
+    "model.graph.K": "`cheb`: Chebyshev terms; `sgc`: the power of the normalised adjacency",
+    "model.graph.heads": "`gat`, `rgat`: first-layer heads; `heads`: attention heads (0: none)",
+    "model.graph.out_heads": "`gat`: second-layer heads, averaged",
+    "model.graph.bases": "`rgcn`, `rgat`: controlled-separable bases over the relations (0: "
+                         "full weights)",
+    "model.graph.attention": "`rgat`: softmax `within` each relation (WIRGAT) or `across` "
+                             "(ARGAT)",
+    "model.graph.sorts": "`rgcn`: `single` (one matrix per relation) or `mined` (plus mined "
+                         "paths of length 2)",
+    "model.graph.top": "`rgcn` with mined sorts: the best supported paths to add",
+    "model.graph.backtrack": "`rgcn` with mined sorts: allow paths r.r^-1",
+    "model.graph.hops": "`heads`: index heads A^1..A^hops",
+    "model.graph.sparse": "`heads`: feed the features as a sparse matrix (same results)",
     "model.gin.hidden": "channels of every GIN layer",
     "model.gin.layers": "GIN layers (each a two-layer MLP after the neighbour sum)",
     "model.gin.readout": "one vector per graph: `sum`, `mean`, `max` or `attention`",
@@ -148,6 +166,12 @@ MEANINGS = {
     "train.betas": "Adam's and AdamW's moment decays, two numbers in [0, 1)",
     "train.min_lr_ratio": "the fraction of `lr` a `linear` / `cosine` schedule decays to "
                           "(0: to 0; nanoGPT's 0.1)",
+    "train.decay": "`all` parameters take `weight_decay`, or the `first` layer's only (the "
+                   "Planetoid and R-GCN papers' L2)",
+    "train.select": "the weights a run keeps: `monitor` (the best `monitor` epoch's), "
+                    "`acc_then_loss` (best validation accuracy, ties to the lower loss), `gat` "
+                    "(Velickovic et al.'s rule: accuracy and loss both at their best; patience "
+                    "counts epochs where neither improves) or `last` (no validation needed)",
     "train.sampler": "the `[train.sampler]` table: sampled mini-batches for node tasks",
     "train.link": "the `[train.link]` table: how a link predictor trains",
     "train.lr_decay": "the learning rate's factor per epoch (1: none)",
@@ -313,6 +337,7 @@ def _schema() -> dict[str, dict]:
     return {"top": top, "data": C.DEFAULTS["data"], "model": C.DEFAULTS["model"],
             "train": C.DEFAULTS["train"], "model.lm": C.LM_KEYS, "model.link": C.LINK_KEYS,
             "model.seq2seq": C.SEQ2SEQ_KEYS, "model.gin": C.GIN_KEYS,
+            "model.graph": C.GRAPH_KEYS,
             "train.link": C.LINK_TRAIN_KEYS, "train.sampler": C.SAMPLER_KEYS,
             "model.forecast": C.FORECAST_KEYS, "model.routing": C.ROUTING_KEYS,
             "train.routing": C.ROUTING_TRAIN_KEYS,

@@ -49,7 +49,8 @@ __all__ = ["ConfigError", "load_config", "parse_config", "apply_overrides", "val
            "FORECAST_KEYS", "forecast_spec", "is_forecast", "ROUTING_KEYS", "ROUTING_TRAIN_KEYS",
            "routing_spec", "routing_train_spec", "is_routing",
            "HETERO_KEYS", "HETERO_KINDS", "hetero_spec", "is_hetero", "TYPED_SAMPLER_KEYS",
-           "typed_sampler_spec"]
+           "typed_sampler_spec", "GRAPH_KEYS", "GRAPH_KINDS", "graph_spec", "is_graph",
+           "SELECTIONS", "DECAYS"]
 
 
 class ConfigError(ValueError):
@@ -62,13 +63,14 @@ DEFAULTS = {
              "eval_batch_size": 512, "batches_per_epoch": 0, "val_sample": 0},
     "model": {"layers": [], "readout": "auto", "classifier": "auto", "embedding": 0,
               "dtype": "float32", "lm": {}, "link": None, "seq2seq": None, "gin": None,
-              "forecast": None, "routing": None, "hetero": None},
+              "forecast": None, "routing": None, "hetero": None, "graph": None},
     "train": {"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "momentum": 0.9,
               "epochs": 10, "patience": 0, "monitor": "val_acc", "grad_clip": 0.0,
               "checkpoint_every": 0, "checkpoint_seconds": 10.0, "sampler": {}, "link": {},
               "label_smoothing": 0.0, "max_steps": 0, "accumulate": 1, "schedule": "constant",
               "warmup_steps": 0, "no_decay": [], "amp": False, "betas": [0.9, 0.999],
-              "min_lr_ratio": 0.0, "lr_decay": 1.0, "routing": {}},
+              "min_lr_ratio": 0.0, "lr_decay": 1.0, "routing": {}, "decay": "all",
+              "select": "monitor"},
 }
 """Defaults merged under every config (the file's values win)."""
 
@@ -255,10 +257,20 @@ def _need(cond: bool, msg: str):
 
 #: ``train`` keys added after runs were first written (a saved config may lack them)
 _LATER_KEYS = ("label_smoothing", "max_steps", "accumulate", "schedule", "warmup_steps",
-               "no_decay", "amp", "betas", "min_lr_ratio", "lr_decay", "val_sample")
+               "no_decay", "amp", "betas", "min_lr_ratio", "lr_decay", "val_sample", "decay",
+               "select", "graph")
 #: what ``train.no_decay`` may exempt from weight decay; ``train.schedule``'s schedules
 NO_DECAY = ("bias", "norm", "embedding")
 SCHEDULES = ("constant", "linear", "cosine")
+DECAYS = ("all", "first")
+"""``train.decay``: weight decay on every parameter, or on the first layer's only (the
+Planetoid and R-GCN papers' L2 on the first layer)."""
+SELECTIONS = ("monitor", "acc_then_loss", "gat", "last")
+"""``train.select``: the weights a run keeps. ``monitor``: the best ``train.monitor`` epoch's;
+``acc_then_loss``: the best validation accuracy's, ties to the lower validation loss; ``gat``:
+Velickovic et al.'s rule (kept where accuracy and loss both match or beat their best; patience
+counts epochs in which neither improved); ``last``: the last epoch's (no validation needed: an
+empty validation split is allowed)."""
 
 
 def _check_loop(cfg: dict, source: str) -> None:
@@ -293,6 +305,13 @@ def _check_loop(cfg: dict, source: str) -> None:
     floor = t.get("min_lr_ratio", 0.0)
     _need(number_in(floor, 0, 1), f"{source}: train.min_lr_ratio must be a number in [0, 1] "
                                   f"(the fraction of train.lr a schedule decays to), got {floor!r}")
+    for k, allowed in (("decay", DECAYS), ("select", SELECTIONS)):
+        v = t.get(k, DEFAULTS["train"][k])
+        _need(v in allowed, f"{source}: train.{k} must be one of {', '.join(allowed)}, "
+                            f"got {v!r}")
+    _need(t.get("select", "monitor") == "monitor" or not cfg["model"].get("link"),
+          f"{source}: train.select is for classification tasks; a [model.link] model keeps "
+          "its best train.monitor epoch")
 
 
 def validate(cfg: dict, source: str = "<config>") -> dict:
@@ -364,6 +383,9 @@ def _check_model(cfg: dict, source: str) -> dict:
           f"{source}: train.link must be a table ([train.link]), got {t['link']!r}")
     _need(m.get("seq2seq") is None or isinstance(m["seq2seq"], dict),
           f"{source}: model.seq2seq must be a table ([model.seq2seq]), got {m['seq2seq']!r}")
+    _need(m.get("graph") is None or all(m.get(k) is None for k in ("link", "seq2seq", "gin")),
+          f"{source}: a [model.graph] model is the whole model: remove [model.link], "
+          "[model.seq2seq] and [model.gin]")
     if is_link(cfg):
         _need(not t.get("label_smoothing"), f"{source}: train.label_smoothing is for "
                                             "classification; a link predictor's is "
@@ -389,6 +411,13 @@ def _check_model(cfg: dict, source: str) -> dict:
         return _check_rest(cfg, source)
     if is_gin(cfg):
         _check_gin(m, f"{source}: model.gin")
+        return _check_rest(cfg, source)
+    _need(m.get("graph") is None or isinstance(m["graph"], dict),
+          f"{source}: model.graph must be a table ([model.graph]), got {m['graph']!r}")
+    if is_graph(cfg):
+        _check_graph_model(m, f"{source}: model.graph")
+        _need(not t.get("sampler"), f"{source}: a [model.graph] model trains full batch: "
+                                    "remove [train.sampler]")
         return _check_rest(cfg, source)
     if is_hetero(cfg):
         _check_hetero(m, f"{source}: model.hetero")
@@ -748,6 +777,72 @@ def _check_typed_sampler(cfg: dict, where: str) -> None:
             _typed_fanout_list(fs, f"{where}.fanouts[{k!r}]", hops)
     else:
         _typed_fanout_list(fan, f"{where}.fanouts", hops)
+
+
+GRAPH_KINDS = ("gcn", "cheb", "sgc", "gat", "rgcn", "rgat", "heads")
+"""The two-layer node classifiers of the papers a ``[model.graph]`` table may name."""
+GRAPH_KEYS = {"kind": "gcn", "hidden": 16, "dropout": 0.0, "K": 2, "heads": 8, "out_heads": 1,
+              "bases": 0, "attention": "within", "sorts": "single", "top": 10,
+              "backtrack": True, "hops": 0, "sparse": True}
+"""``[model.graph]``: a paper's two-layer node classifier (``sc.models.graph``,
+``sc.models.relational_attention``, ``sc.models.mixed``) for one graph, built as the paper
+has it: ``kind`` "gcn", "cheb" (``K`` Chebyshev terms), "sgc" (S^``K``), "gat" (``heads`` x
+``hidden``, then ``out_heads`` averaged), "rgcn" (featureless, ``bases`` controlled-separable
+bases, 0: full; ``sorts`` "single" or "mined" with the ``top`` mined paths of length 2,
+``backtrack`` allowing r.r^-1), "rgat" (``heads`` x ``hidden``, ``attention`` "within" or
+"across" relations, ``bases``), "heads" (``heads`` attention heads plus index heads
+A^1..A^``hops``, ``hidden`` channels each; ``sparse`` input features); ``dropout``."""
+GRAPH_APPLIES = {
+    "gcn": ("kind", "hidden", "dropout"),
+    "cheb": ("kind", "hidden", "dropout", "K"),
+    "sgc": ("kind", "K"),
+    "gat": ("kind", "hidden", "dropout", "heads", "out_heads"),
+    "rgcn": ("kind", "hidden", "bases", "sorts", "top", "backtrack"),
+    "rgat": ("kind", "hidden", "heads", "bases", "attention"),
+    "heads": ("kind", "hidden", "dropout", "heads", "hops", "sparse"),
+}
+"""The ``[model.graph]`` keys each kind reads; a table that sets another is refused."""
+
+
+def graph_spec(cfg: dict) -> dict:
+    """The ``[model.graph]`` table with its defaults filled in."""
+    return {**GRAPH_KEYS, **(cfg["model"].get("graph") or {})}
+
+
+def is_graph(cfg: dict) -> bool:
+    """Whether ``cfg`` describes a paper's node classifier (a ``[model.graph]`` table)."""
+    return cfg["model"].get("graph") is not None
+
+
+def _check_graph_model(m: dict, where: str) -> None:
+    for k in m["graph"]:
+        _need(k in GRAPH_KEYS, f"{where}: unknown key {k!r} (known: {', '.join(GRAPH_KEYS)})")
+    _need(not m["layers"] and not m["lm"], f"{where}: a [model.graph] model takes no "
+                                           "[[model.layers]] and no [model.lm]")
+    s = {**GRAPH_KEYS, **m["graph"]}
+    _need(s["kind"] in GRAPH_KINDS, f"{where}.kind must be one of {', '.join(GRAPH_KINDS)}, "
+                                    f"got {s['kind']!r}")
+    for k in m["graph"]:
+        _need(k in GRAPH_APPLIES[s["kind"]],
+              f"{where}.{k} does not apply to kind = {s['kind']!r} (its keys: "
+              f"{', '.join(GRAPH_APPLIES[s['kind']])})")
+    # widths and counts a CPU run can hold: the first layer of a featureless model is
+    # (nodes x hidden) per relation already
+    for k, lo, hi in (("hidden", 1, 4096), ("K", 1, 64), ("heads", 0, 64), ("out_heads", 1, 64),
+                      ("bases", 0, 4096), ("top", 1, 10_000), ("hops", 0, 16)):
+        _need(int_in(s[k], lo, hi), f"{where}.{k} must be an int in {lo}..{hi}, got {s[k]!r}")
+    _need(number_in(s["dropout"], 0, 1, open_hi=True),
+          f"{where}.dropout must be in [0, 1), got {s['dropout']!r}")
+    _need(s["attention"] in ("within", "across"),
+          f"{where}.attention must be within or across, got {s['attention']!r}")
+    _need(s["sorts"] in ("single", "mined"),
+          f"{where}.sorts must be single or mined, got {s['sorts']!r}")
+    for k in ("backtrack", "sparse"):
+        _need(isinstance(s[k], bool), f"{where}.{k} must be true or false, got {s[k]!r}")
+    _need(s["kind"] not in ("gat", "rgat") or s["heads"] >= 1,
+          f"{where}.heads must be >= 1 for kind = {s['kind']!r}, got {s['heads']}")
+    _need(s["kind"] != "heads" or s["heads"] + s["hops"] >= 1,
+          f"{where}: kind = 'heads' needs attention heads or index hops (heads + hops >= 1)")
 
 
 def _check_link_sorts(spec: dict, where: str) -> None:

@@ -215,17 +215,13 @@ TRAINING_LOOP = {"training/loop.py": 1}
 #: the other training loops that remain, by file, with how many backward calls each holds and
 #: why: this list may only shrink (move a recipe onto the engine, then delete its line)
 OTHER_LOOPS = {
-    "experiments/relational_attention.py": (1, "recipe not yet on the engine"),
-    "experiments/planetoid.py": (1, "recipe not yet on the engine"),
-    "experiments/mixed_heads.py": (1, "recipe not yet on the engine"),
     "experiments/separability.py": (2, "recipe not yet on the engine"),
     "experiments/fashion.py": (1, "recipe not yet on the engine"),
-    "experiments/rgcn.py": (1, "recipe not yet on the engine"),
     "experiments/canon.py": (1, "recipe not yet on the engine (shift-heads' old loop, kept "
                                 "for it alone)"),
 }
 #: the most backward sites src/ may hold outside bench/ and kernels/ (the target: 2)
-MAX_BACKWARD_SITES = 9
+MAX_BACKWARD_SITES = 5
 
 
 def _calls(path: Path, test) -> list[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from argparse import Namespace
 
 import pytest
@@ -11,9 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import structconv.models.graph as mg
-from structconv.data.planetoid import PlanetoidData
+from structconv.cli import main
+from structconv.config import config_from, load_config
+from structconv.data.registry import GraphData
 from structconv.experiments import planetoid as rp
 from structconv.experiments import rgcn as rr
+from structconv.models.build import build_model
+from structconv.training.distributed import World
+from structconv.training.interrupt import StopRequest
+from structconv.training.loop import Loop
+from structconv.training.run import make_optimizer
+from structconv.training.tasks import NodeTask
 from tests.conftest import need
 
 pyg = pytest.importorskip("torch_geometric.nn")
@@ -163,7 +172,7 @@ def test_model_input_errors():
 
 
 # ------------------------------------------------------------------------------- recipes
-def _toy_data() -> PlanetoidData:
+def _toy_data() -> GraphData:
     # two noisy communities whose features carry the class: every model should fit them
     g = torch.Generator().manual_seed(0)
     n = 40
@@ -173,21 +182,49 @@ def _toy_data() -> PlanetoidData:
     src, dst = adj.nonzero().T
     ei = torch.cat([torch.stack([src, dst]), torch.stack([dst, src])], 1)
     x = torch.rand(n, 6, generator=g) + 0.5 * torch.nn.functional.one_hot(y, 6)
-    masks = [torch.zeros(n, dtype=torch.bool) for _ in range(3)]
-    masks[0][:10], masks[1][10:20], masks[2][20:] = True, True, True
-    return PlanetoidData(x=x.float(), y=y, edge_index=ei, train_mask=masks[0],
-                         val_mask=masks[1], test_mask=masks[2], num_classes=2, name="toy")
+    masks = {k: torch.zeros(n, dtype=torch.bool) for k in ("train", "val", "test")}
+    masks["train"][:10], masks["val"][10:20], masks["test"][20:] = True, True, True
+    return GraphData("toy", x.float(), y, ei, masks, 2)
 
 
-@pytest.mark.parametrize("model", ["gcn", "cheb", "sgc", "gat"])
-def test_recipe_training_reduces_loss(model):
-    torch.set_default_dtype(torch.float32)
+def _fit_toy(graph: dict, **train) -> tuple[dict, dict]:
+    """(the loop's state, the result) of a [model.graph] model trained on the toy graph by
+    the engine's loop (no run directory)."""
+    cfg = config_from({"data": {"name": "cora"}, "model": {"graph": graph},
+                       "train": {"checkpoint_seconds": 0.0, **train}})
+    data = _toy_data()
+    torch.manual_seed(0)
+    model = build_model(cfg, data)
+    task = NodeTask(cfg, data)
+    task.setup(model, torch.device("cpu"), World())
+    loop = Loop(task, model, make_optimizer(cfg, model), cfg["train"], seed=0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # 40 nodes: more threads only contend
+    try:
+        loop.fit()
+        return loop.state, loop.finish(1)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("graph", [
+    {"kind": "gcn"}, {"kind": "cheb", "K": 3}, {"kind": "sgc"},
+    {"kind": "gat", "hidden": 4, "heads": 2}, {"kind": "heads", "heads": 2, "hops": 2,
+                                                "hidden": 4}])
+def test_recipe_models_train_on_the_engine(graph):
     # without dropout, so that the loss curve is the optimisation's, not the masks' draw
-    # (GAT's 0.6 on ten training nodes moves a single epoch's loss by +-30%)
-    s = {**rp.settings(model, "cora", epochs=30, patience=None), "dropout": 0.0}
-    r = rp.train_seed(model, _toy_data(), s, seed=0)
-    assert r["train_loss"][-1] < 0.8 * r["train_loss"][0]
-    assert 1 <= r["epoch"] <= 30 and 0 <= r["test_acc"] <= 100
+    graph = {**graph, "dropout": 0.0} if graph["kind"] != "sgc" else graph
+    state, res = _fit_toy(graph, lr=0.2 if graph["kind"] == "sgc" else 0.01, weight_decay=5e-4,
+                          epochs=30,
+                          select="acc_then_loss", decay="first" if graph["kind"] in
+                          ("gcn", "cheb") else "all")
+    losses = [h["train_loss"] for h in state["history"]]
+    assert losses[-1] < 0.8 * losses[0]
+    assert 1 <= res["best_epoch"] <= 30 and 0 <= res["test_acc"] <= 1
+    # the kept epoch has the best validation accuracy, the lowest loss among its ties
+    best = max((h["val_acc"], -h["val_loss"]) for h in state["history"])
+    kept = state["history"][res["best_epoch"] - 1]
+    assert (kept["val_acc"], -kept["val_loss"]) == best
 
 
 def test_recipe_settings():
@@ -195,13 +232,15 @@ def test_recipe_settings():
     assert rp.settings("cheb", "cora")["K"] == 3
     assert rp.settings("sgc", "citeseer")["weight_decay"] == 5e-3
     assert rp.settings("gcn", "cora", epochs=7)["epochs"] == 7
+    assert rp.settings("gat", "cora", stopping="gat")["select"] == "gat"
     with pytest.raises(ValueError, match="unknown model 'mlp'"):
         rp.settings("mlp", "cora")
-    assert rr.settings("mutag")["num_bases"] == 30 and rr.settings("aifb")["num_bases"] is None
+    mutag = load_config(rr.CONFIG, rr.PER_DATASET["mutag"])
+    assert rr.settings(mutag)["num_bases"] == 30
+    assert rr.settings(load_config(rr.CONFIG))["num_bases"] is None
 
 
 def test_planetoid_recipe_smoke(tmp_path, capsys):
-    torch.set_default_dtype(torch.float32)
     args = Namespace(model="gcn", dataset="cora", seeds=1, seed=0, data=str(need("cora")),
                      out=str(tmp_path), epochs=15, quick=True, threads=1)
     assert rp.run(args) == 0
@@ -209,11 +248,11 @@ def test_planetoid_recipe_smoke(tmp_path, capsys):
     assert res["seeds"] == 1 and res["published"] == 81.5 and len(res["runs"]) == 1
     losses = res["runs"][0]["train_loss"]
     assert len(losses) == 15 and losses[-1] < losses[0]
+    assert res["runs"][0]["epochs_run"] == 15 and res["config"] == "planetoid_gcn"
     assert "Cora" in capsys.readouterr().out
 
 
 def test_rgcn_recipe_smoke(tmp_path):
-    torch.set_default_dtype(torch.float32)
     args = Namespace(dataset="aifb", seeds=1, seed=0, data=str(need("aifb")),
                      out=str(tmp_path), epochs=4, bases=None, cache=str(tmp_path / "cache"),
                      quick=True, threads=1)
@@ -222,15 +261,45 @@ def test_rgcn_recipe_smoke(tmp_path):
     assert res["graph"]["nodes"] == 8285 and res["graph"]["relations"] == 90
     losses = res["runs"][0]["train_loss"]
     assert len(losses) == 4 and losses[-1] < losses[0]
+    assert len(res["runs"][0]["sort_norms"]) == 90
+    # no validation split: the last epoch's model, evaluated on the test entities only
+    run = json.loads(next(tmp_path.glob("rgcn-aifb-*/seed-0/result.json")).read_text())
+    assert run["val_acc"] is None and run["best_epoch"] == 0 and run["epochs"] == 4
 
 
 def test_gat_stopping_rule_stops_and_selects():
-    torch.set_default_dtype(torch.float32)
-    data = _toy_data()
-    s = rp.settings("sgc", "cora", epochs=300, patience=5, stopping="gat", lr=2.0,
-                    weight_decay=0.05)
-    r = rp.train_seed("sgc", data, s, seed=0)
+    state, res = _fit_toy({"kind": "sgc"}, epochs=300, patience=5, select="gat", lr=2.0,
+                          weight_decay=0.05)
     # a large step and strong decay saturate the toy problem at once: 5 epochs in which
     # neither validation loss nor accuracy improves end the run
-    assert r["epochs_run"] < 300
-    assert 1 <= r["epoch"] <= r["epochs_run"] - 5
+    assert len(state["history"]) < 300 and state["stopped"]
+    assert 1 <= res["best_epoch"] <= len(state["history"]) - 5
+
+
+def _stop_at(monkeypatch, k: int) -> None:
+    """Make the k-th read of the stop flag (one per optimizer step) find a SIGINT."""
+    calls = {"n": 0}
+
+    def requested(self):
+        calls["n"] += 1
+        if calls["n"] == k:
+            self.request(signal.SIGINT)
+        return self.signum != 0
+
+    monkeypatch.setattr(StopRequest, "requested", property(requested))
+
+
+def test_an_interrupted_planetoid_sweep_resumes_to_the_same_numbers(monkeypatch, tmp_path):
+    need("cora")
+    argv = ["reproduce", "planetoid", "--model", "sgc", "--quick", "--epochs", "4"]
+    assert main([*argv, "--out", str(tmp_path / "ref")]) == 0
+    with monkeypatch.context() as m:
+        _stop_at(m, 6)  # seed 0 takes 4 steps (one per epoch): seed 1, epoch 2
+        assert main([*argv, "--out", str(tmp_path / "run")]) == 130
+    seed1 = next((tmp_path / "run").glob("planetoid-sgc-cora-*")) / "seed-1"
+    assert (seed1 / "checkpoint.json").is_file() and not (seed1 / "result.json").exists()
+    assert main([*argv, "--out", str(tmp_path / "run")]) == 0
+    ref, run = (json.loads((tmp_path / d / "planetoid-sgc-cora.json").read_text())
+                for d in ("ref", "run"))
+    for key in ("test_acc", "val_acc", "epoch", "last_test_acc", "train_loss"):
+        assert [r[key] for r in run["runs"]] == [r[key] for r in ref["runs"]], key

@@ -82,7 +82,9 @@ def test_every_shipped_config_builds_and_runs_forward(name):
         res = task.evaluate(model, "val")
         assert res["n"] > 0 and math.isfinite(res["loss"])
         return
-    inputs, targets = next(task.eval_batches("val"))
+    # a config that keeps its last epoch may have no validation split (R-GCN's): its test one
+    split = "test" if data.task == "node" and not bool(data.masks["val"].any()) else "val"
+    inputs, targets = next(task.eval_batches(split))
     with torch.no_grad():
         loss, ok = task.losses(model, inputs, targets, "cpu", torch.float32)
     assert torch.isfinite(loss).all() and loss.numel() == ok.numel() > 0

@@ -321,8 +321,9 @@ def load_entities(root: str | os.PathLike, name: str, *, cache_dir: str | os.Pat
 def _register(name: str) -> None:
     @register_dataset(name, f"rgcn/{name}", f"R-GCN entity classification {name} (N-Triples)",
                       (f"{name}_stripped.nt.gz", "trainingSet.tsv", "testSet.tsv"))
-    def load(root, val: float = 0.2, seed: int = 0):
-        d = load_entities(root, name)
+    def load(root, val: float = 0.2, seed: int = 0, cache: str | None = None):
+        # cache: the parse cache's folder (default: the data cache's entities/)
+        d = load_entities(root, name, cache_dir=cache)
         n = d.num_nodes
         y = torch.zeros(n, dtype=torch.int64)
         y[d.train_idx], y[d.test_idx] = d.train_y, d.test_y

@@ -14,20 +14,23 @@ layer 2). Variants (layer-1 heads × channels per head):
 
 All train with GAT's recipe on the public Planetoid split (Adam 0.005, L2 5e-4, dropout 0.6),
 shortened to at most 250 epochs with patience 50; test accuracy at the epoch of best validation
-accuracy, mean ± std over seeds.
+accuracy (ties: lower validation loss), mean ± std over seeds. Each variant is the shipped
+config ``mixed_heads_cora`` (``[model.graph] kind = "heads"``) with the variant's heads and the
+dataset as overrides; every seed is a run of the training engine in
+``<out>/mixed-heads-<hash>/<dataset>-<variant>-seed-<s>``, read back where finished and resumed
+where interrupted. The engine draws the random numbers the loop this recipe had before drew
+(the seed, the model, each epoch's dropout) and sums the loss where the loop averaged it: the
+last digits of a run's numbers may differ.
 Writes ``<out>/mixed_heads.json`` and a PNG.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import time
+from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-
-from ..data.planetoid import PLANETOID_NAMES, load_planetoid, shared_dir
+from ..data.planetoid import PLANETOID_NAMES, shared_dir
 from ..data.registry import data_root
 from ..models.mixed import HeadsLayer, HeadsNet
 from ._common import (
@@ -36,6 +39,7 @@ from ._common import (
     NONNEGATIVE,
     POSITIVE,
     THREADS,
+    Bounded,
     Listed,
     hardware,
     mean_std,
@@ -44,9 +48,12 @@ from ._common import (
     set_threads,
     write_result,
 )
+from .sweep import Run, quoted, settings_tag, sweep
 
-__all__ = ["VARIANTS", "HeadsLayer", "HeadsNet", "add_arguments", "run"]
+__all__ = ["VARIANTS", "CONFIG", "HeadsLayer", "HeadsNet", "add_arguments", "run",
+           "variant_overrides"]
 
+CONFIG = "mixed_heads_cora"
 #: variant -> (attention heads, index hops h (heads Â^1..Â^h), channels per head) in layer 1
 VARIANTS = {
     "gat": (8, 0, 8),
@@ -57,39 +64,20 @@ VARIANTS = {
 }
 
 
-def train_seed(data, variant: str, seed: int, args) -> dict:
-    """One run; test accuracy at the epoch of best validation accuracy (ties: lower loss)."""
-    torch.manual_seed(seed)
+def _overrides(args) -> list[str]:
+    """The overrides every run shares (the training settings the arguments give)."""
+    over = [f"train.epochs={args.epochs}", f"train.patience={args.patience}",
+            f"train.lr={args.lr}", f"train.weight_decay={args.weight_decay}",
+            f"model.graph.dropout={args.dropout}",
+            f"model.graph.sparse={str(not args.dense_input).lower()}"]
+    return over + ([f"data.root={quoted(args.data)}"] if args.data else [])
+
+
+def variant_overrides(variant: str, dataset: str) -> list[str]:
+    """The overrides that make ``mixed_heads_cora`` the variant ``variant`` on ``dataset``."""
     att, hops, r = VARIANTS[variant]
-    net = HeadsNet(data.edge_index, data.num_nodes, data.num_features, data.num_classes, att,
-                   hops, r, args.dropout, sparse=not args.dense_input)
-    params = [p for p in net.parameters() if p.requires_grad]
-    opt = torch.optim.Adam(params, lr=args.lr, weight_decay=args.weight_decay)
-    x, y = data.x, data.y
-    best, out, since = (-1.0, math.inf), {}, 0
-    t0 = time.perf_counter()
-    for epoch in range(1, args.epochs + 1):
-        net.train()
-        opt.zero_grad()
-        F.cross_entropy(net(x)[data.train_mask], y[data.train_mask]).backward()
-        opt.step()
-        net.eval()
-        with torch.no_grad():
-            logits = net(x)
-            pred = logits.argmax(1)
-            vl = float(F.cross_entropy(logits[data.val_mask], y[data.val_mask]))
-            va = float((pred[data.val_mask] == y[data.val_mask]).float().mean())
-            te = float((pred[data.test_mask] == y[data.test_mask]).float().mean())
-        if (va, -vl) > (best[0], -best[1]):
-            best, since = (va, vl), 0
-            out = dict(epoch=epoch, val_acc=100 * va, test_acc=100 * te)
-        else:
-            since += 1
-            if since >= args.patience:
-                break
-    out.update(seed=seed, epochs_run=epoch, seconds=time.perf_counter() - t0,
-               params=sum(p.numel() for p in params))
-    return out
+    return [f'data.name="{dataset}"', f"model.graph.heads={att}", f"model.graph.hops={hops}",
+            f"model.graph.hidden={r}"]
 
 
 #: the defaults of ``--quick`` (a value given on the command line is kept)
@@ -103,8 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma list of {list(VARIANTS)}")
     parser.add_argument("--seeds", type=COUNT, default=3)
     parser.add_argument("--data", default=None, help="Planetoid folder (ind.* files)")
-    parser.add_argument("--epochs", type=COUNT, default=250, help="maximum epochs")
-    parser.add_argument("--patience", type=COUNT, default=50)
+    parser.add_argument("--epochs", type=Bounded(int, 1, 100_000), default=250,
+                        help="maximum epochs")
+    parser.add_argument("--patience", type=Bounded(int, 1, 100_000), default=50)
     parser.add_argument("--lr", type=POSITIVE, default=0.005)
     parser.add_argument("--weight-decay", type=NONNEGATIVE, default=5e-4)
     parser.add_argument("--dropout", type=DROPOUT, default=0.6)
@@ -112,6 +101,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="feed the features dense (default: sparse COO, same results)")
     parser.add_argument("--threads", type=THREADS, default=0, help="torch threads (0: default)")
     parser.add_argument("--plot", default=None, help="PNG path (default <out>/mixed_heads.png)")
+
+
+def _cell(args, folder: Path, shared: list, ds: str, v: str) -> dict:
+    """Variant ``v`` on dataset ``ds`` over the seeds: the sweep's runs, mean ± std."""
+    runs = [Run(f"{ds}-{v}-seed-{s}", CONFIG, (*shared, *variant_overrides(v, ds), f"seed={s}"))
+            for s in range(args.seed, args.seed + args.seeds)]
+    res = sweep(folder, runs, "mixed-heads", getattr(args, "device", None) or "cpu")
+    rows = [dict(seed=args.seed + i, epoch=r["best_epoch"], val_acc=100 * r["val_acc"],
+                 test_acc=100 * r["test_acc"], epochs_run=r["epochs"],
+                 seconds=r["train_time_s"], params=r["parameters"]) for i, r in enumerate(res)]
+    m, s = mean_std([r["test_acc"] for r in rows])
+    cell = dict(test_acc_mean=m, test_acc_std=s, params=rows[0]["params"],
+                seconds_per_run=mean_std([r["seconds"] for r in rows])[0], runs=rows)
+    print(f"  {ds:<9} {v:<10} test {m:6.2f} ± {s:4.2f}  params {rows[0]['params']:>7}  "
+          f"{cell['seconds_per_run']:.1f}s/run", flush=True)
+    return cell
 
 
 def run(args) -> int:
@@ -122,23 +127,14 @@ def run(args) -> int:
     if bad:
         raise ValueError(f"unknown variants {bad}: choose from {list(VARIANTS)}")
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
-    root = args.data or shared_dir("planetoid")
-    if root is None:
+    if args.data is None and shared_dir("planetoid") is None:
         raise FileNotFoundError(f"no Planetoid folder in the data home ({data_root()}): pass "
                                 "--data DIR or set STRUCTCONV_DATA (see `structconv datasets`)")
     t_all = time.perf_counter()
-    table: dict = {}
-    for ds in datasets:
-        data = load_planetoid(root, ds, normalize_features=True)
-        table[ds] = {}
-        for v in variants:
-            runs = [train_seed(data, v, args.seed + i, args) for i in range(args.seeds)]
-            m, s = mean_std([r["test_acc"] for r in runs])
-            table[ds][v] = dict(test_acc_mean=m, test_acc_std=s, params=runs[0]["params"],
-                                seconds_per_run=mean_std([r["seconds"] for r in runs])[0],
-                                runs=runs)
-            print(f"  {ds:<9} {v:<10} test {m:6.2f} ± {s:4.2f}  params {runs[0]['params']:>7}  "
-                  f"{table[ds][v]['seconds_per_run']:.1f}s/run", flush=True)
+    shared = _overrides(args)
+    folder = Path(args.out) / f"mixed-heads-{settings_tag(CONFIG, shared)}"
+    table = {ds: {v: _cell(args, folder, shared, ds, v) for v in variants}
+             for ds in datasets}
     wall = time.perf_counter() - t_all
     print(f"{'variant':<10} {'heads (att, hops, r)':>20} " +
           " ".join(f"{d:>16}" for d in datasets))

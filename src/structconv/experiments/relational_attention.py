@@ -3,53 +3,50 @@
 ``structconv reproduce relational-attention --dataset aifb --model rgat --seeds 10 --out DIR``.
 Two models, both in the R-GCN recipe's budget (2 layers 16 wide, featureless nodes, Adam lr
 0.01, 50 full-batch epochs, the model after the last epoch evaluated, R-GCN's L2 on the first
-layer: none on AIFB, 5e-4 on MUTAG):
+layer: none on AIFB, 5e-4 on MUTAG), each a shipped config with the arms as overrides:
 
 * ``gat-edges``: GAT with relation types as edge features, the shipped config
   ``gat_edges_aifb`` (a declared ``graph_attention`` model; ``--heads``, ``--relations``
   override it, ``data.name`` is the dataset);
-* ``rgat``: RGAT (``models.relational_attention.RGAT``): attention per relation, Θ controlled
-  separable over the relations' bases (``--bases``, 0: full), ``--attention`` within (WIRGAT)
-  or across (ARGAT) relations, ``--heads`` concatenated (16 / heads wide each).
+* ``rgat``: RGAT, the shipped config ``rgat_aifb`` (``[model.graph] kind = "rgat"``):
+  attention per relation, Θ controlled separable over the relations' bases (``--bases``, 0:
+  full), ``--attention`` within (WIRGAT) or across (ARGAT) relations, ``--heads``
+  concatenated (16 / heads wide each).
 
 ``--val F`` holds out a fraction F of the training entities (seeded split) and reports
-validation accuracy only: tuning never reads the test set. Without it every training entity
-trains and the test accuracy is reported. Each seed is written to
-``<out>/relational-attention-<dataset>-<model><tag>.json`` as soon as it ends; a rerun with the
-same settings skips the seeds already there (a killed run resumes).
+validation accuracy only: tuning never reads the test set (each run's own ``result.json``
+holds the engine's test figures too; the recipe reports none). Without it every training
+entity trains and the test accuracy is reported. Every seed is a run of the training engine in
+``<out>/relational-attention-<dataset>-<model><tag>-<hash>/seed-<s>``, read back where
+finished and resumed where interrupted; the JSON
+``<out>/relational-attention-<dataset>-<model><tag>.json`` is written after each seed. The
+engine draws the random numbers the loop this recipe had before drew, but steps torch's
+default Adam (the loop used the fused one on CPU: the same update, rounded otherwise) and
+sums the loss in node order: the last digits of a run's numbers may differ.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import statistics
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from ..config import load_config
 from ..data.registry import load_dataset
-from ..models import build_model
-from ..models.relational_attention import ATTENTIONS, RGAT
-from ._common import (  # argument types
-    COUNT,
-    NATURAL,
-    Bounded,
-    add_recipe_arguments,
-    device,
-    hardware,
-    publish,
-    set_threads,
-)
+from ..models.relational_attention import ATTENTIONS
+from ..training import load_run
+from ..training.tasks import task_for
+from ._common import Bounded, add_recipe_arguments, hardware, publish, set_threads
+from .sweep import Run, history, quoted, settings_tag, sweep
 
-__all__ = ["MODELS", "RECIPES", "RGCN", "PUBLISHED_RGCN", "settings", "build", "train_seed",
+__all__ = ["MODELS", "RECIPES", "CONFIGS", "RGCN", "PUBLISHED_RGCN", "settings", "overrides",
            "add_arguments", "run"]
 
 MODELS = ("gat-edges", "rgat")
+#: each model's shipped config
+CONFIGS = {"gat-edges": "gat_edges_aifb", "rgat": "rgat_aifb"}
 #: structconv's R-GCN (``structconv reproduce rgcn --seeds 10``, docs/results-graph.md): mean, std
 RGCN = {"aifb": (97.22, 0.00), "mutag": (71.62, 1.56)}
 #: Schlichtkrull et al. 2018 (REFERENCES.md)
@@ -64,6 +61,8 @@ RECIPES = {
     "gat-edges": dict(_BUDGET, heads=4, relations="onehot", edge_dim=8),
     "rgat": dict(_BUDGET, heads=1, attention="within", bases=30),
 }
+#: the largest --heads / --bases / --edge-dim (16 channels split over heads)
+MAX_HEADS, MAX_BASES, MAX_EDGE_DIM = 16, 4096, 4096
 
 
 def settings(model: str, dataset: str, **overrides) -> dict:
@@ -79,60 +78,27 @@ def settings(model: str, dataset: str, **overrides) -> dict:
     return s
 
 
-def build(model: str, data, s: dict) -> torch.nn.Module:
-    """The model ``model`` with settings ``s`` for the relational dataset ``data``."""
+
+def overrides(model: str, dataset: str, s: dict, root: str | None = None,
+              val: float = 0.0) -> list[str]:
+    """The overrides of ``model``'s config that make it the recipe ``s`` on ``dataset``
+    (every seed's but the seed)."""
+    over = [f'data.name="{dataset}"', f"data.options.val={float(val)}", "data.options.seed=0",
+            f"train.lr={s['lr']}", f"train.epochs={s['epochs']}",
+            f"train.weight_decay={s['weight_decay']}", 'train.decay="first"',
+            'train.select="last"']
+    if root is not None:
+        over.append(f"data.root={quoted(root)}")
     if model == "rgat":
-        return RGAT(data.edge_index, data.edge_type, data.num_nodes, data.num_relations,
-                    s["hidden"] // s["heads"], data.num_classes, heads=s["heads"],
-                    num_bases=s["bases"] or None, attention=s["attention"])
+        return over + [f"model.graph.hidden={s['hidden'] // s['heads']}",
+                       f"model.graph.heads={s['heads']}", f"model.graph.bases={s['bases']}",
+                       f'model.graph.attention="{s["attention"]}"']
     edge = 'edge_dim="auto"' if s["relations"] == "onehot" else \
         f'edge_dim={s["edge_dim"]}, relations="embedding"'
-    over = [f'data.name="{data.name}"', f"model.layers.0.channels={s['hidden']}"]
+    over.append(f"model.layers.0.channels={s['hidden']}")
     for i, heads in enumerate((s["heads"], 1)):
         over.append(f'model.layers.{i}.basis={{kind="graph_attention", heads={heads}, {edge}}}')
-    return build_model(load_config("gat_edges_aifb", over), data)
-
-
-def _first_layer(net: torch.nn.Module) -> list:
-    return net.first_layer_parameters() if hasattr(net, "first_layer_parameters") else \
-        list(net.blocks[0].parameters())
-
-
-def _logits(net: torch.nn.Module, data) -> torch.Tensor:
-    if isinstance(net, RGAT):
-        return net()
-    return net(torch.zeros(data.num_nodes, 0, device=data.y.device))
-
-
-def train_seed(model: str, data, s: dict, seed: int, split: str = "test") -> dict:
-    """Train one seed for ``s['epochs']`` full-batch epochs on the training entities; the
-    accuracy of the last epoch's model on ``split`` (and on the training entities)."""
-    torch.manual_seed(seed)
-    net = build(model, data, s).to(data.y.device)
-    first = {id(p) for p in _first_layer(net)}
-    groups = [dict(params=[p for p in net.parameters() if id(p) in first],
-                   weight_decay=s["weight_decay"]),
-              dict(params=[p for p in net.parameters() if id(p) not in first], weight_decay=0.0)]
-    # fused: one pass over the (large, featureless) first-layer weights per step, same update
-    opt = torch.optim.Adam(groups, lr=s["lr"], fused=data.y.device.type == "cpu")
-    train, y = data.masks["train"], data.y
-    losses = []
-    t0, c0 = time.perf_counter(), time.process_time()
-    for _ in range(s["epochs"]):
-        net.train()
-        opt.zero_grad()
-        loss = F.cross_entropy(_logits(net, data)[train], y[train])
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-    net.eval()
-    with torch.no_grad():
-        pred = _logits(net, data).argmax(1)
-    acc = {k: 100 * float((pred[m] == y[m]).float().mean()) for k, m in
-           (("train", train), (split, data.masks[split]))}
-    return dict(seed=seed, train_acc=acc["train"], **{f"{split}_acc": acc[split]},
-                train_loss=losses, seconds=time.perf_counter() - t0,
-                cpu_seconds=time.process_time() - c0)
+    return over
 
 
 #: the defaults of ``--quick`` (a value given on the command line is kept)
@@ -145,14 +111,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_recipe_arguments(parser, "folder with <name>_stripped.nt.gz and the TSV splits (default: "
                                  "rgcn/<name>/ in the data home, see `structconv datasets`)",
                          "2 seeds, 5 epochs (smoke test)")
-    parser.add_argument("--heads", type=COUNT, default=None, help="attention heads (first layer)")
+    parser.add_argument("--heads", type=Bounded(int, 1, MAX_HEADS), default=None,
+                        help="attention heads (first layer)")
     parser.add_argument("--attention", choices=ATTENTIONS, default=None,
                         help="rgat: softmax within each relation (WIRGAT) or across (ARGAT)")
-    parser.add_argument("--bases", type=NATURAL, default=None,
+    parser.add_argument("--bases", type=Bounded(int, 0, MAX_BASES), default=None,
                         help="rgat: controlled-separability bases over the relations (0: full)")
     parser.add_argument("--relations", choices=("onehot", "embedding"), default=None,
                         help="gat-edges: relation types as one-hot features or learned vectors")
-    parser.add_argument("--edge-dim", type=COUNT, default=None,
+    parser.add_argument("--edge-dim", type=Bounded(int, 1, MAX_EDGE_DIM), default=None,
                         help="gat-edges: width of the learned relation vectors (embedding)")
     parser.add_argument("--val", type=Bounded(float, 0, 1, open_hi=True), default=0.0,
                         help="hold out this fraction of the training entities and report "
@@ -167,46 +134,50 @@ def _tag(args, s: dict) -> str:
     return tag + (f"-val{args.val:g}" if args.val else "") + ("-quick" if args.quick else "")
 
 
-def _resume(path: Path, key: dict) -> list:
-    """The runs already in ``path`` when it was written with the same settings ``key``."""
-    if not path.is_file():
-        return []
-    old = json.loads(path.read_text())
-    return old["runs"] if {k: old.get(k) for k in key} == key else []
+def _seed_row(folder: Path, run: Run, r: dict, split: str, cpu: float) -> dict:
+    """A seed's accuracies of the last epoch's model on ``split`` and the training entities."""
+    cfg, data, model = load_run(folder / run.name, "best")
+    train = task_for(cfg, data).evaluate(model, "train")["acc"]
+    acc = {f"{split}_acc": 100 * r[f"{split}_acc"]}
+    return dict(seed=cfg["seed"], train_acc=100 * train, **acc,
+                train_loss=[h["train_loss"] for h in history(folder, run)],
+                seconds=r["train_time_s"], cpu_seconds=cpu)
 
 
 def run(args) -> int:
-    """Train the seeds not yet in the output file, print the table, write the JSON."""
+    """Train the seeds not yet trained (or read them), print the table, write the JSON."""
     set_threads(args)
     s = settings(args.model, args.dataset, heads=args.heads, attention=args.attention,
                  bases=args.bases, relations=args.relations, edge_dim=args.edge_dim,
                  epochs=args.epochs or None)
-    data = load_dataset(args.dataset, root=args.data, val=args.val, seed=0)
-    dev = device(args)
-    data = dataclasses.replace(data, y=data.y.to(dev), edge_index=data.edge_index.to(dev),
-                               edge_type=data.edge_type.to(dev),
-                               masks={k: m.to(dev) for k, m in data.masks.items()})
     split = "val" if args.val else "test"
-    path = Path(args.out) / f"relational-attention-{args.dataset}-{args.model}{_tag(args, s)}.json"
+    name = f"relational-attention-{args.dataset}-{args.model}{_tag(args, s)}"
+    over = overrides(args.model, args.dataset, s, args.data, args.val)
+    folder = Path(args.out) / f"{name}-{settings_tag(CONFIGS[args.model], over)}"
+    runs = [Run(f"seed-{i}", CONFIGS[args.model], (*over, f"seed={i}"))
+            for i in range(args.seed, args.seed + args.seeds)]
+    data = load_dataset(args.dataset, root=args.data, val=args.val, seed=0)
     key = dict(recipe="relational-attention", dataset=args.dataset, model=args.model,
-               settings=s, split=split, val=args.val)
-    runs = _resume(path, key)
-    done = {r["seed"] for r in runs}
-    seeds = range(args.seed, args.seed + args.seeds)
-    for seed in seeds:
-        if seed in done:
-            continue
-        r = train_seed(args.model, data, s, seed, split)
-        runs.append(r)
-        print(f"  {args.model} {args.dataset} seed {seed:>3}: {split} {r[f'{split}_acc']:.2f}  "
-              f"train {r['train_acc']:.1f}  {r['seconds']:.1f}s", flush=True)
-        _write(path, key, runs, s, data)
-    runs = [r for r in runs if r["seed"] in seeds]
-    _write(path, key, runs, s, data)
+               settings=s, split=split, val=args.val, config=CONFIGS[args.model],
+               overrides=over)
+    rows, clock = [], [time.process_time()]
+
+    def report(run: Run, r: dict) -> None:
+        # CPU seconds this process spent on the seed (about 0 for one read back)
+        cpu = time.process_time() - clock[0]
+        rows.append(_seed_row(folder, run, r, split, cpu))
+        x = rows[-1]
+        print(f"  {args.model} {args.dataset} seed {x['seed']:>3}: {split} "
+              f"{x[f'{split}_acc']:.2f}  train {x['train_acc']:.1f}  {x['seconds']:.1f}s",
+              flush=True)
+        _write(Path(args.out) / f"{name}.json", key, rows, data)
+        clock[0] = time.process_time()
+
+    sweep(folder, runs, "relational-attention", getattr(args, "device", None) or "cpu", report)
     return 0
 
 
-def _write(path: Path, key: dict, runs: list, s: dict, data) -> None:
+def _write(path: Path, key: dict, runs: list, data) -> None:
     accs = [r[f"{key['split']}_acc"] for r in runs]
     mean = statistics.fmean(accs) if accs else float("nan")
     std = statistics.stdev(accs) if len(accs) > 1 else 0.0

@@ -10,6 +10,7 @@ same run twice.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from ..config import config_from
 from ..training import train
 from ._common import finished, run_once
 
-__all__ = ["Run", "config_run", "sweep", "check_same_config"]
+__all__ = ["Run", "config_run", "sweep", "check_same_config", "settings_tag", "history", "quoted"]
 
 
 @dataclass(frozen=True)
@@ -85,3 +86,21 @@ def sweep(folder: str | Path, runs: Iterable[Run], recipe: str, device: str = "c
             report(run, result)
         results.append(result)
     return results
+
+
+def settings_tag(*parts) -> str:
+    """A short hash of a sweep's settings (configs, overrides other than the seed): its runs'
+    folder carries it, so a rerun with other settings never reads these runs back."""
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def history(folder: str | Path, run: Run) -> list[dict]:
+    """The metrics rows (one per epoch) of a finished run of a sweep."""
+    path = Path(folder) / run.name / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def quoted(text) -> str:
+    """``text`` as a TOML string, for an override's value (``data.root=...``)."""
+    return '"' + str(text).replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -4,7 +4,8 @@
 ``[model.lm]``: ``sc.nn.TransformerLM``; ``[model.seq2seq]``: ``sc.nn.Seq2Seq`` or
 ``sc.nn.PervasiveAttention``; ``[model.gin]``: ``sc.models.GIN``; ``[model.forecast]``:
 ``models.forecast.Forecaster``; ``[model.routing]``: ``models.routing.AttentionModel``;
-``[model.hetero]``: a ``models.hetero.TypedClassifier``; else a ``StructNet`` of declared layers).
+``[model.hetero]``: a ``models.hetero.TypedClassifier``; ``[model.graph]``: a paper's two-layer
+node classifier; else a ``StructNet`` of declared layers).
 ``memory_estimate`` reads the built model's parameter count and per-sample activation count,
 or computes both from the config alone for the link predictor and the sequence models (whose
 sizes a config can make absurd: they are refused before anything is built), so that a run
@@ -24,8 +25,10 @@ from ..config import (
     forecast_spec,
     gin_spec,
     graph_layer_hops,
+    graph_spec,
     is_forecast,
     is_gin,
+    is_graph,
     is_hetero,
     is_link,
     is_routing,
@@ -40,10 +43,10 @@ from .declared import StructNet
 from .seq2seq import build_seq2seq
 from .sizes import lm_parameters, seq2seq_parameters
 
-__all__ = ["build_model", "build_gin", "graph_feature_dims", "build_lm", "build_link",
-           "build_seq2seq_model", "data_info", "link_sorts", "optimizer_copies",
-           "estimated_from_config", "memory_estimate", "check_memory", "sampled_share",
-           "build_forecast", "build_routing"]
+__all__ = ["build_model", "build_gin", "build_graph", "graph_sorts", "graph_feature_dims",
+           "build_lm", "build_link", "build_seq2seq_model", "data_info", "link_sorts",
+           "optimizer_copies", "estimated_from_config", "memory_estimate", "check_memory",
+           "sampled_share", "build_forecast", "build_routing"]
 
 
 def _need(cond: bool, msg: str):
@@ -185,6 +188,56 @@ def build_routing(cfg: dict, data) -> nn.Module:
                           float(s["clip"]))
 
 
+def graph_sorts(spec: dict, data) -> tuple[list | None, list]:
+    """(the sorts of a ``[model.graph]`` R-GCN: None for one per relation, the mined paths
+    found): with ``sorts = "mined"`` the single relations plus the ``top`` best supported
+    relation paths of length 2 of the whole graph (R-GCN's transductive setting)."""
+    if spec["sorts"] == "single":
+        return None, []
+    from ..basis.mining import mine_sorts
+
+    mined = mine_sorts(data.edge_index, data.edge_type, data.num_nodes,
+                       num_relations=data.num_relations, relations=data.relations,
+                       top=spec["top"], confidence=False, backtrack=spec["backtrack"])
+    return [(r,) for r in range(data.num_relations)] + [m.sort for m in mined], mined
+
+
+def build_graph(cfg: dict, data) -> nn.Module:
+    """The two-layer node classifier of a ``[model.graph]`` table for a node dataset (its one
+    graph), built as its paper has it; ``forward(x)`` maps the node features to logits."""
+    from .graph import GAT, GCN, RGCN, SGC, ChebNet
+    from .mixed import HeadsNet
+    from .relational_attention import RGAT
+
+    _need(data.task == "node", f"model.graph classifies the nodes of one graph: it needs a "
+                               f"node dataset, got a {data.task} task ({cfg['data']['name']})")
+    s = graph_spec(cfg)
+    kind, ei, N, C = s["kind"], data.edge_index, data.num_nodes, data.num_classes
+    if kind in ("rgcn", "rgat"):
+        _need(data.edge_type is not None, f"model.graph.kind = {kind!r} needs typed edges: "
+                                          f"dataset {cfg['data']['name']!r} has none")
+        bases = s["bases"] or None
+        if kind == "rgat":
+            return RGAT(ei, data.edge_type, N, data.num_relations, s["hidden"], C,
+                        heads=s["heads"], num_bases=bases, attention=s["attention"])
+        return RGCN(ei, data.edge_type, N, data.num_relations, s["hidden"], C, num_bases=bases,
+                    sorts=graph_sorts(s, data)[0])
+    _need(data.x is not None, f"model.graph.kind = {kind!r} reads node features: dataset "
+                              f"{cfg['data']['name']!r} has none")
+    F_in = data.num_features
+    if kind == "heads":
+        return HeadsNet(ei, N, F_in, C, s["heads"], s["hops"], s["hidden"], s["dropout"],
+                        sparse=s["sparse"])
+    if kind == "sgc":
+        return SGC(ei, N, F_in, C, K=s["K"])
+    if kind == "gat":
+        return GAT(ei, N, F_in, s["hidden"], C, heads=s["heads"], out_heads=s["out_heads"],
+                   dropout=s["dropout"])
+    if kind == "cheb":
+        return ChebNet(ei, N, F_in, s["hidden"], C, K=s["K"], dropout=s["dropout"])
+    return GCN(ei, N, F_in, s["hidden"], C, dropout=s["dropout"])
+
+
 def build_model(cfg: dict, data) -> nn.Module:
     """The model described by ``cfg['model']`` for ``data`` (a registry dataset)."""
     try:
@@ -194,7 +247,7 @@ def build_model(cfg: dict, data) -> nn.Module:
         model = build_forecast(cfg, data) if is_forecast(cfg) else build_routing(cfg, data) \
             if is_routing(cfg) else \
             build_link(cfg, data) if is_link(cfg) else build_gin(cfg, data) if is_gin(cfg) \
-            else \
+            else build_graph(cfg, data) if is_graph(cfg) else \
             build_seq2seq_model(cfg, data) if is_seq2seq(cfg) else build_lm(cfg, data) \
             if cfg["model"]["lm"] else StructNet(cfg, data_info(data, cfg))
         return model.to(getattr(torch, cfg["model"]["dtype"]))
@@ -323,6 +376,18 @@ def _task_activations(cfg: dict, data) -> int:
     return encoder + n * (6 * w + n * (s["heads"] + 4))
 
 
+def _graph_activations(cfg: dict, data) -> int:
+    """Activation scalars a ``[model.graph]`` model keeps, about: per node the input's dropout
+    copy, each layer's output and activation (every head's), and per edge and head an
+    attention weight with its softmax."""
+    s = graph_spec(cfg)
+    heads = max(s["heads"], 1) if s["kind"] in ("gat", "rgat", "heads") else 1
+    width = s["hidden"] * heads if s["kind"] != "sgc" else data.num_classes
+    per_node = (data.num_features or 0) + 3 * width + 2 * data.num_classes
+    per_edge = 2 * heads if s["kind"] in ("gat", "rgat", "heads") else 0
+    return int(data.num_nodes * per_node + data.edge_index.shape[1] * per_edge)
+
+
 def memory_estimate(cfg: dict, data, model: nn.Module | None = None) -> dict | None:
     """Bytes one training step of ``cfg``'s model on ``data`` needs, about: ``params``
     (weights, gradients and optimizer state) and ``activations`` (one batch, kept for the
@@ -341,7 +406,8 @@ def memory_estimate(cfg: dict, data, model: nn.Module | None = None) -> dict | N
     per_sample = _task_activations(cfg, data) if is_forecast(cfg) or is_routing(cfg) else \
         _gin_activations(cfg, data) if is_gin(cfg) else \
         _seq2seq_activations(cfg, data) if is_seq2seq(cfg) else \
-        _lm_activations(cfg, data) if cfg["model"]["lm"] else model.activation_elements
+        _lm_activations(cfg, data) if cfg["model"]["lm"] else \
+        _graph_activations(cfg, data) if is_graph(cfg) else model.activation_elements
     batch = 1 if data.task in ("node", "hetero") else d["batch_size"]
     if data.task == "node" and sampler_spec(cfg):
         per_sample = int(per_sample * sampled_share(cfg, data.num_nodes))

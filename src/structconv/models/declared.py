@@ -464,6 +464,10 @@ class StructNet(nn.Module):
         self.blocks = nn.ModuleList(blocks)
         self._set_readout(m, channels, ctx.grid)
 
+    def first_layer_parameters(self) -> list:
+        """The first declared layer's parameters (``train.decay = "first"``)."""
+        return list(self.blocks[0].parameters())
+
     def _layer(self, layer: dict, ctx: B.Structure, channels: int, info: dict, where: str,
                featureless: bool):
         """(conv, pool, output channels, the structure after the layer) of one layer table."""

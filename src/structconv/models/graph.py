@@ -193,7 +193,8 @@ class RelationalLayer(nn.Module):
 class RGCN(nn.Module):
     """Schlichtkrull et al.'s 2-layer R-GCN for entity classification: (N, C) logits.
 
-    ``forward(x=None)`` treats nodes as one-hot features (featureless, as in the paper).
+    ``forward(x=None)`` treats nodes as one-hot features (featureless, as in the paper), as
+    it does an (N, 0) ``x`` (a featureless dataset's input).
     ``num_bases`` (the paper's basis decomposition) is ``ControlledSeparable`` with H bases.
     ``sorts``: one basis matrix per random-walk sort (default: one per relation).
     """
@@ -212,6 +213,8 @@ class RGCN(nn.Module):
         self.conv2 = RelationalLayer(rel, eye, hidden, out_channels, param(hidden, out_channels))
 
     def forward(self, x: Tensor | None = None) -> Tensor:
+        if x is not None and x.shape[-1] == 0:  # a featureless graph's (N, 0) input
+            x = None
         return self.conv2(F.relu(self.conv1(x)))
 
     def first_layer_parameters(self):

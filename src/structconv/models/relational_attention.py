@@ -255,7 +255,9 @@ class RGAT(nn.Module):
         self.conv1 = RGATConv(num_nodes, hidden, R, heads=heads, **kw)
         self.conv2 = RGATConv(heads * hidden, out_channels, R, **kw)
 
-    def forward(self) -> Tensor:
+    def forward(self, x: Tensor | None = None) -> Tensor:
+        """Logits (N, classes); ``x`` is ignored (the nodes are featureless: a featureless
+        dataset's (N, 0) input may be given)."""
         h = F.relu(self.conv1(None, self.edge_index, self.edge_type))
         return self.conv2(h, self.edge_index, self.edge_type)
 

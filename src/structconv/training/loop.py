@@ -7,8 +7,9 @@ each step ``_boundary`` shows progress, writes a mid-epoch checkpoint when
 ``TrainingInterrupted``. A mid-epoch checkpoint records where the epoch stood
 (``state["partial"]``: epoch, steps done, running sums, seconds) and what the task needs to go
 on (its ``position``); resuming replays the epoch's plan from that step, so the run ends as an
-uninterrupted one. After each epoch the task validates; the best score (``train.monitor``),
-patience and the best weights are kept here, for every task.
+uninterrupted one. After each epoch the task validates; the best score (``train.monitor``, or
+the rule ``train.select`` names: ``judge``), patience and the best weights are kept here, for
+every task.
 """
 
 from __future__ import annotations
@@ -38,13 +39,34 @@ from .interrupt import StopRequest, TrainingInterrupted
 from .optim import lr_factor
 from .runlog import Progress, plot_curves, tensorboard, write_metrics
 
-__all__ = ["Loop", "check_trainer_state"]
+__all__ = ["Loop", "check_trainer_state", "judge"]
 
 #: what ``train.*`` keys the loop reads beyond the config's own, with their defaults
 LOOP_DEFAULTS = {"max_steps": 0, "accumulate": 1, "schedule": "constant", "warmup_steps": 0,
                  "amp": False, "monitor": "val_acc", "patience": 0, "grad_clip": 0.0,
                  "checkpoint_every": 0, "checkpoint_seconds": 10.0, "min_lr_ratio": 0.0,
-                 "lr_decay": 1.0}
+                 "lr_decay": 1.0, "select": "monitor"}
+
+
+def judge(select: str, monitor: str, row: dict, best, lower: bool | None = None):
+    """(keep this epoch's weights, count it as progress for patience, the new best) of an
+    epoch's ``row`` against ``best`` (None before the first) under ``train.select``:
+    ``monitor`` keeps a better ``monitor``; ``acc_then_loss`` a higher validation accuracy,
+    ties to the lower loss (best: [acc, loss]); ``gat`` keeps where accuracy and loss both
+    match or beat their best so far and counts progress where either does (best: [best acc,
+    best loss]). ``lower``: whether the monitor is minimised (default: a ``*loss`` monitor)."""
+    if select == "monitor":
+        score = row[monitor]
+        lower = monitor.endswith("loss") if lower is None else lower
+        ok = best is None or (score < best if lower else score > best)
+        return ok, ok, score if ok else best
+    acc, loss = row["val_acc"], row["val_loss"]
+    if select == "acc_then_loss":
+        ok = best is None or (acc, -loss) > (best[0], -best[1])
+        return ok, ok, [acc, loss] if ok else best
+    a, lo = (-math.inf, math.inf) if best is None else best
+    keep, better = acc >= a and loss <= lo, acc >= a or loss <= lo
+    return keep, better, [max(acc, a), min(loss, lo)]
 
 
 def _number(v) -> bool:
@@ -72,8 +94,10 @@ def check_trainer_state(state, epoch: int, run) -> None:
                                  "steps", "partial"})
     if extra:
         bad(extra[0], "not a field the trainer writes")
-    if state["best"] is not None and not _number(state["best"]):
-        bad("best", f"must be null or a finite number, got {state['best']!r}")
+    b = state["best"]
+    if b is not None and not _number(b) and not (
+            isinstance(b, list) and len(b) == 2 and all(map(_number, b))):
+        bad("best", f"must be null or a finite number (or two: accuracy, loss), got {b!r}")
     if not _count(state["best_epoch"], epoch):
         bad("best_epoch", f"must be an int in [0, {epoch}], got {state['best_epoch']!r}")
     if not _count(state["bad_epochs"], epoch):
@@ -296,16 +320,14 @@ class Loop:
         val = self.task.validate(self.model, epoch, last)
         row = self.task.row(epoch, totals, dt, val, self.opt.param_groups[0]["lr"])
         state["history"].append(row)
-        if val is not None and t["monitor"] in row:
-            score = row[t["monitor"]]
-            lower = self.task.minimized(t["monitor"])
-            if state["best"] is None or (score < state["best"] if lower else
-                                         score > state["best"]):
-                state["best"], state["best_epoch"], state["bad_epochs"] = score, epoch, 0
+        if val is not None and t["select"] != "last" and t["monitor"] in row:
+            keep, better, state["best"] = judge(t["select"], t["monitor"], row, state["best"],
+                                                self.task.minimized(t["monitor"]))
+            if keep:
+                state["best_epoch"] = epoch
                 self.best_state = {k: v.detach().clone()
                                    for k, v in self.model.state_dict().items()}
-            else:
-                state["bad_epochs"] += 1
+            state["bad_epochs"] = 0 if better else state["bad_epochs"] + 1
             if t["patience"] and state["bad_epochs"] >= t["patience"]:
                 state["stopped"] = True
         last = last or state["stopped"]

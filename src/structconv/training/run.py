@@ -46,17 +46,36 @@ from .optim import param_groups
 from .runlog import progress_mode
 from .tasks import check_train_split, load_data, task_for
 
-__all__ = ["train", "load_run", "make_optimizer", "check_world_size"]
+__all__ = ["train", "load_run", "make_optimizer", "first_layer_groups", "check_world_size"]
 
 
 def make_optimizer(cfg: dict, model: nn.Module) -> torch.optim.Optimizer:
     """The optimizer of ``cfg['train']`` over the model's trainable parameters (biases, norms
-    and embeddings without weight decay where ``train.no_decay`` names them)."""
+    and embeddings without weight decay where ``train.no_decay`` names them; only the first
+    layer's with it where ``train.decay = "first"``)."""
     t = cfg["train"]
     no_decay = t.get("no_decay") or ()
-    params = param_groups(model, t["weight_decay"], no_decay) if no_decay else model.parameters()
+    if t.get("decay", "all") == "first":
+        params = first_layer_groups(model, t["weight_decay"])
+    else:
+        params = param_groups(model, t["weight_decay"], no_decay) if no_decay else \
+            model.parameters()
     return named_optimizer(t["optimizer"], params, t["lr"], t["weight_decay"], t["momentum"],
                            t.get("betas", (0.9, 0.999)))
+
+
+def first_layer_groups(model: nn.Module, weight_decay: float) -> list:
+    """Two parameter groups: the first layer's parameters with ``weight_decay``, the rest
+    without (``train.decay = "first"``: the L2 of Kipf & Welling and of R-GCN)."""
+    first = getattr(model, "first_layer_parameters", None)
+    if first is None:
+        raise ConfigError(f"train.decay = \"first\": a {type(model).__name__} does not name "
+                          "its first layer; use train.decay = \"all\"")
+    ids = {id(p) for p in first()}
+    return [{"params": [p for p in model.parameters() if id(p) in ids],
+             "weight_decay": weight_decay},
+            {"params": [p for p in model.parameters() if id(p) not in ids],
+             "weight_decay": 0.0}]
 
 
 def check_world_size(cfg: dict, size: int) -> None:

@@ -185,12 +185,13 @@ class ItemTask(Task):
 
     def row(self, epoch: int, totals: list, dt: float, val: dict | None, lr: float) -> dict:
         loss, ok, n = totals
-        return {"epoch": epoch, "train_loss": loss / n, "train_acc": ok / n, **val,
+        return {"epoch": epoch, "train_loss": loss / n, "train_acc": ok / n, **(val or {}),
                 "time_s": round(dt, 4), "items_per_s": round(n / max(dt, 1e-9), 1), "lr": lr}
 
     def line(self, row: dict) -> str:
-        return (f"epoch {row['epoch']:3d}  train_loss {row['train_loss']:.4f}  "
-                f"val_loss {row['val_loss']:.4f}  val_acc {row['val_acc']:.4f}  "
+        val = f"val_loss {row['val_loss']:.4f}  val_acc {row['val_acc']:.4f}  " \
+            if "val_loss" in row else ""
+        return (f"epoch {row['epoch']:3d}  train_loss {row['train_loss']:.4f}  {val}"
                 f"{row['items_per_s']:.0f} items/s")
 
     def result(self, model, main: bool) -> dict:

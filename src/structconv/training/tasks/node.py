@@ -36,6 +36,22 @@ class NodeTask(ItemTask):
     def eval_batches(self, split: str):
         yield None, torch.nonzero(self.data.masks[split]).flatten()
 
+    def _unvalidated(self) -> bool:
+        """Whether this run keeps its last weights (``train.select = "last"``) and has no
+        validation nodes: nothing is validated then (R-GCN's split has none)."""
+        val = self.data.masks.get("val")
+        return self.cfg["train"].get("select") == "last" and (val is None or not bool(val.any()))
+
+    def validate(self, model, epoch: int, last: bool) -> dict | None:
+        return None if self._unvalidated() else super().validate(model, epoch, last)
+
+    def result(self, model, main: bool) -> dict:
+        if not self._unvalidated():
+            return super().result(model, main)
+        test = self.evaluate(model, "test", self.dev)
+        return {"val_loss": None, "val_acc": None, "test_loss": test["loss"],
+                "test_acc": test["acc"]}
+
     def losses(self, model, inputs, targets, device, dtype, smoothing: float = 0.0):
         idx = targets.to(device)
         logits = model(node_input(self.data, device, dtype))[idx]
