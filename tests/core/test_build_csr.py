@@ -1,5 +1,6 @@
-"""``build_csr``: entries in any order, with duplicates, give the coalesced CSR of their sum; entries
-already in row-major order without duplicates take the path without a sort and give the same."""
+"""``build_csr``: entries in any order, with duplicates, give the coalesced CSR of their sum;
+entries already in row-major order without duplicates take the path without a sort and give the
+same."""
 
 from __future__ import annotations
 
