@@ -364,10 +364,8 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
     return _check_model(cfg, source)
 
 
-def _check_model(cfg: dict, source: str) -> dict:
-    """The model section (declared layers, ``[model.lm]`` or ``[model.link]``) and what
-    depends on its kind: the monitor, ``[train.link]``, the sampler."""
-    m, t = cfg["model"], cfg["train"]
+def _check_tables(m: dict, t: dict, source: str) -> None:
+    """The model section's scalar keys, and each model table a table (or absent)."""
     _need(isinstance(m["embedding"], int) and not isinstance(m["embedding"], bool)
           and m["embedding"] >= 0, f"{source}: model.embedding must be an int >= 0, "
           f"got {m['embedding']!r}")
@@ -376,16 +374,23 @@ def _check_model(cfg: dict, source: str) -> dict:
     _need(m["dtype"] in ("float32", "float64"),
           f"{source}: model.dtype must be float32 or float64, got {m['dtype']!r}")
     _need(isinstance(m["lm"], dict), f"{source}: model.lm must be a table ([model.lm])")
-    # model.link: None (no link predictor) or a table, empty for all defaults
-    _need(m.get("link") is None or isinstance(m["link"], dict),
-          f"{source}: model.link must be a table ([model.link]), got {m['link']!r}")
+    # model.link and the other kinds' tables: None (not that kind) or a table, empty for all
+    # defaults
+    for k in ("link", "seq2seq", "gin", "hetero", "graph"):
+        _need(m.get(k) is None or isinstance(m[k], dict),
+              f"{source}: model.{k} must be a table ([model.{k}]), got {m[k]!r}")
     _need(isinstance(t.get("link", {}), dict),
           f"{source}: train.link must be a table ([train.link]), got {t['link']!r}")
-    _need(m.get("seq2seq") is None or isinstance(m["seq2seq"], dict),
-          f"{source}: model.seq2seq must be a table ([model.seq2seq]), got {m['seq2seq']!r}")
     _need(m.get("graph") is None or all(m.get(k) is None for k in ("link", "seq2seq", "gin")),
           f"{source}: a [model.graph] model is the whole model: remove [model.link], "
           "[model.seq2seq] and [model.gin]")
+
+
+def _check_model(cfg: dict, source: str) -> dict:
+    """The model section (declared layers, ``[model.lm]`` or ``[model.link]``) and what
+    depends on its kind: the monitor, ``[train.link]``, the sampler."""
+    m, t = cfg["model"], cfg["train"]
+    _check_tables(m, t, source)
     if is_link(cfg):
         _need(not t.get("label_smoothing"), f"{source}: train.label_smoothing is for "
                                             "classification; a link predictor's is "
@@ -394,10 +399,6 @@ def _check_model(cfg: dict, source: str) -> dict:
         return _check_rest(cfg, source)
     _need(not t.get("link"), f"{source}: [train.link] trains a link predictor: it needs a "
                              "[model.link] table")
-    _need(m.get("gin") is None or isinstance(m["gin"], dict),
-          f"{source}: model.gin must be a table ([model.gin]), got {m['gin']!r}")
-    _need(m.get("hetero") is None or isinstance(m["hetero"], dict),
-          f"{source}: model.hetero must be a table ([model.hetero]), got {m['hetero']!r}")
     if is_forecast(cfg) or is_routing(cfg) or t.get("routing"):
         _check_task_model(cfg, source)
         return _check_rest(cfg, source)
@@ -412,8 +413,6 @@ def _check_model(cfg: dict, source: str) -> dict:
     if is_gin(cfg):
         _check_gin(m, f"{source}: model.gin")
         return _check_rest(cfg, source)
-    _need(m.get("graph") is None or isinstance(m["graph"], dict),
-          f"{source}: model.graph must be a table ([model.graph]), got {m['graph']!r}")
     if is_graph(cfg):
         _check_graph_model(m, f"{source}: model.graph")
         _need(not t.get("sampler"), f"{source}: a [model.graph] model trains full batch: "

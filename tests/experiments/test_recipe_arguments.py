@@ -34,7 +34,7 @@ OTHER = {
     ("kg-link", "--threads"): ["-1", "4097"],
 }
 #: recipes whose every integer option (a size or a count) has an upper bound
-SIZED = ("canon", "kg-link", "sampled-cora", "routes-models", "tu-gin")
+SIZED = tuple(RECIPES)
 
 
 def _parser(name):

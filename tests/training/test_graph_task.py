@@ -189,3 +189,20 @@ def test_accumulated_half_batches_are_the_whole_batch(tmp_path):
     halves = sc.train(_cfg(*base, "data.batch_size=16", "train.accumulate=2"), tmp_path / "b")
     assert halves["val_loss"] == pytest.approx(whole["val_loss"], rel=1e-5)
     assert halves["test_loss"] == pytest.approx(whole["test_loss"], rel=1e-5)
+
+
+def test_the_readout_option_trains_that_readout_under_its_own_name(tmp_path, capsys):
+    import json
+
+    argv = ["reproduce", "tu-gin", "--quick", "--folds", "1", "--epochs", "1",
+            "--out", str(tmp_path)]
+    assert main([*argv, "--readout", "attention"]) == 0
+    out = json.loads((tmp_path / "tu-gin-mutag-attention.json").read_text())
+    assert out["readout"] == "attention" and "model.gin.readout=attention" in out["overrides"]
+    fold = tmp_path / "tu-gin-mutag-attention" / "fold-0"
+    saved = json.loads((fold / "config.json").read_text())
+    assert saved["model"]["gin"]["readout"] == "attention"
+    assert not (tmp_path / "tu-gin-mutag").exists()  # the sum sweep is a different one
+    capsys.readouterr()
+    assert main([*argv, "--readout", "median"]) == 2
+    assert "invalid choice: 'median'" in capsys.readouterr().err

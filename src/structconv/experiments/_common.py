@@ -116,6 +116,13 @@ FRACTION = Bounded(float, 0, 1, open_lo=True, open_hi=True)
 UNIT = Bounded(float, 0, 1)
 DROPOUT = Bounded(float, 0, 1, open_hi=True)
 THREADS = Bounded(int, 0, 4096, note="0: torch's default")
+#: upper bounds a recipe's sizes and counts keep (a value past them is a typo, refused by name
+#: before any work, not an allocation that fails minutes later)
+SEEDS = Bounded(int, 1, 1000)
+EPOCHS = Bounded(int, 1, 100_000)
+BATCH = Bounded(int, 1, 1_000_000)
+SAMPLES = Bounded(int, 1, 100_000_000)
+WIDTH = Bounded(int, 1, 65_536)
 
 
 def heads_divide(a) -> None:
@@ -243,11 +250,12 @@ def device(args) -> torch.device:
 
 def add_recipe_arguments(parser, data_help: str, quick_help: str) -> None:
     """The options the published-number recipes (planetoid, rgcn) share."""
-    parser.add_argument("--seeds", type=COUNT, default=10, help="number of seeds (runs)")
+    parser.add_argument("--seeds", type=SEEDS, default=10, help="number of seeds (runs)")
     parser.add_argument("--seed", type=SEED, default=0, help="first seed")
     parser.add_argument("--data", default=None, help=data_help)
     parser.add_argument("--out", default="bench-results", help="output folder")
-    parser.add_argument("--epochs", type=COUNT, default=None, help="override the recipe's epochs")
+    parser.add_argument("--epochs", type=EPOCHS, default=None,
+                        help="override the recipe's epochs")
     parser.add_argument("--quick", action="store_true", help=quick_help)
     parser.add_argument("--threads", type=THREADS, default=1,
                         help="torch intra-op threads (default 1: full-batch ops on these small "

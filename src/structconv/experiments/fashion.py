@@ -23,8 +23,10 @@ from torch import nn
 from ..data.images import load_idx_images
 from ..data.registry import DatasetError, data_root
 from ._common import (
-    COUNT,
+    BATCH,
+    EPOCHS,
     POSITIVE,
+    SAMPLES,
     THREADS,
     Listed,
     hardware,
@@ -136,10 +138,10 @@ QUICK = dict(train_size=512, test_size=512, epochs=1)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None, help="Fashion-MNIST folder (IDX gz files)")
-    parser.add_argument("--train-size", type=COUNT, default=20000, help="training images used")
-    parser.add_argument("--test-size", type=COUNT, default=10000, help="test images used")
-    parser.add_argument("--epochs", type=COUNT, default=3)
-    parser.add_argument("--batch", type=COUNT, default=128)
+    parser.add_argument("--train-size", type=SAMPLES, default=20000, help="training images used")
+    parser.add_argument("--test-size", type=SAMPLES, default=10000, help="test images used")
+    parser.add_argument("--epochs", type=EPOCHS, default=3)
+    parser.add_argument("--batch", type=BATCH, default=128)
     parser.add_argument("--lr", type=POSITIVE, default=1e-3)
     parser.add_argument("--variants", default=",".join(VARIANTS), type=Listed.of(VARIANTS),
                         help=f"comma list of {VARIANTS}")

@@ -34,10 +34,10 @@ from ..data.planetoid import PLANETOID_NAMES, shared_dir
 from ..data.registry import data_root
 from ..models.mixed import HeadsLayer, HeadsNet
 from ._common import (
-    COUNT,
     DROPOUT,
     NONNEGATIVE,
     POSITIVE,
+    SEEDS,
     THREADS,
     Bounded,
     Listed,
@@ -89,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma list of Planetoid datasets")
     parser.add_argument("--variants", default=",".join(VARIANTS), type=Listed.of(VARIANTS),
                         help=f"comma list of {list(VARIANTS)}")
-    parser.add_argument("--seeds", type=COUNT, default=3)
+    parser.add_argument("--seeds", type=SEEDS, default=3)
     parser.add_argument("--data", default=None, help="Planetoid folder (ind.* files)")
     parser.add_argument("--epochs", type=Bounded(int, 1, 100_000), default=250,
                         help="maximum epochs")

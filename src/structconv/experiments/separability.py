@@ -26,9 +26,13 @@ import torch.nn.functional as F
 from ..data.registry import DatasetError, data_root
 from ..models.separable import DigitsCNN, RelationalNet, make_form
 from ._common import (
-    COUNT,
+    BATCH,
+    EPOCHS,
     POSITIVE,
+    SAMPLES,
+    SEEDS,
     THREADS,
+    WIDTH,
     Listed,
     hardware,
     mean_std,
@@ -136,12 +140,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "see `structconv datasets`)")
     parser.add_argument("--forms", default=None, type=Listed(lambda f: make_form(f, 2, 2, 2)),
                         help="comma list of full, depthwise, H<n> (default per model)")
-    parser.add_argument("--seeds", type=COUNT, default=3)
-    parser.add_argument("--epochs", type=COUNT, default=None)
+    parser.add_argument("--seeds", type=SEEDS, default=3)
+    parser.add_argument("--epochs", type=EPOCHS, default=None)
     parser.add_argument("--lr", type=POSITIVE, default=None)
-    parser.add_argument("--batch", type=COUNT, default=64)
-    parser.add_argument("--hidden", type=COUNT, default=16)
-    parser.add_argument("--train-size", type=COUNT, default=10000,
+    parser.add_argument("--batch", type=BATCH, default=64)
+    parser.add_argument("--hidden", type=WIDTH, default=16)
+    parser.add_argument("--train-size", type=SAMPLES, default=10000,
                         help="fashion-mnist: training images used")
     parser.add_argument("--threads", type=THREADS, default=0, help="torch threads (0: default)")
     parser.add_argument("--plot", default=None, help="PNG path")

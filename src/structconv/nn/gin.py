@@ -115,7 +115,8 @@ def sum_neighbours(x_src: Tensor, edge_index: Tensor | Basis, N: int,
     by the layers of a model). ``edge_weight`` (E,) scales each edge's message."""
     M, F = x_src.shape[-2:]
     if isinstance(edge_index, Basis):
-        return edge_index.propagate_sum(x_src.reshape(1, M, 1, F))[0]
+        # squeeze, not [0]: a select's backward zero-fills and copies the whole gradient
+        return edge_index.propagate_sum(x_src.reshape(1, M, 1, F)).squeeze(0)
     if torch.compiler.is_compiling() or M == 0 or N == 0 or x_src.dim() == 3 or \
             edge_weight is not None:
         # the traced form of the sparse product, sizes symbolic (no per-size graph)
@@ -126,7 +127,7 @@ def sum_neighbours(x_src: Tensor, edge_index: Tensor | Basis, N: int,
         return x_src.new_zeros(*x_src.shape[:-2], N, F).index_add(-2, dst, msg)
     basis = adjacency(edge_index, (M, N), dtype=x_src.dtype, cache=cache)
     # Σ_k A_kᵀ z_k with K = 1: one SpMM, no stacking of heads
-    return basis.propagate_sum(x_src.reshape(1, M, 1, F))[0]
+    return basis.propagate_sum(x_src.reshape(1, M, 1, F)).squeeze(0)
 
 
 def gin_conv(x, edge_index: Tensor, nn: nn.Module, eps: Tensor | float = 0.0,
