@@ -108,6 +108,22 @@ MEANINGS = {
     "model.routing.layers": "encoder blocks",
     "model.routing.ffn": "the encoder's feed-forward width (0: 4 x width)",
     "model.routing.clip": "the pointer's tanh clipping C",
+    "model.hetero": "the `[model.hetero]` table: a typed node classifier for a typed graph "
+                    "(dblp, imdb)",
+    "model.hetero.kind": "`sage` (typed SAGE, as `to_hetero`), `rgcn` (`param` across "
+                         "relations), `hgt` or `han` (attention over `metapaths`)",
+    "model.hetero.hidden": "channels of every graph layer",
+    "model.hetero.layers": "graph layers",
+    "model.hetero.heads": "hgt, han: attention heads (divide `hidden`)",
+    "model.hetero.dropout": "han: on the attention coefficients; else: on each layer's output",
+    "model.hetero.activation": "sage, rgcn: after each layer",
+    "model.hetero.param": "rgcn: the `sc.params` form across relations (`full`, `separable`, "
+                          "`grouped`, `lowrank`)",
+    "model.hetero.H": "rgcn, `separable`: shared channel matrices (`to_hetero_with_bases`)",
+    "model.hetero.groups": "rgcn, `grouped`: blocks",
+    "model.hetero.rank": "rgcn, `lowrank`: the rank",
+    "model.hetero.metapaths": "han: named metapath sorts, e.g. `movie.to.actor.to.movie`",
+    "model.hetero.target": "the node type classified (empty: the labelled one)",
     "model.seq2seq": "the `[model.seq2seq]` table: a sequence-to-sequence model "
                      "(`sc.nn.Seq2Seq` or `sc.nn.PervasiveAttention`) for word pairs",
     "model.seq2seq.kind": "`transformer` (an encoder-decoder Transformer) or `pervasive` "
@@ -338,6 +354,7 @@ def _schema() -> dict[str, dict]:
             "train": C.DEFAULTS["train"], "model.lm": C.LM_KEYS, "model.link": C.LINK_KEYS,
             "model.seq2seq": C.SEQ2SEQ_KEYS, "model.gin": C.GIN_KEYS,
             "model.graph": C.GRAPH_KEYS,
+            "model.hetero": C.HETERO_KEYS,
             "train.link": C.LINK_TRAIN_KEYS, "train.sampler": C.SAMPLER_KEYS,
             "model.forecast": C.FORECAST_KEYS, "model.routing": C.ROUTING_KEYS,
             "train.routing": C.ROUTING_TRAIN_KEYS,

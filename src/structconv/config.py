@@ -674,6 +674,7 @@ def _check_gin(m: dict, where: str) -> None:
 
 
 HETERO_KINDS = ("sage", "rgcn", "hgt", "han")
+"""The typed models a ``[model.hetero]`` table may name."""
 HETERO_KEYS = {"kind": "sage", "hidden": 64, "layers": 2, "heads": 1, "dropout": 0.0,
                "activation": "leaky_relu", "param": "full", "H": 4, "groups": 1, "rank": 1,
                "metapaths": [], "target": ""}

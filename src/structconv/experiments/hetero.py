@@ -67,7 +67,8 @@ def check_arguments(args) -> None:
 
 
 def runs(args) -> list[tuple[str, str, int, Run]]:
-    """The sweep's (model, dataset, seed, run): seeds innermost, datasets outermost."""
+    """The sweep's (model, dataset, seed, run): models innermost, then seeds, datasets
+    outermost (a sweep cut short has as many seeds of every model)."""
     over = list(QUICK_MODEL) if args.quick else []
     if args.epochs:
         over.append(f"train.epochs={args.epochs}")
@@ -75,8 +76,8 @@ def runs(args) -> list[tuple[str, str, int, Run]]:
         over.append(f"data.root={str(args.data)!r}")
     out = []
     for ds in _names(args.datasets):
-        for model in _names(args.models):
-            for s in range(args.seed, args.seed + args.seeds):
+        for s in range(args.seed, args.seed + args.seeds):
+            for model in _names(args.models):
                 out.append((model, ds, s, Run(f"{model}-{ds}-seed{s}", f"hetero_{model}_{ds}",
                                               (*over, f"seed={s}"))))
     return out
