@@ -37,6 +37,13 @@ def _mlp(p, q):
 
 #: name -> (maker, exact): exact when a fresh layer and a reset one agree value for value
 MAKERS = {
+    # SAGE's aggregations (an LSTM, learnt temperatures, a projection of several)
+    "Readout-lstm": (lambda: sc.nn.aggregation.Readout("lstm", in_channels=3, out_channels=4),
+                     True),
+    "Readout-softmax-learn": (lambda: sc.nn.aggregation.Readout(
+        "softmax", learn=True, channels=3), True),
+    "MultiReadout-proj": (lambda: sc.nn.aggregation.MultiReadout(
+        ["mean", "max"], mode="proj", mode_kwargs=dict(in_channels=3, out_channels=4)), True),
     # layers of a fixed basis
     "Convolution": (lambda: sc.nn.Convolution(sc.basis.Grid((5,), 3), 2, 3), True),
     "Convolution-glorot-separable": (lambda: sc.nn.Convolution(

@@ -28,6 +28,7 @@ sums the loss in node order: the last digits of a run's numbers may differ.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ from pathlib import Path
 import torch
 
 from ..data.registry import load_dataset
+from ..io import atomic_write_json
 from ..models.relational_attention import ATTENTIONS
 from ..training import load_run
 from ..training.tasks import task_for
@@ -163,8 +165,14 @@ def run(args) -> int:
     rows, clock = [], [time.process_time()]
 
     def report(run: Run, r: dict) -> None:
-        # CPU seconds this process spent on the seed (about 0 for one read back)
-        cpu = time.process_time() - clock[0]
+        # CPU seconds spent on the seed: measured in the process that trained it and kept
+        # beside its run (a rerun reads the seed back and must publish the same row)
+        kept = folder / run.name / "recipe_cpu_seconds.json"
+        if kept.is_file():
+            cpu = json.loads(kept.read_text())
+        else:
+            cpu = time.process_time() - clock[0]
+            atomic_write_json(kept, cpu)
         rows.append(_seed_row(folder, run, r, split, cpu))
         x = rows[-1]
         print(f"  {args.model} {args.dataset} seed {x['seed']:>3}: {split} "
