@@ -241,6 +241,8 @@ MEANINGS = {
     "train.sampler.batch_size": "seed nodes per mini-batch and process",
     "train.sampler.accumulate": "mini-batches per optimizer step and process",
     "train.sampler.workers": "background sampling processes",
+    "train.sampler.prefetch": "batches built ahead in a background thread of the process, "
+                              "overlapping sampling with the model step (not with `workers`)",
     "train.sampler.degrees": "normalise by the `full` graph's degrees or the `sample`'s",
     "train.sampler.eval": "evaluation: `full` (full batch), `layerwise` (exact, one layer's "
                           "activations at a time) or `auto`",

@@ -93,12 +93,14 @@ LINK_MONITORS = ("val_mrr", "val_hits@1", "val_hits@3", "val_hits@10")
 """What a link predictor's training may monitor (filtered, on the validation triples)."""
 
 SAMPLER_KEYS = {"fanouts": None, "batch_size": 1024, "accumulate": 1, "workers": 0,
-                "degrees": "full", "eval": "auto"}
+                "prefetch": 0, "degrees": "full", "eval": "auto"}
 """``[train.sampler]``: mini-batches of sampled neighbourhoods for node classification (empty: full
 batch). ``fanouts`` one per graph layer in PyG's order: fanouts[0] is the seeds' hop, i.e. the
 LAST graph layer's; each a positive int, -1 / "all", or a list of per-hop fanouts for a
 multi-hop layer. ``batch_size`` seeds per mini-batch and process; ``accumulate`` mini-batches
-per optimizer step and process; ``workers`` background sampling processes; ``degrees`` "full"
+per optimizer step and process; ``workers`` background sampling processes, or ``prefetch``
+batches built ahead in a background thread of the process (overlapping sampling with the model
+step; not with ``workers``); ``degrees`` "full"
 (the full graph's normalisation) or "sample"; ``eval`` "full" (full batch), "layerwise" (exact,
 one layer's activations at a time) or "auto"."""
 _TOP = {"seed", "name", "description", "data", "model", "train"}
@@ -466,9 +468,13 @@ def _check_sampler(cfg: dict, where: str) -> None:
     # workers are processes: past a few hundred no machine has the cores (the run checks
     # this machine's count)
     for k, low, high in (("batch_size", 1, MAX_BATCHES), ("accumulate", 1, MAX_BATCHES),
-                         ("workers", 0, 256)):
+                         ("workers", 0, 256), ("prefetch", 0, 64)):
         _need(int_in(s[k], low, high),
               f"{where}.{k} must be an int in [{low}, {high:,}], got {s[k]!r}")
+    _need(not (s["prefetch"] and s["workers"]),
+          f"{where}: prefetch builds batches in a thread of this process, workers in processes "
+          f"of their own: give one of them, got prefetch={s['prefetch']}, "
+          f"workers={s['workers']}")
     _need(s["degrees"] in ("full", "sample"),
           f"{where}.degrees must be full or sample, got {s['degrees']!r}")
     _need(s["eval"] in ("auto", "full", "layerwise"),

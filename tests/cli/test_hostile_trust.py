@@ -441,7 +441,7 @@ def test_a_config_json_that_is_not_a_config_is_one_line(base_run, tmp_path, caps
 def test_printed_resume_commands_allow_the_runs_imports(tmp_path, side, monkeypatch, capsys):
     from structconv.cli import main
     from structconv.training.interrupt import TrainingInterrupted
-    from tests.training.test_interrupts import _stop_at
+    from tests.conftest import stop_at as _stop_at
 
     cfg = tmp_path / "cfg.toml"
     cfg.write_text(TINY.replace('basis = "gcn"\nchannels = 8',

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 from argparse import Namespace
 
 import pytest
@@ -19,11 +18,11 @@ from structconv.experiments import planetoid as rp
 from structconv.experiments import rgcn as rr
 from structconv.models.build import build_model
 from structconv.training.distributed import World
-from structconv.training.interrupt import StopRequest
 from structconv.training.loop import Loop
 from structconv.training.run import make_optimizer
 from structconv.training.tasks import NodeTask
 from tests.conftest import need
+from tests.conftest import stop_at as _stop_at
 
 pyg = pytest.importorskip("torch_geometric.nn")
 
@@ -274,19 +273,6 @@ def test_gat_stopping_rule_stops_and_selects():
     # neither validation loss nor accuracy improves end the run
     assert len(state["history"]) < 300 and state["stopped"]
     assert 1 <= res["best_epoch"] <= len(state["history"]) - 5
-
-
-def _stop_at(monkeypatch, k: int) -> None:
-    """Make the k-th read of the stop flag (one per optimizer step) find a SIGINT."""
-    calls = {"n": 0}
-
-    def requested(self):
-        calls["n"] += 1
-        if calls["n"] == k:
-            self.request(signal.SIGINT)
-        return self.signum != 0
-
-    monkeypatch.setattr(StopRequest, "requested", property(requested))
 
 
 def test_an_interrupted_planetoid_sweep_resumes_to_the_same_numbers(monkeypatch, tmp_path):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 
 import numpy as np
 import pytest
@@ -20,8 +19,9 @@ from structconv.data import load_dataset
 from structconv.data.series import windows
 from structconv.models.forecast import Forecaster, forecast_at
 from structconv.training.checkpoint import load_weights
-from structconv.training.interrupt import StopRequest, TrainingInterrupted
+from structconv.training.interrupt import TrainingInterrupted
 from structconv.training.tasks.forecast import Split, mase, mase_scale
+from tests.conftest import stop_at as _stop_at
 
 pytest.importorskip("statsmodels")
 
@@ -107,19 +107,6 @@ def test_the_loop_trains_as_the_recipes_hand_written_loop(tmp_path, form):
     got = load_weights(tmp_path / "run" / "best.safetensors")
     for k, v in state.items():
         torch.testing.assert_close(got[k], v, rtol=1e-4, atol=1e-6)
-
-
-def _stop_at(monkeypatch, k: int) -> None:
-    """Make the k-th read of the stop flag find a SIGINT (the loop reads it once per step)."""
-    calls = {"n": 0}
-
-    def requested(self):
-        calls["n"] += 1
-        if calls["n"] == k:
-            self.request(signal.SIGINT)
-        return self.signum != 0
-
-    monkeypatch.setattr(StopRequest, "requested", property(requested))
 
 
 @pytest.mark.parametrize("k,where", [(3, "epoch 1, step 3/4"), (6, "epoch 2, step 2/4")])

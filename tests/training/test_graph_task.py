@@ -64,7 +64,7 @@ def test_a_gin_run_stopped_mid_epoch_resumes_exactly(monkeypatch, tmp_path, k, w
 
 def test_the_checkpoint_keeps_the_loaders_position(monkeypatch, tmp_path):
     from structconv.training.interrupt import TrainingInterrupted
-    from tests.training.test_interrupts import _stop_at
+    from tests.conftest import stop_at as _stop_at
 
     _stop_at(monkeypatch, 2)
     with pytest.raises(TrainingInterrupted):
@@ -166,7 +166,7 @@ def test_a_cross_validation_sweep_interrupted_and_resumed_ends_with_the_same_num
         monkeypatch, tmp_path):
     import json
 
-    from tests.training.test_interrupts import _stop_at
+    from tests.conftest import stop_at as _stop_at
 
     argv = ["reproduce", "tu-gin", "--quick", "--folds", "2"]
     assert main([*argv, "--out", str(tmp_path / "ref")]) == 0

@@ -9,7 +9,8 @@ from __future__ import annotations
 import sys
 
 from structconv.cli import main
-from tests.training.test_interrupts import IMAGE, _stop_at
+from tests.conftest import stop_at as _stop_at
+from tests.training.test_interrupts import IMAGE
 
 
 def test_the_interrupt_message_follows_a_cleared_bar(monkeypatch, tmp_path, capsys):

@@ -24,22 +24,10 @@ from structconv.config import ConfigError, apply_overrides, load_config
 from structconv.io import RunLock
 from structconv.training import check_train_split, load_run, train
 from structconv.training.checkpoint import CheckpointError
-from structconv.training.interrupt import StopRequest, TrainingInterrupted
+from structconv.training.interrupt import TrainingInterrupted
 from tests.conftest import CLI, ENV
+from tests.conftest import stop_at as _stop_at
 from tests.training.test_link_train import _config as _link_config
-
-
-def _stop_at(monkeypatch, k: int) -> None:
-    """Make the k-th read of the stop flag find a SIGINT (the loop reads it once per step)."""
-    calls = {"n": 0}
-
-    def requested(self):
-        calls["n"] += 1
-        if calls["n"] == k:
-            self.request(signal.SIGINT)
-        return self.signum != 0
-
-    monkeypatch.setattr(StopRequest, "requested", property(requested))
 
 
 def _rows(run: Path) -> list[dict]:

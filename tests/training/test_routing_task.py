@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import json
-import signal
 
 import pytest
 import torch
@@ -19,8 +18,9 @@ from structconv.data.tsp import tour_length, uniform_instances
 from structconv.models.routing import AttentionModel
 from structconv.seeds import epoch_generator
 from structconv.training.checkpoint import load_weights
-from structconv.training.interrupt import StopRequest, TrainingInterrupted
+from structconv.training.interrupt import TrainingInterrupted
 from structconv.training.tasks.routing import baseline_update, greedy_lengths
+from tests.conftest import stop_at as _stop_at
 
 pytest.importorskip("elkai")
 pytest.importorskip("scipy")
@@ -101,19 +101,6 @@ def test_the_loop_trains_as_the_recipes_hand_written_loop(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     for e, r in enumerate(rows):
         assert r["train_loss"] == pytest.approx(sum(losses[3 * e:3 * e + 3]) / 3, rel=1e-6)
-
-
-def _stop_at(monkeypatch, k: int) -> None:
-    """Make the k-th read of the stop flag find a SIGINT (the loop reads it once per step)."""
-    calls = {"n": 0}
-
-    def requested(self):
-        calls["n"] += 1
-        if calls["n"] == k:
-            self.request(signal.SIGINT)
-        return self.signum != 0
-
-    monkeypatch.setattr(StopRequest, "requested", property(requested))
 
 
 @pytest.mark.parametrize("k,where", [(2, "epoch 1, step 2/3"), (3, "the end of epoch 1"),

@@ -346,3 +346,26 @@ def test_config_error_is_raised_for_a_sampled_lm():
     with pytest.raises(ConfigError, match="a \\[model.lm\\] model has none"):
         parse_config('[data]\nname = "tinyshakespeare"\n[model.lm]\nwidth = 8\n'
                      '[train.sampler]\nfanouts = [2]')
+
+
+def test_prefetch_trains_the_same_run_and_resumes_mid_epoch_exactly(tmp_path, monkeypatch):
+    from structconv.training import TrainingInterrupted
+    from tests.conftest import stop_at
+
+    # 8 training seeds in batches of 3: 3 steps an epoch; dropout draws from each batch's seed
+    over = ["train.epochs=3", 'model.dtype="float64"', "train.sampler.batch_size=3",
+            "model.layers.1.dropout=0.3"]
+    train(load_config("gcn_karate_sampled", over), tmp_path / "ref")
+    ahead = load_config("gcn_karate_sampled", [*over, "train.sampler.prefetch=2"])
+    train(ahead, tmp_path / "ahead")
+    assert _rows(tmp_path / "ahead") == _rows(tmp_path / "ref")
+    with monkeypatch.context() as m:
+        stop_at(m, 5)  # inside epoch 2, with batches built ahead of the stop
+        with pytest.raises(TrainingInterrupted):
+            train(ahead, tmp_path / "run")
+    train(None, tmp_path / "run", resume=True)
+    assert _rows(tmp_path / "run") == _rows(tmp_path / "ref")
+    a, b = (load_file(tmp_path / d / "best.safetensors") for d in ("run", "ref"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ConfigError, match="give one of them"):
+        load_config("gcn_karate_sampled", ["train.sampler.prefetch=1", "train.sampler.workers=1"])

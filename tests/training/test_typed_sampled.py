@@ -6,7 +6,6 @@ stopped mid-epoch and resumed ends exactly as an uninterrupted one; bad sampler 
 from __future__ import annotations
 
 import json
-import signal
 
 import pytest
 import torch
@@ -17,9 +16,10 @@ from structconv.cli import main
 from structconv.config import ConfigError, apply_overrides, load_config, validate
 from structconv.models import build_model
 from structconv.training.distributed import World
-from structconv.training.interrupt import StopRequest, TrainingInterrupted
+from structconv.training.interrupt import TrainingInterrupted
 from structconv.training.tasks import SampledTypedNodeTask, TypedNodeTask, load_data, task_for
 from structconv.training.tasks.typed_sampled import resolve_fanouts
+from tests.conftest import stop_at as _stop_at
 from tests.conftest import tiny_imdb
 
 FAST = ["train.epochs=3", "model.hetero.hidden=8", "train.checkpoint_seconds=1e9"]
@@ -90,18 +90,6 @@ def test_a_sampled_fanout_is_not_the_full_batch_step(root):
     lf = _first_step(TypedNodeTask(full_cfg, data), model)[0]
     ls = _first_step(SampledTypedNodeTask(cfg, data), model)[0]
     assert not torch.allclose(lf, ls, rtol=1e-9, atol=0)
-
-
-def _stop_at(monkeypatch, k: int) -> None:
-    calls = {"n": 0}
-
-    def requested(self):
-        calls["n"] += 1
-        if calls["n"] == k:
-            self.request(signal.SIGINT)
-        return self.signum != 0
-
-    monkeypatch.setattr(StopRequest, "requested", property(requested))
 
 
 @pytest.mark.parametrize("kind,prefetch", [("sage", 0), ("hgt", 2)])

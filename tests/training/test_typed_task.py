@@ -5,7 +5,6 @@ uninterrupted one, F1 is scikit-learn's, and configs that cannot train are refus
 from __future__ import annotations
 
 import json
-import signal
 
 import pytest
 import torch
@@ -14,8 +13,9 @@ from safetensors.torch import load_file
 import structconv as sc
 from structconv.cli import main
 from structconv.config import ConfigError, apply_overrides, load_config
-from structconv.training.interrupt import StopRequest, TrainingInterrupted
+from structconv.training.interrupt import TrainingInterrupted
 from structconv.training.tasks.typed import f1_scores
+from tests.conftest import stop_at as _stop_at
 from tests.conftest import tiny_imdb
 
 FAST = ["train.epochs=3", "model.hetero.hidden=8", "train.checkpoint_seconds=1e9"]
@@ -48,18 +48,6 @@ def test_a_typed_model_learns_the_tiny_genres(tmp_path, root):
     res = sc.train(_cfg(root, "sage", "train.epochs=40", "model.hetero.hidden=16"),
                    tmp_path / "run")
     assert res["val_micro_f1"] >= 0.8  # movies of a genre share directors and actors
-
-
-def _stop_at(monkeypatch, k: int) -> None:
-    calls = {"n": 0}
-
-    def requested(self):
-        calls["n"] += 1
-        if calls["n"] == k:
-            self.request(signal.SIGINT)
-        return self.signum != 0
-
-    monkeypatch.setattr(StopRequest, "requested", property(requested))
 
 
 @pytest.mark.parametrize("kind", ["sage", "han"])

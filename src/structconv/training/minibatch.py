@@ -108,7 +108,7 @@ def make_loader(cfg: dict, data, restr: list, dtype: torch.dtype, rank: int = 0,
                           layers=[r for r in restr if r is not None], x=x, y=data.y,
                           input_nodes=data.masks["train"], batch_size=s["batch_size"],
                           shuffle=True, seed=cfg["seed"] % 2**62, num_workers=s["workers"],
-                          persistent_workers=s["workers"] > 0, rank=rank,
+                          persistent_workers=s["workers"] > 0, prefetch=s["prefetch"], rank=rank,
                           world_size=world_size, accumulate=s["accumulate"])
     except (ValueError, TypeError) as e:
         raise ConfigError(f"train.sampler: {e}") from None
