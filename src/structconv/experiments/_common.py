@@ -78,6 +78,11 @@ class Bounded:
         return f"Bounded({self.describe()})"
 
 
+def items(text: str) -> list[str]:
+    """The items of a comma list option (``"a, b,"`` -> ``["a", "b"]``)."""
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
 class Listed:
     """An argparse ``type=``: a comma list whose every item ``check(item)`` accepts (it raises
     ValueError naming the item otherwise); at least one item. Returns the text unchanged."""
@@ -87,10 +92,10 @@ class Listed:
         self.__name__ = "list"
 
     def __call__(self, text: str) -> str:
-        items = [t.strip() for t in text.split(",") if t.strip()]
-        if not items and not self.empty:
+        names = items(text)
+        if not names and not self.empty:
             raise argparse.ArgumentTypeError(f"must name at least one item, got {text!r}")
-        for item in items:
+        for item in names:
             if self.known is not None and item not in self.known:
                 raise argparse.ArgumentTypeError(
                     f"unknown item {item!r}: choose from {', '.join(self.known)}")

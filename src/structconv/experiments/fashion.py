@@ -30,6 +30,7 @@ from ._common import (
     THREADS,
     Listed,
     hardware,
+    items,
     param_count,
     pyplot,
     save_figure,
@@ -152,7 +153,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     """Train the variants, print the table, write JSON and PNG; returns an exit code."""
     set_threads(args)
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    variants = items(args.variants)
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
         raise ValueError(f"unknown variants {bad}: choose from {VARIANTS}")

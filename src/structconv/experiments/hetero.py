@@ -22,11 +22,12 @@ from ._common import (
     Listed,
     fmt_pm,
     hardware,
+    items,
     mean_std,
     publish,
     set_threads,
 )
-from .sweep import Run, config_run
+from .sweep import Run, sweep
 
 __all__ = ["MODELS", "DATASETS", "QUICK", "QUICK_MODEL", "add_arguments", "check_arguments",
            "run", "runs"]
@@ -55,13 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=THREADS, default=1, help="torch threads (0: torch's)")
 
 
-def _names(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
 def check_arguments(args) -> None:
     """ValueError where options do not fit together."""
-    if args.data is not None and len(_names(args.datasets)) != 1:
+    if args.data is not None and len(items(args.datasets)) != 1:
         raise ValueError(f"--data is one dataset's folder: give one --datasets, got "
                          f"{args.datasets!r}")
 
@@ -75,9 +72,9 @@ def runs(args) -> list[tuple[str, str, int, Run]]:
     if args.data is not None:
         over.append(f"data.root={str(args.data)!r}")
     out = []
-    for ds in _names(args.datasets):
+    for ds in items(args.datasets):
         for s in range(args.seed, args.seed + args.seeds):
-            for model in _names(args.models):
+            for model in items(args.models):
                 out.append((model, ds, s, Run(f"{model}-{ds}-seed{s}", f"hetero_{model}_{ds}",
                                               (*over, f"seed={s}"))))
     return out
@@ -102,9 +99,11 @@ def run(args) -> int:
     set_threads(args)
     folder = Path(args.out) / "hetero"
     t0 = time.perf_counter()
-    rows = []
-    for model, ds, seed, r in runs(args):
-        res = config_run(folder, r, "hetero", args.device)
+    todo, rows = runs(args), []
+    meta = {r.name: (model, ds, seed) for model, ds, seed, r in todo}
+
+    def report(r: Run, res: dict) -> None:
+        model, ds, seed = meta[r.name]
         rows.append({"model": model, "dataset": ds, "seed": seed,
                      **{k: 100 * res[k] for k in ("test_macro_f1", "test_micro_f1",
                                                   "val_macro_f1", "val_micro_f1")},
@@ -113,6 +112,8 @@ def run(args) -> int:
         print(f"  {r.name:22s} test Macro-F1 {rows[-1]['test_macro_f1']:.2f}  Micro-F1 "
               f"{rows[-1]['test_micro_f1']:.2f}  epoch {res['best_epoch']}/{res['epochs']}  "
               f"{res['train_time_s']:.1f}s", flush=True)
+
+    sweep(folder, [r for *_, r in todo], "hetero", args.device, report)
     table = _summary(rows)
     for e in table:
         rs = [r for r in rows if (r["model"], r["dataset"]) == (e["model"], e["dataset"])]
@@ -120,8 +121,8 @@ def run(args) -> int:
               f"{fmt_pm([r['test_macro_f1'] for r in rs])}  Micro-F1 "
               f"{fmt_pm([r['test_micro_f1'] for r in rs])}  ({e['seeds']} seeds)")
     out = Path(args.out) / "hetero.json"
-    publish(out, dict(experiment="hetero", models=_names(args.models),
-                      datasets=_names(args.datasets), seeds=args.seeds,
+    publish(out, dict(experiment="hetero", models=items(args.models),
+                      datasets=items(args.datasets), seeds=args.seeds,
                       first_seed=args.seed, epochs=args.epochs, quick=bool(args.quick),
                       summary=table, runs=rows, hardware=hardware(),
                       seconds=time.perf_counter() - t0))

@@ -22,6 +22,7 @@ from ._common import (
     Listed,
     fmt_pm,
     hardware,
+    items,
     mean_std,
     publish,
     set_threads,
@@ -59,9 +60,8 @@ def runs(args) -> list[Run]:
         over.append(f"model.gin.hidden={args.hidden}")
     if args.epochs:
         over.append(f"train.epochs={args.epochs}")
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
     return [Run(f"{m}-seed{s}", "gin_hiv", (*MODELS[m], *over, f"seed={s}"))
-            for m in models for s in range(args.seed, args.seed + args.seeds)]
+            for m in items(args.models) for s in range(args.seed, args.seed + args.seeds)]
 
 
 def run(args) -> int:
