@@ -80,6 +80,31 @@ def stop_at(monkeypatch, k: int) -> None:
     monkeypatch.setattr(StopRequest, "requested", property(requested))
 
 
+def metric_rows(run: Path) -> list[dict]:
+    """A run's ``metrics.jsonl`` rows without their timings (what an exact resume repeats)."""
+    import json
+
+    return [{k: v for k, v in json.loads(x).items() if k not in ("time_s", "items_per_s")}
+            for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def stop_and_resume(monkeypatch, cfg: dict, folder: Path, k: int) -> tuple[Path, Path, str]:
+    """Train ``cfg`` uninterrupted into ``folder/ref``; train it into ``folder/run`` stopped at
+    the k-th step (``stop_at``), check it left no result, resume it in this process. Returns
+    (ref, run, the interrupt's message)."""
+    from structconv.training import TrainingInterrupted, train
+
+    ref, run = folder / "ref", folder / "run"
+    train(cfg, ref)
+    with monkeypatch.context() as m:
+        stop_at(m, k)
+        with pytest.raises(TrainingInterrupted) as e:
+            train(cfg, run)
+    assert not (run / "result.json").exists()
+    train(None, run, resume=True)
+    return ref, run, str(e.value)
+
+
 # -- a tiny typed graph in PyG's raw IMDB format (movie / director / actor), for fast tests ----
 def tiny_imdb(folder: Path, movies: int = 30, directors: int = 8, actors: int = 20,
               seed: int = 0) -> Path:

@@ -19,9 +19,8 @@ from structconv.data import load_dataset
 from structconv.data.series import windows
 from structconv.models.forecast import Forecaster, forecast_at
 from structconv.training.checkpoint import load_weights
-from structconv.training.interrupt import TrainingInterrupted
 from structconv.training.tasks.forecast import Split, mase, mase_scale
-from tests.conftest import stop_at as _stop_at
+from tests.conftest import metric_rows, stop_and_resume
 
 pytest.importorskip("statsmodels")
 
@@ -112,20 +111,10 @@ def test_the_loop_trains_as_the_recipes_hand_written_loop(tmp_path, form):
 @pytest.mark.parametrize("k,where", [(3, "epoch 1, step 3/4"), (6, "epoch 2, step 2/4")])
 def test_a_forecast_run_stopped_mid_epoch_resumes_exactly(monkeypatch, tmp_path, k, where):
     cfg = _cfg("model.forecast.form=position")
-    ref, run = tmp_path / "ref", tmp_path / "run"
-    sc.train(cfg, ref)
-    with monkeypatch.context() as m:
-        _stop_at(m, k)
-        with pytest.raises(TrainingInterrupted) as e:
-            sc.train(cfg, run)
-    assert where in str(e.value) and not (run / "result.json").exists()
-    sc.train(None, run, resume=True)  # a new process: the window draws are replayed
-
-    def rows(p):
-        return [{k: v for k, v in json.loads(x).items() if k not in ("time_s", "items_per_s")}
-                for x in (p / "metrics.jsonl").read_text().splitlines()]
-
-    assert rows(run) == rows(ref)
+    # the resume is as a new process's: the window draws are replayed
+    ref, run, message = stop_and_resume(monkeypatch, cfg, tmp_path, k)
+    assert where in message
+    assert metric_rows(run) == metric_rows(ref)
     a = load_weights(run / "best.safetensors")
     b = load_weights(ref / "best.safetensors")
     assert all(torch.equal(a[n], b[n]) for n in a)

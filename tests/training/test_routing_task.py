@@ -18,9 +18,8 @@ from structconv.data.tsp import tour_length, uniform_instances
 from structconv.models.routing import AttentionModel
 from structconv.seeds import epoch_generator
 from structconv.training.checkpoint import load_weights
-from structconv.training.interrupt import TrainingInterrupted
 from structconv.training.tasks.routing import baseline_update, greedy_lengths
-from tests.conftest import stop_at as _stop_at
+from tests.conftest import metric_rows, stop_and_resume
 
 pytest.importorskip("elkai")
 pytest.importorskip("scipy")
@@ -107,20 +106,9 @@ def test_the_loop_trains_as_the_recipes_hand_written_loop(tmp_path):
                                      (5, "epoch 2, step 2/3")])
 def test_a_tsp_run_stopped_anywhere_resumes_exactly(monkeypatch, tmp_path, k, where):
     cfg = _cfg(tmp_path, "train.epochs=3")
-    ref, run = tmp_path / "ref", tmp_path / "run"
-    sc.train(cfg, ref)
-    with monkeypatch.context() as m:
-        _stop_at(m, k)
-        with pytest.raises(TrainingInterrupted) as e:
-            sc.train(cfg, run)
-    assert where in str(e.value) and not (run / "result.json").exists()
-    sc.train(None, run, resume=True)
-
-    def rows(p):
-        return [{k: v for k, v in json.loads(x).items() if k not in ("time_s", "items_per_s")}
-                for x in (p / "metrics.jsonl").read_text().splitlines()]
-
-    assert rows(run) == rows(ref)
+    ref, run, message = stop_and_resume(monkeypatch, cfg, tmp_path, k)
+    assert where in message
+    assert metric_rows(run) == metric_rows(ref)
     a, b = load_weights(run / "best.safetensors"), load_weights(ref / "best.safetensors")
     assert all(torch.equal(a[n], b[n]) for n in a)
 

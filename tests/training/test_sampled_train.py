@@ -24,6 +24,7 @@ from structconv.training.minibatch import (
     make_loader,
     restrictions,
 )
+from tests.conftest import metric_rows as _rows
 from tests.conftest import need, run_cli
 
 MIXED = """
@@ -197,13 +198,6 @@ def test_step_loader_deals_the_same_batches_to_any_world():
 
     ref = steps(1, 6)  # 7 batches: the last step wraps around to the first
     assert len(ref) == 2 and steps(2, 3) == ref and steps(3, 2) == ref and steps(6, 1) == ref
-
-
-def _rows(run):
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    for r in rows:
-        r.pop("time_s"), r.pop("items_per_s")
-    return rows
 
 
 def test_sampled_train_resume_matches_uninterrupted(tmp_path):

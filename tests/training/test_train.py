@@ -25,7 +25,7 @@ from structconv.config import (
 )
 from structconv.models import build_model
 from structconv.training import TrainingError, load_data, task_for, train
-from tests.conftest import CLI, ENV, absent, run_cli
+from tests.conftest import CLI, ENV, absent, metric_rows, run_cli
 
 
 def _absent(cfg) -> str | None:
@@ -186,10 +186,7 @@ def test_nan_loss_stops_without_half_written_checkpoint(tmp_path):
 
 
 def _final(run: Path):
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    for r in rows:
-        r.pop("time_s"), r.pop("items_per_s")
-    return rows, load_file(run / "best.safetensors")
+    return metric_rows(run), load_file(run / "best.safetensors")
 
 
 def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
