@@ -4,8 +4,11 @@
   backward, Adam step) of a 2-layer typed SAGE on DBLP (conferences get a constant feature, as
   PyG's examples): structconv's ``TypedGraphConv`` layers against PyG's
   ``to_hetero(GraphSAGE)``, weights copied from PyG's.
-* ``dblp_hgt``: forward+backward of one HGT layer (per-type widths -> 64, 2 heads) on DBLP,
-  ``from_pyg`` of PyG's ``HGTConv``.
+* ``dblp_hgt``: a full-batch training epoch (as ``dblp_sage``; Adam with the example's lr
+  and weight decay) of PyG's ``hgt_dblp`` model: a linear map per node type to 64 with ReLU,
+  one HGT layer (2 heads), a linear head; structconv's model holds ``from_pyg`` of PyG's
+  ``HGTConv`` and copies of its linear maps (``epoch_s``, ``epoch_ratio``). Also the
+  forward+backward of one HGT layer alone (per-type widths -> 64; ``fwd_bwd_s``, ``ratio``).
 * ``types``: a synthetic typed graph with 2, 4, 8, 16, 32 node types at a fixed total size
   (nodes, edges, 64 -> 64 channels; relations "next" and "prev" between neighbouring types):
   the forward time of one typed SAGE layer, structconv and PyG, and each one's growth from 2
@@ -36,6 +39,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma list of dblp_sage, dblp_hgt, types")
     p.add_argument("--hidden", type=int, default=64, help="hidden width (default 64)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    p.add_argument("--plot", default=None,
+                   help="also draw the types part's figure (forward time against the number "
+                        "of node types, both libraries) as this PNG")
+    p.add_argument("--from-json", default=None,
+                   help="with --plot: draw it from a saved hetero.json (its types part) "
+                        "instead of timing anything")
 
 
 def _dblp():
@@ -99,7 +108,56 @@ def dblp_sage(args) -> dict:
     return dict(max_abs_err=err, epoch_s=t, ratio=t["ours"] / t["pyg"])
 
 
+class HGTNet(torch.nn.Module):
+    """PyG's ``hgt_dblp`` example model: a linear map per node type to the hidden width with
+    ReLU, one HGT layer (``conv``: PyG's or structconv's), a linear head on ``target``."""
+
+    def __init__(self, lins: torch.nn.ModuleDict, conv, head: torch.nn.Linear,
+                 target: str = "author"):
+        super().__init__()
+        self.lins, self.conv, self.head, self.target = lins, conv, head, target
+
+    def forward(self, x: dict, ei: dict) -> dict:
+        h = {t: self.lins[t](v).relu() for t, v in x.items()}
+        return {self.target: self.head(self.conv(h, ei)[self.target])}
+
+
+def hgt_pair(meta, widths: dict, hidden: int, classes: int, heads: int = 2,
+             target: str = "author") -> tuple[HGTNet, HGTNet]:
+    """(PyG's model, structconv's with the same weights: its HGT layer ``from_pyg`` of PyG's,
+    copies of the linear maps)."""
+    import copy
+
+    from torch_geometric.nn import HGTConv
+
+    import structconv as sc
+
+    lins = torch.nn.ModuleDict({t: torch.nn.Linear(w, hidden) for t, w in widths.items()})
+    conv = HGTConv(hidden, hidden, meta, heads=heads)
+    ref = HGTNet(lins, conv, torch.nn.Linear(hidden, classes), target)
+    ours = HGTNet(copy.deepcopy(lins), sc.nn.from_pyg(conv), copy.deepcopy(ref.head), target)
+    return ref, ours
+
+
+def _hgt_epoch(args, g, meta, x, ei) -> dict:
+    """One full-batch training epoch of PyG's hgt_dblp model (Adam as its example), each
+    library's HGT layer in it, the same weights."""
+    torch.manual_seed(args.seed)
+    y, mask = g.y["author"], g.masks["author"]["train"]
+    ref, ours = hgt_pair(meta, {t: v.shape[1] for t, v in x.items()}, args.hidden,
+                         int(y.max()) + 1)
+    with torch.no_grad():
+        err = float((ref(x, ei)["author"] - ours(x, ei)["author"]).abs().max())
+    fns = {m: _epoch(lambda net=net: net(x, ei),
+                     torch.optim.Adam(net.parameters(), lr=0.005, weight_decay=0.001), y, mask)
+           for m, net in (("pyg", ref), ("ours", ours))}
+    t = interleaved_times(fns, repeats=args.repeats, warmup=1)
+    return dict(epoch_max_abs_err=err, epoch_s=t, epoch_ratio=t["ours"] / t["pyg"])
+
+
 def dblp_hgt(args) -> dict:
+    """One HGT layer's forward+backward (per-type widths -> hidden) and a training epoch of
+    the hgt_dblp model, structconv against PyG with the same weights."""
     from torch_geometric.nn import HGTConv
 
     import structconv as sc
@@ -118,7 +176,9 @@ def dblp_hgt(args) -> dict:
             sum(v.square().mean() for v in out.values()).backward()
         return run
     t = interleaved_times({"pyg": fb(ref), "ours": fb(ours)}, repeats=args.repeats, warmup=1)
-    return dict(max_abs_err=err, fwd_bwd_s=t, ratio=t["ours"] / t["pyg"])
+    out = dict(max_abs_err=err, fwd_bwd_s=t, ratio=t["ours"] / t["pyg"])
+    out.update(_hgt_epoch(args, g, meta, x, ei))
+    return out
 
 
 def synthetic(T: int, n: int, E: int, P: int, seed: int):
@@ -168,7 +228,64 @@ def type_scaling(args) -> list[dict]:
     return rows
 
 
+def plot_types(result: dict, path) -> Path:
+    """Write a PNG of the ``types`` part of a result (``run``'s JSON): forward time against
+    the number of node types, structconv and PyG, the conditions in the title; returns the
+    path."""
+    import io
+
+    from ..experiments._common import pyplot
+    from ..io import atomic_write_bytes
+
+    rows = result.get("types") if isinstance(result, dict) else None
+    if not rows:
+        raise ValueError("plot_types needs a result with a 'types' part (bench hetero --parts "
+                         "types)")
+    plt = pyplot()
+    T = [r["types"] for r in rows]
+    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    for key, label, mark in (("ours", "structconv TypedGraphConv", "o-"),
+                             ("pyg", "PyG to_hetero(SAGEConv)", "s--")):
+        ax.plot(T, [r["fwd_s"][key] * 1e3 for r in rows], mark, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(T, [str(t) for t in T])
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("node types (relations: twice as many)")
+    ax.set_ylabel("forward time (ms, median)")
+    r0, c = rows[0], result.get("conditions", {})
+    load = c.get("load_average_1min")
+    ax.set_title(f"one typed SAGE layer, {r0['n']:,} nodes, {r0['E']:,} edges, "
+                 f"{r0['P']} channels\n{result.get('threads', '?')} thread(s), 1-min load "
+                 f"{'?' if load is None else f'{load:.2f}'}", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    path = Path(path)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
+def _replot(args) -> int:
+    """``--from-json FILE --plot PNG``: the figure of a saved result, nothing timed."""
+    import json
+
+    try:
+        result = json.loads(Path(args.from_json).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        print(f"--from-json: cannot read {args.from_json}: {e}")
+        return 2
+    print(f"wrote {plot_types(result, args.plot)}")
+    return 0
+
+
 def run(args) -> int:
+    if getattr(args, "from_json", None):
+        if not getattr(args, "plot", None):
+            print("--from-json draws a figure: give --plot PATH too")
+            return 2
+        return _replot(args)
     if getattr(args, "threads", 0):
         torch.set_num_threads(args.threads)
     try:
@@ -194,6 +311,9 @@ def run(args) -> int:
         print(f"DBLP HGT layer fwd+bwd: ours {r['fwd_bwd_s']['ours'] * 1e3:.1f} ms, PyG "
               f"{r['fwd_bwd_s']['pyg'] * 1e3:.1f} ms, ratio {r['ratio']:.2f} "
               f"(err {r['max_abs_err']:.1e})", flush=True)
+        print(f"DBLP HGT model epoch: ours {r['epoch_s']['ours'] * 1e3:.1f} ms, PyG "
+              f"{r['epoch_s']['pyg'] * 1e3:.1f} ms, ratio {r['epoch_ratio']:.2f} "
+              f"(err {r['epoch_max_abs_err']:.1e})", flush=True)
     if "types" in parts:
         rows = result["types"] = type_scaling(args)
         for k in ("ours", "pyg"):
@@ -201,7 +321,10 @@ def run(args) -> int:
         print(f"forward growth from {TYPES[0]} to {TYPES[-1]} types: ours "
               f"{result['growth_ours']:.2f}x, PyG {result['growth_pyg']:.2f}x")
     result["seconds"] = time.time() - t0
+    result["conditions"] = record()  # the load at the end too, not only at the start
     out = Path(args.out) / f"{NAME}.json"
     atomic_write_json(out, result)
     print(f"wrote {out}")
+    if getattr(args, "plot", None) and "types" in parts:
+        print(f"wrote {plot_types(result, args.plot)}")
     return 0

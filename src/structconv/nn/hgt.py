@@ -8,26 +8,34 @@ matrices K_{e,h}, V_{e,h}; every edge m -e-> n scores
 
 and each target's scores are softmaxed over ALL its incoming edges, whatever their relation. The
 attention is a basis on the typed graph: the relations' edges joined into one bipartite graph
-from (relation, source) rows to the concatenated node sets, scored by ``HeadDot`` (structconv's
-attention algebra), normalised by ``edge_softmax`` and applied by ``GraphAttention``. Then
-gelu, a linear map per type, and a gated skip sigmoid(s_t) y + (1 - sigmoid(s_t)) x_t where the
-widths agree. As PyG, a node type that is the target of no relation in ``metadata`` is absent
-from the output, and one that is, but receives no edge in this call, gets its value from zero
-messages (never None). The per-type and per-relation products run as segment products
-(``segment_matmul``), one call each, whatever the number of types.
+from (relation, source) rows to the concatenated node sets (built once per graph: the graph
+family's structure cache). The keys and values are mapped per (relation, source) row, not per
+edge, by one segment product each (a relation's heads as one block-diagonal map, its priors
+p_{e,h} folded into the keys' map). On CPU the scores, their softmax over each target's edges
+and the weighted sum of values are values on the graph's CSR pattern: a sampled product, a
+segment softmax and a sparse product, forward and backward, never an (edges, heads, D) tensor;
+compiled graphs and other devices take the traceable path of ``HeadDot`` scores,
+``edge_softmax`` and ``GraphAttention``, with the same numbers. Then gelu, a linear map per
+type, and a gated skip sigmoid(s_t) y + (1 - sigmoid(s_t)) x_t where the widths agree. As PyG,
+a node type that is the target of no relation in ``metadata`` is absent from the output, and
+one that is, but receives no edge in this call, gets its value from zero messages (never
+None).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
-from ..attention.basis import GraphAttention
+from ..attention.basis import GraphAttention, GraphStructure
 from ..attention.masks import edge_softmax
 from ..attention.mechanisms import HeadDot
+from ..basis.cache import cached
 from ..basis.edges import as_edge_index
 from ..basis.typed import segment_matmul
 from .convert import register_pyg
@@ -54,6 +62,123 @@ class _TypeWeights(nn.ParameterDict):
     def extra_repr(self) -> str:
         return "\n".join(f"({k}): {'uninitialized' if is_lazy(p) else tuple(p.shape)}"
                          for k, p in self.items())
+
+
+def _fused(q: Tensor) -> bool:
+    """Whether the attention runs as sparse products on the graph's pattern (CPU float32 /
+    float64, eager): torch's CSR kernels; else the traceable torch ops."""
+    return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and \
+        not torch.compiler.is_compiling()
+
+
+def _csr(crow: Tensor, col: Tensor, values: Tensor, shape) -> Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # CSR is flagged beta; its kernels are not
+        return torch.sparse_csr_tensor(crow, col, values, shape)
+
+
+class _Layout:
+    """The K-head operator S (N*K, M*K) of a bipartite graph M -> N in CSR: row (n, k) holds
+    head k of n's incoming edges (``GraphStructure``'s layout), and the same entries in the
+    transpose's order; values live in S's CSR order throughout."""
+
+    def __init__(self, edge_index: Tensor, M: int, N: int, K: int):
+        src, dst = edge_index
+        self.crow, self.col, gather = GraphStructure._layout(dst, src, N, M, K)
+        self.crow_t, self.col_t, gather_t = GraphStructure._layout(src, dst, M, N, K)
+        inv = torch.empty_like(gather)
+        inv[gather] = torch.arange(gather.shape[0], device=gather.device)
+        self.perm_t = inv[gather_t]  # S^T's entries as positions in S's order
+        self.row = torch.repeat_interleave(torch.arange(N * K, device=src.device),
+                                           self.crow.diff())  # each entry's row of S
+        self.shape = (N * K, M * K)
+
+    def sddmm(self, a: Tensor, b: Tensor, scale: float) -> Tensor:
+        """scale · a[r] · b[c] on S's entries (r, c): (nnz,), from a (N*K, D), b (M*K, D)."""
+        pattern = _csr(self.crow, self.col, a.new_zeros(self.col.shape[0]), self.shape)
+        return torch.sparse.sampled_addmm(pattern, a, b.t(), beta=0.0, alpha=scale).values()
+
+    def mm(self, values: Tensor, z: Tensor) -> Tensor:
+        """S(values) z: (N*K, C) from z (M*K, C)."""
+        return _csr(self.crow, self.col, values, self.shape) @ z
+
+    def mm_t(self, values: Tensor, g: Tensor) -> Tensor:
+        """S(values)^T g: (M*K, C) from g (N*K, C)."""
+        return _csr(self.crow_t, self.col_t, values[self.perm_t], self.shape[::-1]) @ g
+
+    def softmax(self, s: Tensor) -> Tensor:
+        """The softmax of S's entries over each row (a node's incoming edges, per head)."""
+        mx = torch.segment_reduce(s, "max", offsets=self.crow, unsafe=True)
+        e = (s - mx.index_select(0, self.row)).exp_()
+        den = torch.segment_reduce(e, "sum", offsets=self.crow, unsafe=True)
+        return e.div_(den.index_select(0, self.row))
+
+    def softmax_backward(self, a: Tensor, ga: Tensor) -> Tensor:
+        """The gradient of the scores from that of their row softmax a: a (ga - Σ_row a ga)."""
+        dot = torch.segment_reduce(a * ga, "sum", offsets=self.crow, unsafe=True)
+        return ga.sub_(dot.index_select(0, self.row)).mul_(a)
+
+
+class _DotAttention(torch.autograd.Function):
+    """out = S(alpha) v with alpha the row softmax of scale · q_r · k_c on S's pattern: q
+    (N*K, D), k, v (M*K, D) -> (N*K, D); the scores, weights and their gradients are values
+    on the pattern (sampled products and sparse products), never per-edge vectors."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, lay: _Layout, scale: float):
+        a = lay.softmax(lay.sddmm(q, k, scale))
+        ctx.lay, ctx.scale = lay, scale
+        ctx.save_for_backward(q, k, v, a)
+        return lay.mm(a, v)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        q, k, v, a = ctx.saved_tensors
+        lay, need = ctx.lay, ctx.needs_input_grad
+        g = g.contiguous()
+        gq = gk = gv = None
+        if need[2]:
+            gv = lay.mm_t(a, g)
+        if need[0] or need[1]:
+            ds = lay.softmax_backward(a, lay.sddmm(g, v, 1.0)).mul_(ctx.scale)
+            gq = lay.mm(ds, k) if need[0] else None
+            gk = lay.mm_t(ds, q) if need[1] else None
+        return gq, gk, gv, None, None
+
+
+class _Joined:
+    """A call's relations joined into one bipartite graph: rows (relation, source node) ->
+    the concatenated nodes. ``rels`` (relation ids), ``counts`` (rows per relation), ``row``
+    (M,) each row's node, ``edge_index`` (2, E); ``layout()`` its CSR layouts, built on first
+    use (eager)."""
+
+    def __init__(self, given, offs: dict, K: int):
+        self.rels, self.counts, rows, src, dst = [], [], [], [], []
+        M = 0
+        for r, et, ei in given:
+            (o, c), (od, cd) = offs[et[0]], offs[et[2]]
+            ei = ei.long()
+            if ei.numel() and not torch.compiler.is_compiling() and ei.device.type != "meta" \
+                    and (int(ei.min()) < 0 or int(ei[0].max()) >= c or int(ei[1].max()) >= cd):
+                raise ValueError(f"HGTConv: edge_index_dict[{et}] has node ids outside [0, {c})"
+                                 f" x [0, {cd}) (sources < n_{et[0]}, targets < n_{et[2]})")
+            self.rels.append(r)
+            self.counts.append(c)
+            rows.append(torch.arange(o, o + c, device=ei.device))
+            src.append(ei[0] + M)
+            dst.append(ei[1] + od)
+            M += c
+        self.M, self.N, self.K = M, sum(c for _, c in offs.values()), K
+        self.E = sum(int(s.shape[0]) for s in src)
+        self.row = torch.cat(rows) if rows else None
+        self.edge_index = torch.stack([torch.cat(src), torch.cat(dst)]) if src else None
+        self._layout = None
+
+    def layout(self) -> _Layout:
+        if self._layout is None:
+            self._layout = _Layout(self.edge_index, self.M, self.N, self.K)
+        return self._layout
 
 
 class HGTConv(PyGCompatible):
@@ -172,8 +297,8 @@ class HGTConv(PyGCompatible):
                 f"types={len(self.node_types)}, relations={len(self.edge_types)}")
 
     def _kqv(self, x_dict):
-        """k, q, v (N, H, D) of the node types of x_dict, concatenated; their (type, offset,
-        count)."""
+        """k, q, v side by side (N, 3Q) for the node types of x_dict, concatenated; their
+        (offset, count) by type."""
         types = [t for t in x_dict if t in self.kqv_weight]
         widths = self._check_x(x_dict, types)
         P = max(widths[t] for t in types)
@@ -191,12 +316,10 @@ class HGTConv(PyGCompatible):
         else:  # per-type widths: a product per type (padding to the widest would cost more)
             kqv = torch.cat([torch.addmm(b[i], x_dict[t], self.kqv_weight[t].to(b.dtype))
                              for i, t in enumerate(types)])
-        H, D = self.heads, self.out_channels // self.heads
-        k, q, v = (t.reshape(-1, H, D) for t in kqv.tensor_split(3, dim=1))
         offs, acc = {}, 0
         for t, c in zip(types, counts):
             offs[t], acc = (acc, c), acc + c
-        return k, q, v, offs
+        return kqv, offs
 
     def _check_x(self, x_dict, types) -> dict:
         """The input widths of ``types`` (sizing lazy ones), each x checked by name."""
@@ -231,31 +354,27 @@ class HGTConv(PyGCompatible):
                              f"(num_dst x num_src) but x_dict gives {n_dst} x {n_src}")
         return e.index
 
-    def _relations(self, edge_index_dict, offs):
-        """The relations given, in edge_index_dict's order: their ids, source rows (into the
-        concatenated nodes) and the joined bipartite edges ((relation, source) row -> node)."""
-        rels, rows, src, dst, ids = [], [], [], [], []
-        n_rows = 0
-        for r, et, ei in known_relations("HGTConv", edge_index_dict, self.edge_types, offs):
-            s, _, d = et
-            o, c = offs[s]
-            ei = self._edge_list(ei, et, c, offs[d][1])
-            rels.append(r)
-            rows.append(torch.arange(o, o + c, device=ei.device))
-            src.append(ei[0].long() + n_rows)
-            dst.append(ei[1].long() + offs[d][0])
-            ids.append(torch.full_like(ei[0], r, dtype=torch.long))
-            n_rows += c
-        return rels, rows, src, dst, ids, n_rows
+    def _joined(self, edge_index_dict, offs) -> _Joined:
+        """The relations given, joined (``_Joined``), built once per graph: cached on the
+        identity of the edge tensors (``sc.basis.cache``) and the node counts."""
+        given = [(r, et, self._edge_list(ei, et, offs[et[0]][1], offs[et[2]][1]))
+                 for r, et, ei in known_relations("HGTConv", edge_index_dict, self.edge_types,
+                                                  offs)]
+        opts = ("hgt", tuple((r, et) for r, et, _ in given), tuple(offs.items()), self.heads)
+        return cached(True, tuple(ei for *_, ei in given), opts,
+                      lambda: _Joined(given, offs, self.heads))
 
-    def _rel_map(self, z: Tensor, weight: Tensor, rels, counts) -> Tensor:
-        """z (rows, H, D) grouped by relation -> each (relation, head) block times its D x D
-        matrix, as one segment product over (head, relation) groups."""
-        H, R = self.heads, len(self.edge_types)
-        idx = torch.tensor([h * R + r for h in range(H) for r in rels], device=z.device)
-        zt = z.transpose(0, 1).reshape(-1, z.shape[-1])  # (H*rows, D), head-major
-        out = segment_matmul(zt, counts * H, weight.index_select(0, idx))
-        return out.reshape(H, -1, z.shape[-1]).transpose(0, 1)
+    def _rel_weights(self, weight: Tensor, rels: list[int], dtype, prior=None) -> Tensor:
+        """(len(rels), Q, Q): each given relation's D x D maps of the heads (``weight[h * R +
+        r]``, times ``prior[r, h]`` where given) as one block-diagonal Q x Q matrix, so that a
+        relation's rows are mapped by one product of their (rows, Q) features, all heads at
+        once, without moving heads to the front."""
+        H, R, D = self.heads, len(self.edge_types), self.out_channels // self.heads
+        w = weight.to(dtype).view(H, R, D, D)[:, rels]
+        if prior is not None:
+            w = w * prior.to(dtype)[rels].t().reshape(H, len(rels), 1, 1)
+        eye = torch.eye(H, dtype=dtype, device=w.device)
+        return torch.einsum("hrij,hg->rhigj", w, eye).reshape(len(rels), H * D, H * D)
 
     def forward(self, x_dict: dict, edge_index_dict: dict) -> dict[str, Tensor]:
         """{type: (n_t, P_t)}, {(s, rel, d): (2, E)} -> {type: (n_t, Q)} for each node type
@@ -264,22 +383,37 @@ class HGTConv(PyGCompatible):
             # an explanation that ignored its mask would be wrong without a word
             raise NotImplementedError("HGTConv does not apply PyG's explain edge masks: "
                                       "Explainer cannot explain a model through it")
-        k, q, v, offs = self._kqv(x_dict)
-        rels, rows, src, dst, ids, M = self._relations(edge_index_dict, offs)
-        N, H, D = q.shape[0], self.heads, self.out_channels // self.heads
-        if rels:
-            row = torch.cat(rows)
-            counts = [len(r) for r in rows]
-            kr = self._rel_map(k.index_select(0, row), self.k_rel.to(k.dtype), rels, counts)
-            vr = self._rel_map(v.index_select(0, row), self.v_rel.to(v.dtype), rels, counts)
-            ei = torch.stack([torch.cat(src), torch.cat(dst)])
-            scores = self.score.edge_scores(kr, q, ei) * self.p_rel.to(q.dtype)[torch.cat(ids)]
-            alpha = edge_softmax(scores, ei[1], N)
-            out = GraphAttention(ei, alpha, max(M, 1), N).propagate_heads(
-                vr.unsqueeze(0) if M else vr.new_zeros(1, 1, H, D))[0]
-        else:
-            out = q.new_zeros(N, H, D)
-        return self._outputs(out.reshape(N, H * D), x_dict, offs)
+        kqv, offs = self._kqv(x_dict)
+        j = self._joined(edge_index_dict, offs)
+        N, Q = kqv.shape[0], self.out_channels
+        if not j.E:  # no edge: every target gets zero messages
+            return self._outputs(kqv.new_zeros(N, Q), x_dict, offs)
+        k, q, v = kqv.tensor_split(3, dim=1)
+        # keys and values of the (relation, source) rows: one product per row, not per edge;
+        # the priors p_rel scale the keys' maps (a score is linear in its key)
+        wk = self._rel_weights(self.k_rel, j.rels, kqv.dtype, self.p_rel)
+        kr = segment_matmul(k.index_select(0, j.row), j.counts, wk)
+        vr = segment_matmul(v.index_select(0, j.row), j.counts,
+                            self._rel_weights(self.v_rel, j.rels, kqv.dtype))
+        return self._outputs(self._attend(q, kr, vr, j), x_dict, offs)
+
+    def _attend(self, q: Tensor, kr: Tensor, vr: Tensor, j: _Joined) -> Tensor:
+        """Each node's softmax over all its incoming edges of q_n · kr_m / sqrt(D), applied
+        to vr: (N, Q) from q (N, Q) and the rows' kr, vr (M, Q)."""
+        N, H = q.shape[0], self.heads
+        D = self.out_channels // H
+        if _fused(q):
+            # the scores, weights and messages as values on the graph's pattern: no per-edge
+            # vector is ever built
+            out = _DotAttention.apply(q.reshape(N * H, D), kr.reshape(-1, D),
+                                      vr.reshape(-1, D), j.layout(), self.score.scale)
+            return out.view(N, H * D)
+        # traceable torch ops (compiled graphs, other devices and dtypes): the same numbers
+        ei = j.edge_index
+        scores = self.score.edge_scores(kr.view(-1, H, D), q.reshape(N, H, D), ei)
+        alpha = edge_softmax(scores, ei[1], N)
+        out = GraphAttention(ei, alpha, j.M, N).propagate_heads(vr.view(1, -1, H, D))[0]
+        return out.reshape(N, H * D)
 
     def _outputs(self, out: Tensor, x_dict, offs) -> dict[str, Tensor]:
         keep = [t for t in offs if t in self.dst_types]
