@@ -37,7 +37,6 @@ from ..attention.masks import edge_softmax
 from ..attention.mechanisms import HeadDot
 from ..basis.cache import cached
 from ..basis.edges import as_edge_index
-from ..basis.typed import segment_matmul
 from .convert import register_pyg
 from .pyg import PyGCompatible, is_lazy, lazy_parameter
 from .typed import check_metadata, known_relations
@@ -149,29 +148,34 @@ class _DotAttention(torch.autograd.Function):
 
 class _Joined:
     """A call's relations joined into one bipartite graph: rows (relation, source node) ->
-    the concatenated nodes. ``rels`` (relation ids), ``counts`` (rows per relation), ``row``
-    (M,) each row's node, ``edge_index`` (2, E); ``layout()`` its CSR layouts, built on first
-    use (eager)."""
+    the concatenated nodes. A source type's rows are its nodes times its relations, node-major
+    (row base_s + m * R_s + i for node m and the type's i-th relation), so that one product of
+    its keys (n_s, Q) by its relations' maps side by side (Q, R_s * Q) gives them in place.
+    ``rels`` (relation ids, in the call's order), ``groups`` ((source type, positions in
+    ``rels``) per source type), ``edge_index`` (2, E) rows -> nodes; ``layout()`` its CSR
+    layouts, built on first use (eager)."""
 
     def __init__(self, given, offs: dict, K: int):
-        self.rels, self.counts, rows, src, dst = [], [], [], [], []
-        M = 0
+        self.rels, by_src = [], {}
         for r, et, ei in given:
-            (o, c), (od, cd) = offs[et[0]], offs[et[2]]
+            c, cd = offs[et[0]][1], offs[et[2]][1]
             ei = ei.long()
             if ei.numel() and not torch.compiler.is_compiling() and ei.device.type != "meta" \
                     and (int(ei.min()) < 0 or int(ei[0].max()) >= c or int(ei[1].max()) >= cd):
                 raise ValueError(f"HGTConv: edge_index_dict[{et}] has node ids outside [0, {c})"
                                  f" x [0, {cd}) (sources < n_{et[0]}, targets < n_{et[2]})")
+            by_src.setdefault(et[0], []).append((len(self.rels), et[2], ei))
             self.rels.append(r)
-            self.counts.append(c)
-            rows.append(torch.arange(o, o + c, device=ei.device))
-            src.append(ei[0] + M)
-            dst.append(ei[1] + od)
-            M += c
+        self.groups, src, dst, M = [], [], [], 0
+        for s, items in by_src.items():
+            R = len(items)
+            self.groups.append((s, [i for i, _, _ in items]))
+            for pos, (_, d, ei) in enumerate(items):
+                src.append(ei[0] * R + (M + pos))
+                dst.append(ei[1] + offs[d][0])
+            M += offs[s][1] * R
         self.M, self.N, self.K = M, sum(c for _, c in offs.values()), K
-        self.E = sum(int(s.shape[0]) for s in src)
-        self.row = torch.cat(rows) if rows else None
+        self.E = sum(int(t.shape[0]) for t in src)
         self.edge_index = torch.stack([torch.cat(src), torch.cat(dst)]) if src else None
         self._layout = None
 
@@ -297,28 +301,16 @@ class HGTConv(PyGCompatible):
                 f"types={len(self.node_types)}, relations={len(self.edge_types)}")
 
     def _kqv(self, x_dict):
-        """k, q, v side by side (N, 3Q) for the node types of x_dict, concatenated; their
-        (offset, count) by type."""
+        """{type: (n_t, 3Q)} k, q, v side by side for the node types of x_dict, one product
+        per type (a few large GEMMs beat a tiled segment product's gathers here); their
+        (offset, count) in the concatenated nodes."""
         types = [t for t in x_dict if t in self.kqv_weight]
-        widths = self._check_x(x_dict, types)
-        P = max(widths[t] for t in types)
-        xs, ws, counts = [], [], []
+        self._check_x(x_dict, types)
+        kqv, offs, acc = {}, {}, 0
         for t in types:
             x = x_dict[t]
-            xs.append(F.pad(x, (0, P - x.shape[1])))
-            ws.append(F.pad(self.kqv_weight[t], (0, 0, 0, P - x.shape[1])))
-            counts.append(x.shape[0])
-        b = torch.stack([self.kqv_bias[t] for t in types]).to(xs[0].dtype)
-        if len({widths[t] for t in types}) == 1:  # one width: one segment product
-            reps = torch.tensor(counts, device=xs[0].device)
-            kqv = segment_matmul(torch.cat(xs), counts, torch.stack(ws)) + \
-                b.repeat_interleave(reps, 0)
-        else:  # per-type widths: a product per type (padding to the widest would cost more)
-            kqv = torch.cat([torch.addmm(b[i], x_dict[t], self.kqv_weight[t].to(b.dtype))
-                             for i, t in enumerate(types)])
-        offs, acc = {}, 0
-        for t, c in zip(types, counts):
-            offs[t], acc = (acc, c), acc + c
+            kqv[t] = torch.addmm(self.kqv_bias[t].to(x.dtype), x, self.kqv_weight[t].to(x.dtype))
+            offs[t], acc = (acc, x.shape[0]), acc + x.shape[0]
         return kqv, offs
 
     def _check_x(self, x_dict, types) -> dict:
@@ -385,17 +377,26 @@ class HGTConv(PyGCompatible):
                                       "Explainer cannot explain a model through it")
         kqv, offs = self._kqv(x_dict)
         j = self._joined(edge_index_dict, offs)
-        N, Q = kqv.shape[0], self.out_channels
+        Q = self.out_channels
+        q = torch.cat([v[:, Q:2 * Q] for v in kqv.values()])
         if not j.E:  # no edge: every target gets zero messages
-            return self._outputs(kqv.new_zeros(N, Q), x_dict, offs)
-        k, q, v = kqv.tensor_split(3, dim=1)
-        # keys and values of the (relation, source) rows: one product per row, not per edge;
-        # the priors p_rel scale the keys' maps (a score is linear in its key)
-        wk = self._rel_weights(self.k_rel, j.rels, kqv.dtype, self.p_rel)
-        kr = segment_matmul(k.index_select(0, j.row), j.counts, wk)
-        vr = segment_matmul(v.index_select(0, j.row), j.counts,
-                            self._rel_weights(self.v_rel, j.rels, kqv.dtype))
+            return self._outputs(torch.zeros_like(q), x_dict, offs)
+        # keys and values of the (relation, source) rows: one product per source type, not
+        # per edge; the priors p_rel scale the keys' maps (a score is linear in its key)
+        kr = self._rows(kqv, j, self._rel_weights(self.k_rel, j.rels, q.dtype, self.p_rel), 0)
+        vr = self._rows(kqv, j, self._rel_weights(self.v_rel, j.rels, q.dtype), 2)
         return self._outputs(self._attend(q, kr, vr, j), x_dict, offs)
+
+    def _rows(self, kqv: dict, j: _Joined, w: Tensor, part: int) -> Tensor:
+        """(M, Q): the keys (``part`` 0) or values (2) of each source type times its
+        relations' maps ``w`` (one (Q, Q) per entry of ``j.rels``), side by side in one
+        product per source type, in the joined graph's row order."""
+        Q = self.out_channels
+        out = []
+        for s, idx in j.groups:
+            ws = w[idx].permute(1, 0, 2).reshape(Q, len(idx) * Q)
+            out.append((kqv[s][:, part * Q:(part + 1) * Q] @ ws).view(-1, Q))
+        return torch.cat(out) if len(out) > 1 else out[0]
 
     def _attend(self, q: Tensor, kr: Tensor, vr: Tensor, j: _Joined) -> Tensor:
         """Each node's softmax over all its incoming edges of q_n · kr_m / sqrt(D), applied
@@ -416,23 +417,19 @@ class HGTConv(PyGCompatible):
         return out.reshape(N, H * D)
 
     def _outputs(self, out: Tensor, x_dict, offs) -> dict[str, Tensor]:
-        keep = [t for t in offs if t in self.dst_types]
-        if not keep:
-            return {}
-        parts = [out[offs[t][0]:offs[t][0] + offs[t][1]] for t in keep]
-        counts = [offs[t][1] for t in keep]
-        ti = [self.node_types.index(t) for t in keep]
-        a = F.gelu(torch.cat(parts))
-        w, b = self.out_weight[ti].to(a.dtype), self.out_bias[ti].to(a.dtype)
-        y = segment_matmul(a, counts, w) + b.repeat_interleave(
-            torch.tensor(counts, device=a.device), 0)
+        """gelu, each target type's linear map (one product per type) and its gated skip
+        where the widths agree: {type: (n_t, Q)}."""
         res = {}
-        for t, i, yt in zip(keep, ti, y.split(counts)):
-            x = x_dict[t]
-            if yt.shape[-1] == x.shape[-1]:
-                g = self.skip[i].sigmoid().to(yt.dtype)
-                yt = g * yt + (1 - g) * x
-            res[t] = yt
+        for t, (o, c) in offs.items():
+            if t not in self.dst_types:
+                continue
+            i, x = self.node_types.index(t), x_dict[t]
+            y = torch.addmm(self.out_bias[i].to(out.dtype), F.gelu(out[o:o + c]),
+                            self.out_weight[i].to(out.dtype))
+            if y.shape[-1] == x.shape[-1]:
+                g = self.skip[i].sigmoid().to(y.dtype)
+                y = g * y + (1 - g) * x
+            res[t] = y
         return res
 
 
