@@ -301,7 +301,7 @@ class HGTConv(PyGCompatible):
                 f"types={len(self.node_types)}, relations={len(self.edge_types)}")
 
     def _kqv(self, x_dict):
-        """{type: (n_t, 3Q)} k, q, v side by side for the node types of x_dict, one product
+        """{type: (k, q, v)}, each (n_t, Q), for the node types of x_dict, one product
         per type (a few large GEMMs beat a tiled segment product's gathers here); their
         (offset, count) in the concatenated nodes."""
         types = [t for t in x_dict if t in self.kqv_weight]
@@ -309,7 +309,10 @@ class HGTConv(PyGCompatible):
         kqv, offs, acc = {}, {}, 0
         for t in types:
             x = x_dict[t]
-            kqv[t] = torch.addmm(self.kqv_bias[t].to(x.dtype), x, self.kqv_weight[t].to(x.dtype))
+            y = torch.addmm(self.kqv_bias[t].to(x.dtype), x, self.kqv_weight[t].to(x.dtype))
+            # one split (its backward is one concatenation; a slice's would fill a zero
+            # (n_t, 3Q) gradient per slice)
+            kqv[t] = y.split(self.out_channels, dim=1)
             offs[t], acc = (acc, x.shape[0]), acc + x.shape[0]
         return kqv, offs
 
@@ -377,8 +380,7 @@ class HGTConv(PyGCompatible):
                                       "Explainer cannot explain a model through it")
         kqv, offs = self._kqv(x_dict)
         j = self._joined(edge_index_dict, offs)
-        Q = self.out_channels
-        q = torch.cat([v[:, Q:2 * Q] for v in kqv.values()])
+        q = torch.cat([v[1] for v in kqv.values()])
         if not j.E:  # no edge: every target gets zero messages
             return self._outputs(torch.zeros_like(q), x_dict, offs)
         # keys and values of the (relation, source) rows: one product per source type, not
@@ -395,7 +397,7 @@ class HGTConv(PyGCompatible):
         out = []
         for s, idx in j.groups:
             ws = w[idx].permute(1, 0, 2).reshape(Q, len(idx) * Q)
-            out.append((kqv[s][:, part * Q:(part + 1) * Q] @ ws).view(-1, Q))
+            out.append((kqv[s][part] @ ws).view(-1, Q))
         return torch.cat(out) if len(out) > 1 else out[0]
 
     def _attend(self, q: Tensor, kr: Tensor, vr: Tensor, j: _Joined) -> Tensor:
