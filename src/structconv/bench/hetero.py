@@ -108,24 +108,18 @@ def dblp_sage(args) -> dict:
     return dict(max_abs_err=err, epoch_s=t, ratio=t["ours"] / t["pyg"])
 
 
-class HGTNet(torch.nn.Module):
-    """PyG's ``hgt_dblp`` example model: a linear map per node type to the hidden width with
-    ReLU, one HGT layer (``conv``: PyG's or structconv's), a linear head on ``target``."""
-
-    def __init__(self, lins: torch.nn.ModuleDict, conv, head: torch.nn.Linear,
-                 target: str = "author"):
-        super().__init__()
-        self.lins, self.conv, self.head, self.target = lins, conv, head, target
-
-    def forward(self, x: dict, ei: dict) -> dict:
-        h = {t: self.lins[t](v).relu() for t, v in x.items()}
-        return {self.target: self.head(self.conv(h, ei)[self.target])}
+def hgt_forward(net: torch.nn.ModuleDict, x: dict, ei: dict, target: str = "author"):
+    """PyG's ``hgt_dblp`` example model, ``net`` holding its parts: a linear map per node type
+    to the hidden width with ReLU (``lins``), one HGT layer (``conv``: PyG's or structconv's),
+    a linear head (``head``) on ``target``'s nodes: (n_target, classes)."""
+    h = {t: net["lins"][t](v).relu() for t, v in x.items()}
+    return net["head"](net["conv"](h, ei)[target])
 
 
-def hgt_pair(meta, widths: dict, hidden: int, classes: int, heads: int = 2,
-             target: str = "author") -> tuple[HGTNet, HGTNet]:
+def hgt_pair(meta, widths: dict, hidden: int, classes: int,
+             heads: int = 2) -> tuple[torch.nn.ModuleDict, torch.nn.ModuleDict]:
     """(PyG's model, structconv's with the same weights: its HGT layer ``from_pyg`` of PyG's,
-    copies of the linear maps)."""
+    copies of the linear maps), each the parts ``hgt_forward`` runs."""
     import copy
 
     from torch_geometric.nn import HGTConv
@@ -134,8 +128,9 @@ def hgt_pair(meta, widths: dict, hidden: int, classes: int, heads: int = 2,
 
     lins = torch.nn.ModuleDict({t: torch.nn.Linear(w, hidden) for t, w in widths.items()})
     conv = HGTConv(hidden, hidden, meta, heads=heads)
-    ref = HGTNet(lins, conv, torch.nn.Linear(hidden, classes), target)
-    ours = HGTNet(copy.deepcopy(lins), sc.nn.from_pyg(conv), copy.deepcopy(ref.head), target)
+    ref = torch.nn.ModuleDict(dict(lins=lins, conv=conv, head=torch.nn.Linear(hidden, classes)))
+    ours = torch.nn.ModuleDict(dict(lins=copy.deepcopy(lins), conv=sc.nn.from_pyg(conv),
+                                    head=copy.deepcopy(ref["head"])))
     return ref, ours
 
 
@@ -147,8 +142,8 @@ def _hgt_epoch(args, g, meta, x, ei) -> dict:
     ref, ours = hgt_pair(meta, {t: v.shape[1] for t, v in x.items()}, args.hidden,
                          int(y.max()) + 1)
     with torch.no_grad():
-        err = float((ref(x, ei)["author"] - ours(x, ei)["author"]).abs().max())
-    fns = {m: _epoch(lambda net=net: net(x, ei),
+        err = float((hgt_forward(ref, x, ei) - hgt_forward(ours, x, ei)).abs().max())
+    fns = {m: _epoch(lambda net=net: {"author": hgt_forward(net, x, ei)},
                      torch.optim.Adam(net.parameters(), lr=0.005, weight_decay=0.001), y, mask)
            for m, net in (("pyg", ref), ("ours", ours))}
     t = interleaved_times(fns, repeats=args.repeats, warmup=1)

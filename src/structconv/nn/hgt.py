@@ -82,13 +82,17 @@ class _Layout:
     transpose's order; values live in S's CSR order throughout."""
 
     def __init__(self, edge_index: Tensor, M: int, N: int, K: int):
-        src, dst = edge_index
-        self.crow, self.col, gather = GraphStructure._layout(dst, src, N, M, K)
-        self.crow_t, self.col_t, gather_t = GraphStructure._layout(src, dst, M, N, K)
+        st = GraphStructure(edge_index, M, N, K)
+        # the operators with the entries' own (edge-major) positions as values: their layouts,
+        # and where each CSR entry comes from
+        ids = torch.arange(st.E * K, device=edge_index.device)
+        S, St = st.csr(ids), st.csr(ids, transpose=True)
+        self.crow, self.col, gather = S.crow_indices(), S.col_indices(), S.values()
+        self.crow_t, self.col_t, gather_t = St.crow_indices(), St.col_indices(), St.values()
         inv = torch.empty_like(gather)
         inv[gather] = torch.arange(gather.shape[0], device=gather.device)
         self.perm_t = inv[gather_t]  # S^T's entries as positions in S's order
-        self.row = torch.repeat_interleave(torch.arange(N * K, device=src.device),
+        self.row = torch.repeat_interleave(torch.arange(N * K, device=ids.device),
                                            self.crow.diff())  # each entry's row of S
         self.shape = (N * K, M * K)
 
