@@ -1,4 +1,5 @@
-"""Every layer of sc.nn and sc.attention re-draws its weights with ``reset_parameters()``.
+"""Every layer of sc.nn and sc.attention, and every model of structconv.models, re-draws
+its weights with ``reset_parameters()``.
 
 Under one seed, ``reset_parameters()`` gives back the values the constructor drew (the
 constructor's draws are the reset's), except where a constructor draws more than its reset
@@ -17,7 +18,14 @@ import torch
 from torch import nn
 
 import structconv as sc
+import structconv.models as sc_models
 from structconv import attention as at
+from structconv import basis as B
+from structconv.config import HETERO_KEYS, parse_config, validate
+from structconv.models import declared, forecast, gin, hetero, mixed, routing, separable
+from structconv.models import graph as mg
+from structconv.models import relational_attention as ra
+from structconv.nn.blocks import FeedForward
 
 META = (["a", "b"], [("a", "r", "b"), ("b", "s", "a"), ("a", "t", "a")])
 
@@ -125,9 +133,101 @@ MAKERS = {
     "TanhClip": (lambda: at.TanhClip(at.DotProduct(2, 3, 3, 2)), True),
 }
 
+#: a small graph for the models: 5 nodes, 6 edges of 2 relations
+EI = torch.tensor([[0, 1, 2, 3, 4, 0], [1, 2, 3, 4, 0, 2]])
+ET = torch.tensor([0, 1, 0, 1, 0, 1])
+GRAPH = B.Structure(edge_index=EI, num_nodes=5, edge_attr=torch.arange(12.0).view(6, 2) / 12,
+                    edge_type=ET, num_relations=2)
+
+
+class _Image:
+    task, num_classes, shape = "image", 3, (1, 4, 4)
+
+
+_NET = """
+name = "t"
+[data]
+name = "digits"
+[[model.layers]]
+basis = { kind = "grid", kernel_size = 3, padding = 1 }
+channels = 4
+[[model.layers]]
+type = "mlp"
+hidden = 6
+norm = "layer"
+[[model.layers]]
+basis = { kind = "attention", heads = 2 }
+norm = "layer"
+residual = true
+"""
+
+
+def _gat(**spec):
+    return declared.GraphAttentionConv({"kind": "graph_attention", "heads": 2, **spec}, GRAPH,
+                                       3, 4, {"bias": True}, "model.layers.0.basis")
+
+
+#: the models (structconv.models): name -> (maker, exact), as MAKERS
+MODEL_MAKERS = {
+    "GCN": (lambda: mg.GCN(EI, 5, 3, 4, 2), True),
+    "ChebNet": (lambda: mg.ChebNet(EI, 5, 3, 4, 2, K=2), True),
+    "SGC": (lambda: mg.SGC(EI, 5, 3, 2), True),
+    "GAT": (lambda: mg.GAT(EI, 5, 3, 4, 2, heads=2), False),
+    "RelationalLayer": (lambda: mg.RelationalLayer(mg.relational_basis(EI, ET, 5, 2),
+                                                   mg.identity_basis(5), 3, 4), True),
+    "RGCN": (lambda: mg.RGCN(EI, ET, 5, 2, 4, 3, num_bases=2), True),
+    "TwoLayerGraphNet": (lambda: mg.TwoLayerGraphNet("sage", 3, 4, 2), False),
+    "GIN": (lambda: gin.GIN(3, 4, 2, layers=2, readout="attention"), False),
+    "TypedClassifier": (lambda: hetero.TypedClassifier({**HETERO_KEYS, "hidden": 4},
+                                                       {"a": 4, "b": 4}, 3, META, "a"), False),
+    "DigitsCNN": (lambda: separable.DigitsCNN("H2", side=4, kernel=3, channels=(2, 3)), True),
+    "RelationalNet": (lambda: separable.RelationalNet(GRAPH_DATA, 4, "H2"), True),
+    "EncoderLayer": (lambda: routing.EncoderLayer(4, 2, 6), True),
+    "PointerDecoder": (lambda: routing.PointerDecoder(4, 2), True),
+    "AttentionModel": (lambda: routing.AttentionModel(4, 2, 1, 6), True),
+    "HeadsLayer": (lambda: mixed.HeadsLayer(EI[0], EI[1], 5, 3, 2, 2, None, True, 0.5), True),
+    "HeadsNet": (lambda: mixed.HeadsNet(EI, 5, 3, 2, att=1, hops=2, r=2), True),
+    "OffsetBias": (lambda: forecast.OffsetBias(2, 3), True),
+    "SeriesAttention": (lambda: forecast.SeriesAttention(
+        "period", 3, 2, 4, heads=2, dim=2, span=6, periods=[2]), True),
+    "Forecaster": (lambda: forecast.Forecaster(6, 2, "period", width=4, heads=2, periods=[2]),
+                   True),
+    "RelationGATScores": (lambda: ra.RelationGATScores(2, 3), True),
+    "RGATConv": (lambda: ra.RGATConv(3, 4, 2, heads=2), True),
+    "RGATConv-bases-across": (lambda: ra.RGATConv(3, 4, 2, num_bases=2, attention="across"),
+                              True),
+    "RGAT": (lambda: ra.RGAT(EI, ET, 5, 2, 4, 3, heads=2), True),
+    "MLP": (lambda: declared.MLP(3, 5, "gelu"), True),
+    "AttentionConv": (lambda: declared.AttentionConv(
+        {"kind": "attention", "heads": 2}, B.Structure(grid=(4,)), 4, 3, {}, "layer"), True),
+    "GraphAttentionConv": (lambda: _gat(edge_dim=2), True),
+    "GraphAttentionConv-v2": (lambda: _gat(v2=True, share_weights=False, edge_dim=2), True),
+    "GraphAttentionConv-transformer": (lambda: _gat(transformer=True, beta=True, edge_dim=2),
+                                       True),
+    "GraphAttentionConv-relations": (lambda: declared.GraphAttentionConv(
+        {"kind": "graph_attention", "edge_dim": 3, "relations": "embedding"},
+        B.Structure(edge_index=EI, num_nodes=5, edge_type=ET, num_relations=2), 3, 4, {},
+        "layer"), True),
+    "Block": (lambda: declared.Block(declared.declared_conv(B.Grid((4,), 3), 2, 2, {}),
+                                     {"norm": "layer"}, 2), True),
+    "StructNet": (lambda: sc_models.build_model(validate(parse_config(_NET)), _Image()), True),
+}
+
+
+class _GraphData:
+    edge_index, edge_type, num_nodes, num_relations, num_classes = EI, ET, 5, 2, 3
+
+
+GRAPH_DATA = _GraphData()
+MAKERS.update(MODEL_MAKERS)
+MAKERS["FeedForward"] = (lambda: FeedForward(3, 5, dropout=0.1, out_width=2), True)
+
 #: exported modules without weights of their own (bases of layers, weightless terms)
 NO_WEIGHTS = {"SparseDropout", "GridAvgPool", "PyGCompatible", "GraphConvolution", "Mechanism",
-              "PerHead", "QueryDot", "IndexTerm", "HeadDot", "ALiBi"}
+              "PerHead", "QueryDot", "IndexTerm", "HeadDot", "ALiBi",
+              # a base class (its subclasses are the blocks with weights), a pooling layer,
+              # a mechanism on projected inputs
+              "PreNormBlock", "Pool", "KeyDot"}
 
 
 def _state(m: nn.Module) -> dict:
@@ -190,7 +290,7 @@ def test_a_perturbed_weight_is_drawn_again_not_kept():
 
 def _exported_layers() -> dict[str, type]:
     out = {}
-    for pkg in (sc.nn, at):
+    for pkg in (sc.nn, at, sc_models):
         for info in pkgutil.iter_modules(pkg.__path__):
             mod = importlib.import_module(f"{pkg.__name__}.{info.name}")
             for n in getattr(mod, "__all__", []):

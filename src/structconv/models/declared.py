@@ -28,7 +28,7 @@ from .. import basis as B
 from .. import params as P
 from ..config import ConfigError, is_content
 from ..engine import convolve
-from ..nn.blocks import feed_forward
+from ..nn.blocks import FeedForward, former_keys
 from ..nn.dropout import sparse_dropout
 from ..nn.graph_attention import gat_mechanism, gated_root, graph_softmax, transformer_scores
 from ..nn.layers import Convolution
@@ -45,6 +45,12 @@ ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "elu": F.elu, "tanh": torch.tanh,
 def _need(cond: bool, msg: str):
     if not cond:
         raise ConfigError(msg)
+
+
+def _zero(bias: Tensor | None) -> None:
+    if bias is not None:
+        with torch.no_grad():
+            bias.zero_()
 
 
 def declared_conv(basis: B.Basis, Pin: int, Q: int, layer: dict) -> Convolution:
@@ -87,6 +93,12 @@ class AttentionConv(nn.Module):
         self.scores = att.DotProduct(H, Pin, Pin, d)
         self.param = P.build(layer, K, Pin, Q)
         self.bias = nn.Parameter(torch.zeros(Q)) if layer.get("bias", True) else None
+
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does: the scores' and theta's own inits,
+        a zero bias."""
+        P.reset_children(self)
+        _zero(self.bias)
 
     def content_basis(self, x: Tensor):
         """The attention part of the basis for bundle x (B, M, P): a batched sc.attention
@@ -161,6 +173,12 @@ class GraphAttentionConv(nn.Module):
             root = bool(a["root_weight"])
             self.skip = nn.Linear(Pin, Q, bias=bias) if root else None
             self.beta = nn.Linear(3 * Q, 1, bias=False) if root and a["beta"] else None
+
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does, in its order (relation embeddings,
+        theta, the mechanism's weights: each one's own init), and a zero bias."""
+        P.reset_children(self)
+        _zero(self.bias)
 
     def _edge_source(self, spec: dict, a: dict, ctx: B.Structure, where: str) -> int | None:
         """Register the per-edge table the features come from (the data's ``edge_attr``, or
@@ -303,18 +321,15 @@ class GraphAttentionConv(nn.Module):
         return self._one(None, rows, structure)
 
 
-class MLP(nn.Module):
-    """The Transformer's feed-forward part: two pointwise convolutions (identity basis, K = 1,
-    i.e. linear maps of the channels) with an activation between; (B, M, C) -> (B, M, C)."""
+class MLP(FeedForward):
+    """A declared ``mlp`` layer: the Transformer's feed-forward (``sc.nn.blocks.FeedForward``,
+    two pointwise maps of the channels) with its activation named (``ACTIVATIONS``);
+    (B, M, C) -> (B, M, C). Checkpoints keep the maps' declared names, ``inner`` and
+    ``outer`` (``former_keys``)."""
 
     def __init__(self, channels: int, hidden: int, activation: str, bias: bool = True):
-        super().__init__()
-        self.inner = nn.Linear(channels, hidden, bias=bias)
-        self.outer = nn.Linear(hidden, channels, bias=bias)
-        self.act = ACTIVATIONS[activation]
-
-    def forward(self, x: Tensor) -> Tensor:
-        return feed_forward(x, self.inner, self.outer, self.act)
+        super().__init__(channels, hidden, ACTIVATIONS[activation], bias=bias)
+        former_keys(self, inner="fc", outer="proj")
 
 
 def _pool_sizes(spec: dict, nd: int, where: str):
@@ -393,6 +408,13 @@ class Block(nn.Module):
         self.norm = nn.LayerNorm(Pin) if layer.get("norm", "none") == "layer" else None
         self.pool = pool
 
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does: the layer's own init (a fixed-basis
+        layer's bias at zero, as ``declared_conv`` makes it) and the norm's."""
+        P.reset_children(self)
+        if isinstance(self.conv, Convolution):
+            _zero(self.conv.bias)
+
     def forward(self, x: Tensor, structure=None, node_ids: Tensor | None = None) -> Tensor:
         h = self.norm(x) if self.norm is not None else x
         h = sparse_dropout(h, self.dropout, self.training)
@@ -463,6 +485,11 @@ class StructNet(nn.Module):
             channels = Q
         self.blocks = nn.ModuleList(blocks)
         self._set_readout(m, channels, ctx.grid)
+
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does (the embedding, each layer's own
+        init, the classifier)."""
+        P.reset_children(self)
 
     def first_layer_parameters(self) -> list:
         """The first declared layer's parameters (``train.decay = "first"``)."""

@@ -36,7 +36,7 @@ from ..attention.index import IndexTerm, PeriodicBias, index_bias
 from ..attention.mechanisms import DotProduct
 from ..data.series import windows
 from ..engine import convolve
-from ..params import LowRank
+from ..params import LowRank, reset_children, reset_module
 
 __all__ = ["FORMS", "OffsetBias", "SeriesAttention", "Forecaster", "forecast_at"]
 
@@ -59,6 +59,11 @@ class OffsetBias(IndexTerm):
                 raise ValueError(f"OffsetBias: {what} must be an int >= 1, got {v!r}")
         self.K, self.span = K, span
         self.weight = nn.Parameter(torch.zeros(span, K))
+
+    def reset_parameters(self) -> None:
+        """The biases start at zero again."""
+        with torch.no_grad():
+            self.weight.zero_()
 
     def extra_repr(self):
         return f"K={self.K}, span={self.span}"
@@ -100,6 +105,10 @@ class SeriesAttention(nn.Module):
         self.content = DotProduct(heads, aux_channels, aux_channels, dim)
         self.terms = nn.ModuleList(_index_terms(form, heads, span, list(periods)))
         self.param = LowRank(heads, in_channels, out_channels, dim)
+
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does (each layer's own init)."""
+        reset_children(self)
 
     def basis(self, keys: Tensor, queries: Tensor) -> DotProductAttention:
         """The attention basis (B, K, L, H) of these keys and queries (applied with SDPA)."""
@@ -160,6 +169,16 @@ class Forecaster(nn.Module):
                                          dim=width // heads, span=context + horizon,
                                          periods=self.periods)
         self.head = nn.Sequential(nn.Linear(2 * width, width), nn.GELU(), nn.Linear(width, 1))
+
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does, in its order: the GRUs (torch's
+        init), the decoder's step inputs N(0, 1/width), the attention and the head."""
+        self.encoder.reset_parameters()
+        self.decoder.reset_parameters()
+        with torch.no_grad():
+            self.steps.normal_().div_(math.sqrt(self.steps.shape[1]))
+        self.attention.reset_parameters()
+        reset_module(self.head)
 
     def extra_repr(self):
         return (f"context={self.context}, horizon={self.horizon}, form={self.form!r}, "

@@ -20,7 +20,7 @@ from ..nn.attention import GATConv
 from ..nn.dropout import SparseDropout
 from ..nn.graph import GCNConv, RGCNConv
 from ..nn.layers import Convolution
-from ..params import ControlledSeparable, glorot_
+from ..params import ControlledSeparable, glorot_, reset_children
 from ..sampling import apply_layers
 
 __all__ = ["GCN", "ChebNet", "SGC", "GAT", "RGCN", "gcn_basis", "chebyshev_basis",
@@ -91,6 +91,10 @@ class GCN(nn.Module):
         self.dropout = dropout
         self.input_dropout = InputDropout(dropout)
 
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does (each layer's own init)."""
+        reset_children(self)
+
     def forward(self, x: Tensor) -> Tensor:
         x = self.input_dropout(x)
         x = F.relu(self.conv1(x))
@@ -133,6 +137,10 @@ class SGC(nn.Module):
         # PyG's SGConv is a torch-initialised Linear, which Convolution's default init matches
         self.conv = Convolution(A, in_channels, out_channels)
 
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does (each layer's own init)."""
+        reset_children(self)
+
     def forward(self, x: Tensor) -> Tensor:
         return self.conv(x)
 
@@ -155,11 +163,21 @@ class GAT(nn.Module):
                              add_self_loops=False)
         self.conv2 = GATConv(heads * hidden, out_channels, heads=out_heads, concat=False,
                              dropout=dropout, add_self_loops=False)
-        for conv in (self.conv1, self.conv2):
-            glorot_(conv.lin.weight)  # PyG initialises the projection with Glorot
+        self._glorot()
         self.register_buffer("edge_index", loops, persistent=False)
         self.dropout = dropout
         self.input_dropout = InputDropout(dropout)
+
+    def _glorot(self) -> None:
+        for conv in (self.conv1, self.conv2):
+            glorot_(conv.lin.weight)  # PyG initialises the projection with Glorot
+
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does: the layers' own inits, then Glorot
+        projections."""
+        self.conv1.reset_parameters()
+        self.conv2.reset_parameters()
+        self._glorot()
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.input_dropout(x)
@@ -182,6 +200,10 @@ class RelationalLayer(nn.Module):
         # the self-connection (the identity basis) keeps its own full weight, as in the paper
         self.conv = Convolution(rel, in_channels, out_channels, param, bias=False, init="glorot")
         self.root = Convolution(eye, in_channels, out_channels, init="glorot")
+
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does (each layer's own init)."""
+        reset_children(self)
 
     def forward(self, x: Tensor | None) -> Tensor:
         if x is None:
@@ -212,6 +234,10 @@ class RGCN(nn.Module):
         self.conv1 = RelationalLayer(rel, eye, P, hidden, param(P, hidden))
         self.conv2 = RelationalLayer(rel, eye, hidden, out_channels, param(hidden, out_channels))
 
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does (each layer's own init)."""
+        reset_children(self)
+
     def forward(self, x: Tensor | None = None) -> Tensor:
         if x is not None and x.shape[-1] == 0:  # a featureless graph's (N, 0) input
             x = None
@@ -233,6 +259,10 @@ class TwoLayerGraphNet(nn.Module):
         else:  # GraphSAGE's mean aggregator: one relation, mean, root weight
             self.layers = nn.ModuleList([RGCNConv(P, H, 1), RGCNConv(H, C, 1)])
         self.kind = kind
+
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does (each layer's own init)."""
+        reset_children(self)
 
     def forward(self, batch):
         return apply_layers(list(self.layers), batch.x, batch.bases, act=F.relu)

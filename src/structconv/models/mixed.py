@@ -17,7 +17,7 @@ from ..attention.edges import add_self_loops
 from ..basis.base import Stack
 from ..basis.graph import PowerBasis, gcn
 from ..engine import convolve
-from ..params import LowRank, glorot_
+from ..params import LowRank, glorot_, reset_children
 from .graph import InputDropout
 
 __all__ = ["HeadsLayer", "HeadsNet"]
@@ -41,21 +41,38 @@ class HeadsLayer(nn.Module):
         self.register_buffer("dst", dst, persistent=False)
         self.N, self.A, self.r, self.K = num_nodes, att, r, K
         self.index, self.dropout, self.negative_slope = index, dropout, negative_slope
+        self.concat = concat
         Q = K * r if concat else r
         self.theta = LowRank(K, in_channels, Q, r)
-        glorot_(self.theta.value, in_channels, K * r)
-        sel = torch.zeros(K, r, Q)
-        for k in range(K):
-            cols = slice(k * r, (k + 1) * r) if concat else slice(None)
-            sel[k, :, cols] = torch.eye(r) / (1.0 if concat else K)
-        with torch.no_grad():
-            self.theta.out.copy_(sel)
         self.theta.out.requires_grad_(False)  # a fixed concat / mean, as in GAT
         if att:
-            self.att_src = nn.Parameter(glorot_(torch.empty(att, r), att, r))
-            self.att_dst = nn.Parameter(glorot_(torch.empty(att, r), att, r))
-        self.bias = nn.Parameter(torch.zeros(Q))
+            self.att_src = nn.Parameter(torch.empty(att, r))
+            self.att_dst = nn.Parameter(torch.empty(att, r))
+        self.bias = nn.Parameter(torch.empty(Q))
         self._structure = None
+        self._init()
+
+    def _init(self) -> None:
+        """Glorot value maps and attention vectors, the fixed selector, a zero bias (after
+        ``LowRank``'s own draw, which the constructor made first)."""
+        K, r, A = self.K, self.r, self.A
+        glorot_(self.theta.value, self.theta.P, K * r)
+        sel = torch.zeros_like(self.theta.out)
+        for k in range(K):
+            cols = slice(k * r, (k + 1) * r) if self.concat else slice(None)
+            sel[k, :, cols] = torch.eye(r) / (1.0 if self.concat else K)
+        with torch.no_grad():
+            self.theta.out.copy_(sel)
+            if A:
+                glorot_(self.att_src, A, r)
+                glorot_(self.att_dst, A, r)
+            self.bias.zero_()
+
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does: ``LowRank``'s draw, then Glorot value
+        maps and attention vectors, the fixed selector and a zero bias."""
+        self.theta.reset_parameters()
+        self._init()
 
     def attention(self, x: Tensor) -> GraphAttention:
         """The GAT basis (att, N, N) on x (N, F): softmax over each node's in-edges (+ self)."""
@@ -119,6 +136,10 @@ class HeadsNet(nn.Module):
                                 False, dropout)
         self.dropout = dropout
         self.input_dropout = InputDropout(dropout)
+
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does (each layer's own init)."""
+        reset_children(self)
 
     def sparse_input(self, x: Tensor) -> Tensor:
         """x (N, F) as a coalesced COO tensor (cached), with dropout on its non-zeros."""

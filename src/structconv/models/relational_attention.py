@@ -58,8 +58,16 @@ class RelationGATScores(att.PerHead):
     def __init__(self, K: int, C: int, *, mu: Tensor | None = None, nu: Tensor | None = None):
         super().__init__()
         self.K, self.C = K, C
-        self.mu = nn.Parameter(glorot_(torch.empty(K, C))) if mu is None else mu
-        self.nu = nn.Parameter(glorot_(torch.empty(K, C))) if nu is None else nu
+        # given weights belong to the caller (a layer resets its own)
+        self._own = [n for n, w in (("mu", mu), ("nu", nu)) if w is None]
+        self.mu = nn.Parameter(torch.empty(K, C)) if mu is None else mu
+        self.nu = nn.Parameter(torch.empty(K, C)) if nu is None else nu
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """μ, ν (those not given) ~ Glorot over (K, C)."""
+        for n in self._own:
+            glorot_(getattr(self, n))
 
     def extra_repr(self):
         return f"K={self.K}, C={self.C}"
@@ -139,18 +147,33 @@ class RGATConv(nn.Module):
         self.heads, self.concat, self.attention = H, bool(concat), attention
         self.negative_slope, self.dropout = float(negative_slope), float(dropout)
         self.num_bases = num_bases
-        if num_bases is None:
-            self.param = Full(R, in_channels, H * C)
-            glorot_(self.param.weight)
-        else:
-            self.param = ControlledSeparable(R, in_channels, H * C, num_bases)
-            glorot_(self.param.channel)
-            glorot_(self.param.basis_coef)
-        # μ (source side, PyG's k) and ν (target side, PyG's q), per head; PyG's Glorot fans
-        self.att_src = nn.Parameter(glorot_(torch.empty(H, C), H * C, H))
-        self.att_dst = nn.Parameter(glorot_(torch.empty(H, C), H * C, H))
-        self.bias = nn.Parameter(torch.zeros(H * C if concat else C)) if bias else None
+        self.param = Full(R, in_channels, H * C) if num_bases is None else \
+            ControlledSeparable(R, in_channels, H * C, num_bases)
+        # μ (source side, PyG's k) and ν (target side, PyG's q), per head
+        self.att_src = nn.Parameter(torch.empty(H, C))
+        self.att_dst = nn.Parameter(torch.empty(H, C))
+        self.bias = nn.Parameter(torch.empty(H * C if concat else C)) if bias else None
         self._cache = None
+        self._init()
+
+    def _init(self) -> None:
+        """PyG's: Glorot weights (both factors of a basis decomposition), Glorot attention
+        vectors with PyG's fans, a zero bias (after the form's own draw)."""
+        H, C = self.heads, self.out_channels
+        for w in ([self.param.weight] if self.num_bases is None else
+                  [self.param.channel, self.param.basis_coef]):
+            glorot_(w)
+        glorot_(self.att_src, H * C, H)
+        glorot_(self.att_dst, H * C, H)
+        if self.bias is not None:
+            with torch.no_grad():
+                self.bias.zero_()
+
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does: the form's own draw, then PyG's
+        Glorot weights and attention vectors and a zero bias."""
+        self.param.reset_parameters()
+        self._init()
 
     def extra_repr(self):
         return (f"{self.in_channels}, {self.out_channels}, num_relations={self.num_relations}, "
@@ -254,6 +277,11 @@ class RGAT(nn.Module):
         kw = dict(num_bases=num_bases, attention=attention, dropout=dropout)
         self.conv1 = RGATConv(num_nodes, hidden, R, heads=heads, **kw)
         self.conv2 = RGATConv(heads * hidden, out_channels, R, **kw)
+
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does (each layer's own init)."""
+        self.conv1.reset_parameters()
+        self.conv2.reset_parameters()
 
     def forward(self, x: Tensor | None = None) -> Tensor:
         """Logits (N, classes); ``x`` is ignored (the nodes are featureless: a featureless

@@ -36,7 +36,7 @@ from ..attention.clip import TanhClip
 from ..attention.mechanisms import DotProduct, Masked, Mechanism, Softmax
 from ..data.tsp import check_tours, tour_length
 from ..engine import convolve
-from ..params import LowRank
+from ..params import LowRank, reset_children, reset_module
 
 __all__ = ["EncoderLayer", "KeyDot", "PointerDecoder", "AttentionModel", "tour_length",
            "check_tours"]
@@ -58,6 +58,11 @@ class EncoderLayer(nn.Module):
         self.param = LowRank(heads, width, width, D)
         self.bn1, self.bn2 = nn.BatchNorm1d(width), nn.BatchNorm1d(width)
         self.ff = nn.Sequential(nn.Linear(width, ffn), nn.ReLU(), nn.Linear(ffn, width))
+
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does (each layer's own init; the batch
+        norms' running statistics start over)."""
+        reset_children(self)
 
     def attention(self, h: Tensor) -> Tensor:
         """The attention convolution alone: (B, n, W) -> (B, n, W)."""
@@ -107,6 +112,16 @@ class PointerDecoder(nn.Module):
         self.placeholder = nn.Parameter(torch.empty(2 * width).uniform_(-1, 1))
         self.project_out = nn.Linear(width, width, bias=False)  # O_k, heads side by side
         self.pointer = TanhClip(KeyDot(), clip)
+
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does, in its order: the projections
+        (torch's ``Linear`` init) and the first step's placeholder U(-1, 1)."""
+        for lin in (self.project_nodes, self.project_graph, self.project_step):
+            lin.reset_parameters()
+        with torch.no_grad():
+            self.placeholder.uniform_(-1, 1)
+        self.project_out.reset_parameters()
+        reset_module(self.pointer)
 
     def prepare(self, h: Tensor) -> dict:
         """Per-instance projections of the city embeddings h (B, n, W): glimpse keys and
@@ -163,6 +178,10 @@ class AttentionModel(nn.Module):
         self.embed = nn.Linear(2, width)
         self.encoder = nn.Sequential(*[EncoderLayer(width, heads, ffn) for _ in range(layers)])
         self.decoder = PointerDecoder(width, heads, clip)
+
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does (each layer's own init)."""
+        reset_children(self)
 
     def encode(self, coords: Tensor) -> Tensor:
         if coords.dim() != 3 or coords.shape[-1] != 2 or coords.shape[1] < 2:

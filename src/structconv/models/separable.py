@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..nn.grid import GridAvgPool, GridConv
-from ..params import ControlledSeparable, DepthwiseSeparable, Full
+from ..params import ControlledSeparable, DepthwiseSeparable, Full, reset_children
 from .graph import RelationalLayer, identity_basis, relational_basis
 
 __all__ = ["make_form", "DigitsCNN", "RelationalNet"]
@@ -41,6 +41,10 @@ class DigitsCNN(nn.Module):
         self.pool = GridAvgPool((2, 2))
         self.fc = nn.Linear(c2 * (side // 2) ** 2, 10)
 
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does (each layer's own init)."""
+        reset_children(self)
+
     def form_parameters(self) -> int:
         return _count(self.conv2.param)
 
@@ -61,6 +65,10 @@ class RelationalNet(nn.Module):
         N, C = data.num_nodes, data.num_classes
         self.l1 = RelationalLayer(rel, eye, N, hidden, make_form(form, rel.K, N, hidden))
         self.l2 = RelationalLayer(rel, eye, hidden, C, make_form(form, rel.K, hidden, C))
+
+    def reset_parameters(self) -> None:
+        """Re-draw every weight as the constructor does (each layer's own init)."""
+        reset_children(self)
 
     def form_parameters(self) -> int:
         return _count(self.l1.conv.param) + _count(self.l2.conv.param)

@@ -311,8 +311,9 @@ def _activation(act):
     return act
 
 
-class _FeedForward(nn.Module):
-    """The blocks torch's Transformer layers share: self-attention and feed-forward."""
+class _TorchLayer(nn.Module):
+    """What torch's Transformer layers share: the self-attention and feed-forward branches
+    (``feed_forward`` on torch's ``linear1`` / ``linear2``, names kept for ``from_torch``)."""
 
     def _sa_block(self, x, attn_mask, key_padding_mask, is_causal):
         x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
@@ -324,7 +325,7 @@ class _FeedForward(nn.Module):
                                           dropout=self.dropout))
 
 
-class TransformerEncoderLayer(_FeedForward):
+class TransformerEncoderLayer(_TorchLayer):
     """torch.nn.TransformerEncoderLayer on structconv's ``MultiheadAttention`` (same args).
 
     ``shift_heads`` (a sequence of shifts) adds index-based causal shift heads to the
@@ -368,7 +369,7 @@ class TransformerEncoderLayer(_FeedForward):
         return wire(x, self.norm2, self._ff_block)
 
 
-class TransformerDecoderLayer(_FeedForward):
+class TransformerDecoderLayer(_TorchLayer):
     """torch.nn.TransformerDecoderLayer on structconv's ``MultiheadAttention`` (same args)."""
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048,

@@ -31,7 +31,7 @@ from ..attention.index import RelativeBias, index_bias
 from ..attention.positions import alibi_mask, alibi_slopes, rotary, rotary_angles, sinusoidal
 from ..basis.base import Stack
 from ..params import LowRank, reset_children
-from .blocks import feed_forward, pre_norm
+from .blocks import FeedForward, PreNormBlock, former_keys
 from .canon import CANON_PLACES, Canon
 
 __all__ = ["CausalSelfAttention", "TransformerLM", "POSITIONS", "CANON_TAG", "equalised_ffn",
@@ -325,28 +325,25 @@ class CausalSelfAttention(nn.Module):
         return self.out_proj(h.reshape(B, L, (self.H + self.S) * self.D))
 
 
-class _Block(nn.Module):
+class _Block(PreNormBlock):
     """Pre-norm decoder block: x + attn(A(ln x)), then x + proj(gelu(D(fc(C(ln x))))), where
     A, C, D are Canon layers where ``canon`` names them (else the identity) and B sits in the
-    attention; (B, L, E) -> (B, L, E)."""
+    attention; (B, L, E) -> (B, L, E). Checkpoints keep the feed-forward's maps under their
+    names from before ``mlp`` held them, ``fc`` and ``proj`` (``former_keys``)."""
 
     def __init__(self, E: int, heads: int, shifts, ffn: int, dropout: float, bias: bool,
                  position: str, canon: str = "", canon_kernel: int = 4):
-        super().__init__()
+        super().__init__(dropout)
         self.ln1, self.ln2 = nn.LayerNorm(E, bias=bias), nn.LayerNorm(E, bias=bias)
         self.attn = CausalSelfAttention(E, heads, shifts, rotary=position == "rotary",
                                         alibi=position in ("alibi", "shift+alibi"),
                                         relative=position == "relative",
                                         dropout=dropout, bias=bias,
                                         canon=canon_kernel if "B" in canon else 0)
-        self.fc = nn.Linear(E, ffn, bias=bias)
-        self.proj = nn.Linear(ffn, E, bias=bias)
-        self.drop = nn.Dropout(dropout)
+        self.mlp = FeedForward(E, ffn, F.gelu, bias=bias)
         width = {"A": E, "C": E, "D": ffn}
         self.canon = nn.ModuleDict({p: Canon(width[p], canon_kernel) for p in canon if p != "B"})
-
-    def reset_parameters(self) -> None:
-        reset_children(self)
+        former_keys(self, fc="mlp.fc", proj="mlp.proj")
 
     def _canon(self, place: str, h: Tensor, cache: dict | None) -> Tensor:
         return self.canon[place](h, cache, f"canon_{place}") if place in self.canon else h
@@ -355,12 +352,12 @@ class _Block(nn.Module):
         """What the attention reads: Canon-A of the normalised input."""
         return self._canon("A", self.ln1(x), cache)
 
-    def forward(self, x: Tensor, cache: dict | None = None) -> Tensor:
-        x = pre_norm(x, self.ln1, lambda h: self.attn(self._canon("A", h, cache), cache),
-                     self.drop)
-        return pre_norm(x, self.ln2, lambda h: feed_forward(
-            h, self.fc, self.proj, F.gelu, lambda place, u: self._canon(place, u, cache)),
-            self.drop)
+    def branches(self, cache: dict | None = None):
+        def canon(place, h):
+            return self._canon(place, h, cache)
+
+        return ((self.ln1, lambda h: self.attn(canon("A", h), cache)),
+                (self.ln2, lambda h: self.mlp(h, canon)))
 
 
 class TransformerLM(nn.Module):
@@ -430,7 +427,7 @@ class TransformerLM(nn.Module):
         # GPT-2's: N(0, 0.02), the residual projections scaled by 1/sqrt(2·layers)
         n = 2 * len(self.blocks)
         gpt2_init(self, [self.pos], [(w, n) for b in self.blocks
-                                     for w in (b.attn.out_proj.weight, b.proj.weight)])
+                                     for w in (b.attn.out_proj.weight, b.mlp.proj.weight)])
 
     def extra_repr(self):
         return (f"position={self.position!r}, shifts={self.shifts}, context={self.context}, "

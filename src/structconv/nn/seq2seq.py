@@ -36,7 +36,7 @@ from ..basis.grid import Grid
 from ..basis.shift import Shift
 from ..engine import convolve
 from ..params import LowRank, reset_children
-from .blocks import feed_forward, pre_norm
+from .blocks import FeedForward, PreNormBlock, former_keys
 from .canon import Canon, ResidualDepthwise
 from .decoding import generate
 from .lm import (
@@ -313,77 +313,63 @@ class CrossAttention(nn.Module):
         return self.out_proj(basis.propagate_heads(z).reshape(B, T, self.E))
 
 
-class _FeedForward(nn.Module):
-    """The feed-forward half of a pre-norm block with its Canon places C (before) and D
-    (inside, before the activation); ``make`` builds a Canon layer of some width."""
-
-    def __init__(self, E: int, ffn: int, bias: bool, canon: str, make):
-        super().__init__()
-        self.ln = nn.LayerNorm(E, bias=bias)
-        self.fc, self.proj = nn.Linear(E, ffn, bias=bias), nn.Linear(ffn, E, bias=bias)
-        self.canon = nn.ModuleDict({p: make(E if p == "C" else ffn) for p in canon if p in "CD"})
-
-    def reset_parameters(self) -> None:
-        """Re-draw every weight as the constructor does (each sub-layer's own init)."""
-        reset_children(self)
-
-    def forward(self, h: Tensor, apply) -> Tensor:
-        """The feed-forward of the normalised input h (``ln`` is the block's to apply);
-        ``apply(place, h)`` runs the Canon layer at a place (the identity where absent)."""
-        return feed_forward(h, self.fc, self.proj, F.gelu, apply)
+def _ff_canon(E: int, ffn: int, canon: str, make) -> nn.ModuleDict:
+    """The Canon layers of a block's feed-forward: C (before it, E channels) and D (inside it,
+    before the activation, ffn channels) where ``canon`` names them; ``make(channels)``."""
+    return nn.ModuleDict({p: make(E if p == "C" else ffn) for p in canon if p in "CD"})
 
 
-class EncoderBlock(nn.Module):
-    """Pre-norm encoder block: x + attn(A(ln x)), then x + ffn(ln x) with Canon C, D (centred
-    Canon layers where ``canon`` names them); (B, L, E), pad (B, L) -> (B, L, E)."""
+#: where the blocks' checkpoints keep the feed-forward's norm and Canon layers (their names
+#: from before ``FeedForward``): ``ff.ln`` and ``ff.canon``
+_FORMER_FF = {"ff.ln": "ln_ff", "ff.canon": "canon_ff"}
+
+
+class EncoderBlock(PreNormBlock):
+    """Pre-norm encoder block: x + attn(A(ln x)), then x + ffn(ln_ff x) with Canon C, D
+    (centred Canon layers where ``canon`` names them); (B, L, E), pad (B, L) -> (B, L, E)."""
 
     def __init__(self, E: int, heads: int, shifts, ffn: int, dropout: float = 0.0,
                  bias: bool = True, rotary: bool = False, alibi: bool = False, canon: str = "",
                  canon_kernel: int = 4):
-        super().__init__()
+        super().__init__(dropout)
         self.ln = nn.LayerNorm(E, bias=bias)
         self.attn = SelfAttention(E, heads, shifts, rotary=rotary, alibi=alibi, dropout=dropout,
                                   bias=bias, canon=canon_kernel if "B" in canon else 0)
-        self.ff = _FeedForward(E, ffn, bias, canon, lambda c: CentredCanon(c, canon_kernel))
+        self.ln_ff = nn.LayerNorm(E, bias=bias)
+        self.ff = FeedForward(E, ffn, F.gelu, bias=bias)
+        self.canon_ff = _ff_canon(E, ffn, canon, lambda c: CentredCanon(c, canon_kernel))
         self.canon_a = CentredCanon(E, canon_kernel) if "A" in canon else None
-        self.drop = nn.Dropout(dropout)
+        former_keys(self, **_FORMER_FF)
 
-    def reset_parameters(self) -> None:
-        """Re-draw every weight as the constructor does (each sub-layer's own init)."""
-        reset_children(self)
-
-    def forward(self, x: Tensor, pad: Tensor | None = None) -> Tensor:
+    def branches(self, pad: Tensor | None = None):
         def apply(place, h):
-            return self.ff.canon[place](h, pad) if place in self.ff.canon else h
+            return self.canon_ff[place](h, pad) if place in self.canon_ff else h
 
         def attend(h):
             return self.attn(h if self.canon_a is None else self.canon_a(h, pad), pad)
 
-        x = pre_norm(x, self.ln, attend, self.drop)
-        return pre_norm(x, self.ff.ln, lambda h: self.ff(h, apply), self.drop)
+        return ((self.ln, attend), (self.ln_ff, lambda h: self.ff(h, apply)))
 
 
-class DecoderBlock(nn.Module):
-    """Pre-norm decoder block: y + self-attn(A(ln y)) (causal, ``CausalSelfAttention``), then
-    y + cross-attn(ln y, memory), then y + ffn(ln y) with causal Canon C, D; (B, T, E) ->
+class DecoderBlock(PreNormBlock):
+    """Pre-norm decoder block: y + self-attn(A(ln1 y)) (causal, ``CausalSelfAttention``), then
+    y + cross-attn(ln2 y, memory), then y + ffn(ln_ff y) with causal Canon C, D; (B, T, E) ->
     (B, T, E). ``cache`` (a dict) continues a target sequence step by step."""
 
     def __init__(self, E: int, heads: int, shifts, ffn: int, dropout: float = 0.0,
                  bias: bool = True, rotary: bool = False, alibi: bool = False, canon: str = "",
                  canon_kernel: int = 4):
-        super().__init__()
+        super().__init__(dropout)
         self.ln1, self.ln2 = nn.LayerNorm(E, bias=bias), nn.LayerNorm(E, bias=bias)
         self.self_attn = CausalSelfAttention(E, heads, shifts, rotary=rotary, alibi=alibi,
                                              dropout=dropout, bias=bias,
                                              canon=canon_kernel if "B" in canon else 0)
         self.cross_attn = CrossAttention(E, heads, dropout=dropout, bias=bias)
-        self.ff = _FeedForward(E, ffn, bias, canon, lambda c: Canon(c, canon_kernel))
+        self.ln_ff = nn.LayerNorm(E, bias=bias)
+        self.ff = FeedForward(E, ffn, F.gelu, bias=bias)
+        self.canon_ff = _ff_canon(E, ffn, canon, lambda c: Canon(c, canon_kernel))
         self.canon_a = Canon(E, canon_kernel) if "A" in canon else None
-        self.drop = nn.Dropout(dropout)
-
-    def reset_parameters(self) -> None:
-        """Re-draw every weight as the constructor does (each sub-layer's own init)."""
-        reset_children(self)
+        former_keys(self, **_FORMER_FF)
 
     def self_attention_input(self, y: Tensor, cache: dict | None = None) -> Tensor:
         """What the self-attention reads: Canon-A of the normalised input."""
@@ -392,16 +378,14 @@ class DecoderBlock(nn.Module):
     def _canon_a(self, h: Tensor, cache: dict | None) -> Tensor:
         return h if self.canon_a is None else self.canon_a(h, cache, "canon_A")
 
-    def forward(self, y: Tensor, memory: Tensor, pad: Tensor | None = None,
-                cache: dict | None = None) -> Tensor:
+    def branches(self, memory: Tensor, pad: Tensor | None = None, cache: dict | None = None):
         def apply(place, h):
-            return self.ff.canon[place](h, cache, f"canon_{place}") if place in self.ff.canon \
+            return self.canon_ff[place](h, cache, f"canon_{place}") if place in self.canon_ff \
                 else h
 
-        y = pre_norm(y, self.ln1, lambda h: self.self_attn(self._canon_a(h, cache), cache),
-                     self.drop)
-        y = pre_norm(y, self.ln2, lambda h: self.cross_attn(h, memory, pad, cache), self.drop)
-        return pre_norm(y, self.ff.ln, lambda h: self.ff(h, apply), self.drop)
+        return ((self.ln1, lambda h: self.self_attn(self._canon_a(h, cache), cache)),
+                (self.ln2, lambda h: self.cross_attn(h, memory, pad, cache)),
+                (self.ln_ff, lambda h: self.ff(h, apply)))
 
 
 class Seq2Seq(nn.Module):
@@ -630,13 +614,14 @@ class Seq2Seq(nn.Module):
                              f"{len(self.encoder)}/{len(self.decoder)}")
         for ours, theirs in zip(self.encoder, enc):
             _copy_mha(ours.attn, theirs.self_attn, packed=True)
-            _copy_block_rest(ours.ln, ours.ff, theirs.norm1, theirs.norm2, theirs)
+            ours.ln.load_state_dict(theirs.norm1.state_dict())
+            _copy_feed_forward(ours, theirs.norm2, theirs)
         for ours, theirs in zip(self.decoder, dec):
             _copy_mha(ours.self_attn, theirs.self_attn, packed=True)
             _copy_mha(ours.cross_attn, theirs.multihead_attn, packed=False)
             ours.ln1.load_state_dict(theirs.norm1.state_dict())
             ours.ln2.load_state_dict(theirs.norm2.state_dict())
-            _copy_block_rest(None, ours.ff, None, theirs.norm3, theirs)
+            _copy_feed_forward(ours, theirs.norm3, theirs)
         self.ln_enc.load_state_dict(t.encoder.norm.state_dict())
         self.ln_dec.load_state_dict(t.decoder.norm.state_dict())
         return self
@@ -661,12 +646,11 @@ def _copy_mha(ours: nn.Module, theirs: nn.MultiheadAttention, packed: bool) -> N
     ours.out_proj.load_state_dict(theirs.out_proj.state_dict())
 
 
-def _copy_block_rest(ln, ff: _FeedForward, norm_attn, norm_ff, theirs) -> None:
-    if ln is not None:
-        ln.load_state_dict(norm_attn.state_dict())
-    ff.ln.load_state_dict(norm_ff.state_dict())
-    ff.fc.load_state_dict(theirs.linear1.state_dict())
-    ff.proj.load_state_dict(theirs.linear2.state_dict())
+def _copy_feed_forward(ours: nn.Module, norm: nn.LayerNorm, theirs) -> None:
+    """torch's feed-forward norm and maps (``linear1``, ``linear2``) into one of our blocks."""
+    ours.ln_ff.load_state_dict(norm.state_dict())
+    ours.ff.fc.load_state_dict(theirs.linear1.state_dict())
+    ours.ff.proj.load_state_dict(theirs.linear2.state_dict())
 
 
 class _Decoding:
