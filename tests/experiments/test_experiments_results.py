@@ -200,7 +200,7 @@ def test_forms_are_config_overrides_with_their_counts():
 
 def _separability_args(tmp_path, **kw) -> argparse.Namespace:
     a = dict(model="cnn", dataset=None, data=None, forms="H1,full", seeds=1, epochs=1, lr=None,
-             batch=64, hidden=16, train_size=100, threads=0, plot=None, quick=True, seed=0,
+             batch=256, hidden=16, train_size=100, threads=0, plot=None, quick=True, seed=0,
              out=str(tmp_path))
     return argparse.Namespace(**{**a, **kw})
 
@@ -222,6 +222,18 @@ def test_separability_quick_run_trains_through_the_engine_and_reads_back(tmp_pat
     assert {p: p.stat().st_mtime_ns for p in stamp} == stamp
     again = json.loads((tmp_path / "separability-cnn.json").read_text())
     assert again["forms"]["H1"]["runs"] == res["forms"]["H1"]["runs"]
+
+
+def test_separability_rgcn_arm_is_the_rgcn_config_with_the_form(tmp_path):
+    args = _separability_args(tmp_path, model="rgcn", data=str(need("aifb")),
+                              forms="H2,depthwise")
+    assert separability.run(args) == 0
+    res = json.loads((tmp_path / "separability-rgcn.json").read_text())
+    assert res["config"] == "rgcn_entities" and res["dataset"] == "aifb"
+    # the two relational convolutions' counts of the recipe's former network (docs/results.md)
+    assert {f: r["form_params"] for f, r in res["forms"].items()} == \
+        {"H2": 265_608, "depthwise": 879_714}
+    assert all(0 <= r["runs"][0]["train_acc"] <= 100 for r in res["forms"].values())
 
 
 # -- routes -------------------------------------------------------------------------------------
