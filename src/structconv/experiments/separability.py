@@ -19,7 +19,8 @@ where finished and resumed where interrupted (``experiments.sweep``).
 
 Random draws. The rgcn arm draws what the loop this recipe had before drew (the seed, then the
 model), but sums the loss over the training entities in node order, as ``reproduce rgcn``
-does: a loss's last digits differ, and a run's accuracy may differ by an entity. The cnn arm's
+does: a loss's last digits differ, and a run's accuracy may differ by an entity (a ``--quick``
+run on AIFB ends with the former loop's test and train accuracies for every form). The cnn arm's
 runs are not that loop's: the engine draws each epoch's batch order from (seed, epoch) (the
 loop drew it from seed * 1000 + epoch), the declared layers start their biases at zero and the
 classifier reads the features position by position (the loop's network drew its biases and
