@@ -84,6 +84,8 @@ MEANINGS = {
     "model.graph.backtrack": "`rgcn` with mined sorts: allow paths r.r^-1",
     "model.graph.hops": "`heads`: index heads A^1..A^hops",
     "model.graph.sparse": "`heads`: feed the features as a sparse matrix (same results)",
+    "model.graph.param": "`rgcn`: the relational weights' form: `full`, `depthwise`, "
+                         "`separable` (H = `bases`) or `auto` (separable where `bases` > 0)",
     "model.gin.hidden": "channels of every GIN layer",
     "model.gin.layers": "GIN layers (each a two-layer MLP after the neighbour sum)",
     "model.gin.readout": "one vector per graph: `sum`, `mean`, `max` or `attention`",

@@ -50,7 +50,7 @@ __all__ = ["ConfigError", "load_config", "parse_config", "apply_overrides", "val
            "routing_spec", "routing_train_spec", "is_routing",
            "HETERO_KEYS", "HETERO_KINDS", "hetero_spec", "is_hetero", "TYPED_SAMPLER_KEYS",
            "typed_sampler_spec", "GRAPH_KEYS", "GRAPH_KINDS", "graph_spec", "is_graph",
-           "SELECTIONS", "DECAYS"]
+           "SELECTIONS", "DECAYS", "GRAPH_PARAMS"]
 
 
 class ConfigError(ValueError):
@@ -789,21 +789,24 @@ GRAPH_KINDS = ("gcn", "cheb", "sgc", "gat", "rgcn", "rgat", "heads")
 """The two-layer node classifiers of the papers a ``[model.graph]`` table may name."""
 GRAPH_KEYS = {"kind": "gcn", "hidden": 16, "dropout": 0.0, "K": 2, "heads": 8, "out_heads": 1,
               "bases": 0, "attention": "within", "sorts": "single", "top": 10,
-              "backtrack": True, "hops": 0, "sparse": True}
+              "backtrack": True, "hops": 0, "sparse": True, "param": "auto"}
 """``[model.graph]``: a paper's two-layer node classifier (``sc.models.graph``,
 ``sc.models.relational_attention``, ``sc.models.mixed``) for one graph, built as the paper
 has it: ``kind`` "gcn", "cheb" (``K`` Chebyshev terms), "sgc" (S^``K``), "gat" (``heads`` x
 ``hidden``, then ``out_heads`` averaged), "rgcn" (featureless, ``bases`` controlled-separable
-bases, 0: full; ``sorts`` "single" or "mined" with the ``top`` mined paths of length 2,
-``backtrack`` allowing r.r^-1), "rgat" (``heads`` x ``hidden``, ``attention`` "within" or
-"across" relations, ``bases``), "heads" (``heads`` attention heads plus index heads
-A^1..A^``hops``, ``hidden`` channels each; ``sparse`` input features); ``dropout``."""
+bases, 0: full; ``param`` the relational weights' form: "full", "depthwise"
+(``DepthwiseSeparable``), "separable" (``ControlledSeparable`` with ``bases`` = H >= 1) or
+"auto" (separable where ``bases`` > 0, else full); ``sorts`` "single" or "mined" with the
+``top`` mined paths of length 2, ``backtrack`` allowing r.r^-1), "rgat" (``heads`` x
+``hidden``, ``attention`` "within" or "across" relations, ``bases``), "heads" (``heads``
+attention heads plus index heads A^1..A^``hops``, ``hidden`` channels each; ``sparse`` input
+features); ``dropout``."""
 GRAPH_APPLIES = {
     "gcn": ("kind", "hidden", "dropout"),
     "cheb": ("kind", "hidden", "dropout", "K"),
     "sgc": ("kind", "K"),
     "gat": ("kind", "hidden", "dropout", "heads", "out_heads"),
-    "rgcn": ("kind", "hidden", "bases", "sorts", "top", "backtrack"),
+    "rgcn": ("kind", "hidden", "bases", "sorts", "top", "backtrack", "param"),
     "rgat": ("kind", "hidden", "heads", "bases", "attention"),
     "heads": ("kind", "hidden", "dropout", "heads", "hops", "sparse"),
 }
@@ -849,6 +852,24 @@ def _check_graph_model(m: dict, where: str) -> None:
           f"{where}.heads must be >= 1 for kind = {s['kind']!r}, got {s['heads']}")
     _need(s["kind"] != "heads" or s["heads"] + s["hops"] >= 1,
           f"{where}: kind = 'heads' needs attention heads or index hops (heads + hops >= 1)")
+    _check_graph_param(s, where)
+
+
+#: ``[model.graph]``'s ``param``: the relational weights' forms of an R-GCN
+GRAPH_PARAMS = ("auto", "full", "depthwise", "separable")
+
+
+def _check_graph_param(s: dict, where: str) -> None:
+    """An R-GCN's ``param`` is a known form, and ``bases`` (H) is set for "separable" only."""
+    form = s["param"]
+    _need(form in GRAPH_PARAMS, f"{where}.param must be one of {', '.join(GRAPH_PARAMS)}, "
+                                f"got {form!r}")
+    _need(form != "separable" or s["bases"] >= 1,
+          f"{where}.param = 'separable' needs bases = H >= 1 (the number of shared channel "
+          f"maps), got bases = {s['bases']}")
+    _need(form not in ("full", "depthwise") or s["bases"] == 0,
+          f"{where}.param = {form!r} takes no bases (they are the separable form's H), got "
+          f"bases = {s['bases']}: set param = 'separable' or bases = 0")
 
 
 def _check_link_sorts(spec: dict, where: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 
@@ -23,6 +24,35 @@ def test_grid_cnn_matches_torch(float64, native):
     x = torch.randn(3, 1, 12, 12)
     torch.testing.assert_close(net(x), ref(x))
     assert sum(p.numel() for p in net.parameters()) == sum(p.numel() for p in ref.parameters())
+
+
+def test_lockstep_through_the_engine_trains_the_twins_alike(float64):
+    from structconv.config import load_config
+    from structconv.data.registry import ImageData
+
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(40, 1, 12, 12, generator=g), torch.randint(0, 4, (40,), generator=g)
+    data = ImageData("toy", {"train": (x, y), "val": (x[:10], y[:10]),
+                             "test": (x[:10], y[:10])}, 4)
+    cfg = load_config(fashion.CONFIG, ["data.batch_size=16", "train.epochs=2"])
+    torch.manual_seed(0)
+    ref = fashion.torch_cnn(channels=(3, 5), side=12, classes=4)
+    nets = {"torch": ref, "structconv": fashion.structconv_cnn(ref),
+            "structconv-shift": fashion.structconv_cnn(ref, native=False)}
+    nets = {k: copy.deepcopy(v).double() for k, v in nets.items()}
+    loops = fashion.engine_loops(nets, cfg, data)
+    for epoch in (1, 2):
+        secs = fashion.lockstep_epoch(loops, epoch)
+        assert set(secs) == set(nets) and all(v > 0 for v in secs.values())
+    # three steps an epoch (16 + 16 + 8 images) for each network, on the same batches
+    assert {k: lp.state["steps"] for k, lp in loops.items()} == dict.fromkeys(nets, 6)
+    rows = {k: lp.state["history"] for k, lp in loops.items()}
+    for k in ("structconv", "structconv-shift"):
+        for a, b in zip(rows[k], rows["torch"]):
+            assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-9)
+            assert a["val_acc"] == b["val_acc"]
+        torch.testing.assert_close(nets[k](x[:5]), nets["torch"](x[:5]))
+    assert rows["torch"][0]["train_loss"] != rows["torch"][1]["train_loss"]  # it trained
 
 
 # -- shift heads ------------------------------------------------------------------------------
@@ -147,28 +177,63 @@ def test_index_head_is_gcn(float64):
 
 
 # -- separability ------------------------------------------------------------------------------
-def test_forms_and_counts():
-    assert sum(p.numel() for p in separability.make_form("H3", 25, 16, 32).parameters()) == \
-        3 * (25 + 16 * 32)
-    assert sum(p.numel() for p in separability.make_form("depthwise", 25, 16, 32).parameters()) \
-        == 25 * 16 + 16 * 32
-    with pytest.raises(ValueError, match="unknown form"):
-        separability.make_form("H0", 2, 2, 2)
-    net = separability.DigitsCNN("H2")
-    assert net(torch.randn(3, 1, 8, 8)).shape == (3, 10)
-    assert net.form_parameters() == 2 * (25 + 16 * 32)
+def test_forms_are_config_overrides_with_their_counts():
+    from structconv.config import load_config
+    from structconv.models.build import build_model
+    from structconv.training.tasks import load_data
+
+    counts = {"H3": 3 * (25 + 16 * 32), "depthwise": 25 * 16 + 16 * 32, "full": 25 * 16 * 32}
+    data = None
+    for form, count in counts.items():
+        cfg = load_config(separability.CONFIGS["cnn"],
+                          separability.form_overrides("cnn", form))
+        data = data or load_data(cfg)
+        net = build_model(cfg, data)
+        assert separability.form_parameters("cnn", net) == count, form
+        assert net(torch.randn(3, 1, 8, 8)).shape == (3, 10)
+    assert separability.form_overrides("rgcn", "H5") == ['model.graph.param="separable"',
+                                                         "model.graph.bases=5"]
+    for bad in ("H0", "H", "dense"):
+        with pytest.raises(ValueError, match="unknown form"):
+            separability.form_overrides("cnn", bad)
 
 
-def test_separability_quick_run(tmp_path):
-    args = argparse.Namespace(model="cnn", dataset=None, data=None, forms="H1,full", seeds=1,
-                              epochs=2, lr=None, batch=64, hidden=16, train_size=100,
-                              threads=0, plot=None, quick=True, seed=0, out=str(tmp_path))
-    assert separability.run(args) == 0
+def _separability_args(tmp_path, **kw) -> argparse.Namespace:
+    a = dict(model="cnn", dataset=None, data=None, forms="H1,full", seeds=1, epochs=1, lr=None,
+             batch=256, hidden=16, train_size=100, threads=0, plot=None, quick=True, seed=0,
+             out=str(tmp_path))
+    return argparse.Namespace(**{**a, **kw})
+
+
+def test_separability_quick_run_trains_through_the_engine_and_reads_back(tmp_path, capsys):
+    assert separability.run(_separability_args(tmp_path)) == 0
     res = json.loads((tmp_path / "separability-cnn.json").read_text())
     assert set(res["forms"]) == {"H1", "full"}
     assert res["forms"]["H1"]["form_params"] == 25 + 16 * 32
+    assert res["forms"]["full"]["params"] == 18378  # DigitsCNN's count: the same network
+    assert res["config"] == "separability_cnn" and res["epochs"] == 1
     assert all(0 <= r["test_acc_mean"] <= 100 for r in res["forms"].values())
     assert (tmp_path / "separability-cnn.png").stat().st_size > 1000
+    # one engine run directory per (form, seed); a second call reads them back
+    runs = sorted(p.parent.name for p in tmp_path.glob("separability-cnn-digits-*/*/result.json"))
+    assert runs == ["H1-seed-0", "full-seed-0"]
+    stamp = {p: p.stat().st_mtime_ns for p in tmp_path.glob("separability-cnn-*/*/result.json")}
+    assert separability.run(_separability_args(tmp_path)) == 0
+    assert {p: p.stat().st_mtime_ns for p in stamp} == stamp
+    again = json.loads((tmp_path / "separability-cnn.json").read_text())
+    assert again["forms"]["H1"]["runs"] == res["forms"]["H1"]["runs"]
+
+
+def test_separability_rgcn_arm_is_the_rgcn_config_with_the_form(tmp_path):
+    args = _separability_args(tmp_path, model="rgcn", data=str(need("aifb")),
+                              forms="H2,depthwise")
+    assert separability.run(args) == 0
+    res = json.loads((tmp_path / "separability-rgcn.json").read_text())
+    assert res["config"] == "rgcn_entities" and res["dataset"] == "aifb"
+    # the two relational convolutions' counts of the recipe's former network (docs/results.md)
+    assert {f: r["form_params"] for f, r in res["forms"].items()} == \
+        {"H2": 265_608, "depthwise": 879_714}
+    assert all(0 <= r["runs"][0]["train_acc"] <= 100 for r in res["forms"].values())
 
 
 # -- routes -------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import structconv.models as sc_models
 from structconv import attention as at
 from structconv import basis as B
 from structconv.config import HETERO_KEYS, parse_config, validate
-from structconv.models import declared, forecast, gin, hetero, mixed, routing, separable
+from structconv.models import declared, forecast, gin, hetero, mixed, routing
 from structconv.models import graph as mg
 from structconv.models import relational_attention as ra
 from structconv.nn.blocks import FeedForward
@@ -180,8 +180,6 @@ MODEL_MAKERS = {
     "GIN": (lambda: gin.GIN(3, 4, 2, layers=2, readout="attention"), False),
     "TypedClassifier": (lambda: hetero.TypedClassifier({**HETERO_KEYS, "hidden": 4},
                                                        {"a": 4, "b": 4}, 3, META, "a"), False),
-    "DigitsCNN": (lambda: separable.DigitsCNN("H2", side=4, kernel=3, channels=(2, 3)), True),
-    "RelationalNet": (lambda: separable.RelationalNet(GRAPH_DATA, 4, "H2"), True),
     "EncoderLayer": (lambda: routing.EncoderLayer(4, 2, 6), True),
     "PointerDecoder": (lambda: routing.PointerDecoder(4, 2), True),
     "AttentionModel": (lambda: routing.AttentionModel(4, 2, 1, 6), True),
@@ -214,11 +212,6 @@ MODEL_MAKERS = {
 }
 
 
-class _GraphData:
-    edge_index, edge_type, num_nodes, num_relations, num_classes = EI, ET, 5, 2, 3
-
-
-GRAPH_DATA = _GraphData()
 MAKERS.update(MODEL_MAKERS)
 MAKERS["FeedForward"] = (lambda: FeedForward(3, 5, dropout=0.1, out_width=2), True)
 

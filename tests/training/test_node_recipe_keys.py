@@ -46,6 +46,10 @@ def _graph(val: bool = True) -> GraphData:
     ({"kind": "rgat", "attention": "both"}, "model.graph.attention must be within or across"),
     ({"kind": "gcn", "dropout": 1.0}, r"model.graph.dropout must be in \[0, 1\)"),
     ({"kind": "gcn", "width": 3}, "model.graph: unknown key 'width'"),
+    ({"kind": "rgcn", "param": "lowrank"}, "model.graph.param must be one of auto, full"),
+    ({"kind": "rgcn", "param": "separable"}, "param = 'separable' needs bases = H >= 1"),
+    ({"kind": "rgcn", "param": "depthwise", "bases": 2}, "param = 'depthwise' takes no bases"),
+    ({"kind": "gcn", "param": "full"}, "model.graph.param does not apply to kind = 'gcn'"),
 ])
 def test_a_bad_graph_table_is_refused_by_name(graph, match):
     with pytest.raises(ConfigError, match=match):
@@ -69,6 +73,28 @@ def test_every_graph_kind_builds_and_maps_the_nodes_to_logits(graph):
         x = data.x if graph["kind"] not in ("rgcn", "rgat") else torch.zeros(12, 0)
         out = model(x)
     assert out.shape == (12, 3) and torch.isfinite(out).all()
+
+
+def test_rgcn_param_names_the_relational_weights_form():
+    from structconv.params import ControlledSeparable, DepthwiseSeparable, Full
+
+    data = _graph()
+
+    def built(**graph):
+        torch.manual_seed(0)
+        return build_model(_cfg({"kind": "rgcn", "hidden": 4, **graph}), data)
+
+    kinds = {"full": Full, "depthwise": DepthwiseSeparable, "separable": ControlledSeparable}
+    for form, cls in kinds.items():
+        net = built(param=form, bases=2 if form == "separable" else 0)
+        for conv in (net.conv1.conv, net.conv2.conv):
+            assert type(conv.param) is cls, form
+    dw = built(param="depthwise").conv1.conv.param  # K P + P Q: per-relation scales, one map
+    assert sum(p.numel() for p in dw.parameters()) == 3 * 12 + 12 * 4
+    # "auto" is what a table without param always meant: separable with bases, else full
+    for bases, form in ((2, "separable"), (0, "full")):
+        a, b = built(bases=bases).state_dict(), built(bases=bases, param=form).state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_decay_first_puts_l2_on_the_first_layer_only():

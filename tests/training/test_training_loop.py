@@ -149,3 +149,37 @@ def test_the_loop_trains_a_task_it_has_never_seen(tmp_path):
     assert h[-1]["val_loss"] < 1e-3 * h[0]["val_loss"] and math.isfinite(h[-1]["val_loss"])
     assert loop.state["best_epoch"] == len(h) or loop.state["stopped"]
     assert (tmp_path / "checkpoint.json").is_file()  # the last epoch's checkpoint
+
+
+def test_stepping_an_epoch_is_running_it():
+    from structconv.config import load_config
+    from structconv.models.build import build_model
+    from structconv.training.tasks import load_data, task_for
+
+    cfg = load_config("cnn_digits", IMAGE + ["data.batch_size=100"])
+    data = load_data(cfg)
+
+    def loop() -> Loop:
+        torch.manual_seed(0)
+        model = build_model(cfg, data)
+        task = task_for(cfg, data)
+        task.setup(model, torch.device("cpu"), task.world)
+        return Loop(task, model, make_optimizer(cfg, model), cfg["train"], seed=0, run=None,
+                    files=False)
+
+    whole, stepped = loop(), loop()
+    assert whole.epoch(1) is True  # one epoch: the last
+    steps, seen = stepped.steps(1), []
+    while True:  # one optimizer step per next(), then the epoch's record
+        try:
+            seen.append(next(steps))
+            assert stepped.state["steps"] == len(seen) and not stepped.state["history"]
+        except StopIteration as end:
+            assert end.value is True
+            break
+    assert [int(s[2]) for s in seen] == [100, 100, 10]  # 210 training images
+    drop = ("time_s", "items_per_s")
+    assert [{k: v for k, v in r.items() if k not in drop} for r in stepped.state["history"]] \
+        == [{k: v for k, v in r.items() if k not in drop} for r in whole.state["history"]]
+    for a, b in zip(whole.model.parameters(), stepped.model.parameters()):
+        assert torch.equal(a, b)

@@ -1,12 +1,20 @@
 """Fashion-MNIST: a small CNN as grid convolutions vs the same network in plain torch.
 
-``structconv reproduce fashion --train-size 20000 --epochs 3 --out runs``. The torch network is
-Conv(1→16, 3×3) ReLU AvgPool(2) Conv(16→32, 3×3) ReLU AvgPool(2) Linear(1568→10); its structconv
-twin is built by ``sc.nn.from_torch`` (weights copied, so the same initialisation), and a second
-twin keeps the grid layers off ``F.conv2d`` (``native=False``: the planner's shift-and-accumulate
-contraction orders). All three train on the same mini-batches in the same order (Adam), one
-step of each in turn, so that they share the machine's load; the table gives test accuracy and
-seconds of training per epoch. Writes ``<out>/fashion.json`` and a PNG.
+``structconv reproduce fashion --train-size 20000 --epochs 3 --out runs``. The torch network
+(``models.fashion.torch_cnn``) is Conv(1→16, 3×3) ReLU AvgPool(2) Conv(16→32, 3×3) ReLU
+AvgPool(2) Linear(1568→10); its structconv twin is built by ``sc.nn.from_torch`` (weights
+copied, so the same initialisation), and a second twin keeps the grid layers off ``F.conv2d``
+(``native=False``: the planner's shift-and-accumulate contraction orders). The settings are the
+shipped config ``fashion_cnn`` (its data and train tables, which the flags override). Each
+network trains through the training engine (a ``Loop`` over an ``ImageTask``), all three on the
+same mini-batches in the same order, one optimizer step of each in turn (``Loop.steps``), so
+that they share the machine's load; the table gives test accuracy and the seconds of each
+network's own steps per epoch (timed here around each step, the loop's own per-step work
+included, the same for every network). The study selects nothing: the engine's validation after
+each epoch scores the test images, the accuracy reported, and the last epoch's is the result.
+The engine draws each epoch's batch order from (seed, epoch), as every run of it does; the loop
+this study had before drew it from seed * 1000 + epoch, so a run's accuracies are not that
+loop's (a quick run's included). Writes ``<out>/fashion.json`` and a PNG.
 """
 
 from __future__ import annotations
@@ -17,11 +25,13 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
+from ..config import load_config
 from ..data.images import load_idx_images
-from ..data.registry import DatasetError, data_root
+from ..data.registry import DatasetError, ImageData, data_root
+from ..models.fashion import structconv_cnn, torch_cnn
+from ..training import Loop, make_optimizer
+from ..training.tasks import ImageTask
 from ._common import (
     BATCH,
     EPOCHS,
@@ -38,43 +48,27 @@ from ._common import (
     write_result,
 )
 
-__all__ = ["torch_cnn", "structconv_cnn", "train_lockstep", "add_arguments", "run"]
+__all__ = ["CONFIG", "torch_cnn", "structconv_cnn", "study_config", "engine_loops",
+           "lockstep_epoch", "add_arguments", "run"]
 
 VARIANTS = ("torch", "structconv", "structconv-shift")
+#: the shipped config of the study's data and train settings
+CONFIG = "fashion_cnn"
 
 
-def torch_cnn(channels=(16, 32), side: int = 28, classes: int = 10) -> nn.Sequential:
-    """The reference CNN in plain torch: images (B, 1, side, side) -> logits (B, classes)."""
-    c1, c2 = channels
-    return nn.Sequential(
-        nn.Conv2d(1, c1, 3, padding=1), nn.ReLU(), nn.AvgPool2d(2),
-        nn.Conv2d(c1, c2, 3, padding=1), nn.ReLU(), nn.AvgPool2d(2),
-        nn.Flatten(), nn.Linear(c2 * (side // 4) ** 2, classes))
+def study_config(args) -> dict:
+    """The study's validated config: ``fashion_cnn`` with the flags' seed, batch, lr, epochs."""
+    over = [f"seed={getattr(args, 'seed', 0) or 0}"]
+    for key, value in (("data.batch_size", args.batch), ("train.lr", args.lr),
+                       ("train.epochs", args.epochs)):
+        if value is not None:
+            over.append(f"{key}={value}")
+    return load_config(CONFIG, over)
 
 
-def structconv_cnn(reference: nn.Sequential, native: bool = True) -> nn.Sequential:
-    """The same network with every conv / pool a structconv grid layer (weights copied).
-
-    ``native=False`` keeps the grid layers on the paper's contraction orders (no F.conv2d).
-    """
-    from ..nn.convert import from_torch
-
-    layers = []
-    for m in reference:
-        if isinstance(m, (nn.Conv2d, nn.AvgPool2d)):
-            g = from_torch(m)
-            if not native:
-                if isinstance(m, nn.Conv2d):
-                    g.native = False
-                else:
-                    g.route = "basis"
-            layers.append(g)
-        else:
-            layers.append(copy.deepcopy(m))
-    return nn.Sequential(*layers)
-
-
-def _load(args):
+def _load(args) -> ImageData:
+    """A seeded random ``--train-size`` of the training images and the first ``--test-size``
+    test images; the test images are the split validated after each epoch too."""
     root = Path(args.data) if args.data else (data_root() or Path("/nonexistent")) / \
         "fashion-mnist"
     if not root.is_dir():
@@ -85,51 +79,54 @@ def _load(args):
     xte, yte = d.splits["test"]
     g = torch.Generator().manual_seed(args.seed)
     idx = torch.randperm(xtr.shape[0], generator=g)[:args.train_size]
-    return xtr[idx], ytr[idx], xte[:args.test_size], yte[:args.test_size]
+    test = (xte[:args.test_size], yte[:args.test_size])
+    return ImageData("fashion-mnist", {"train": (xtr[idx], ytr[idx]), "val": test,
+                                       "test": test}, 10)
 
 
-@torch.no_grad()
-def _accuracy(net, x, y, batch=1000) -> float:
-    net.eval()
-    correct = 0
-    for i in range(0, x.shape[0], batch):
-        correct += int((net(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum())
-    return 100.0 * correct / x.shape[0]
+def engine_loops(nets: dict, cfg: dict, data) -> dict:
+    """One training loop per network (Adam as ``cfg`` says, an ``ImageTask`` on ``data``): no
+    run directory, nothing written."""
+    loops = {}
+    for name, net in nets.items():
+        task = ImageTask(cfg, data)
+        task.setup(net, torch.device("cpu"), task.world)
+        loops[name] = Loop(task, net, make_optimizer(cfg, net), cfg["train"], seed=cfg["seed"],
+                           name=name, run=None, files=False)
+    return loops
 
 
-def train_lockstep(nets: dict, xtr, ytr, xte, yte, epochs: int, batch: int, lr: float,
-                   seed: int) -> dict:
-    """Adam on the same seeded batches for every network, one step of each in turn.
+def lockstep_epoch(loops: dict, epoch: int) -> dict:
+    """Epoch ``epoch`` of every loop, one optimizer step of each in turn (the same batches:
+    one seed); the seconds of each one's steps. Interleaving the networks step by step
+    exposes them to the same load on a shared machine, so their step times compare fairly;
+    each epoch's record (validation) is not timed."""
+    live = {name: loop.steps(epoch) for name, loop in loops.items()}
+    secs = dict.fromkeys(loops, 0.0)
+    while live:
+        for name, steps in list(live.items()):
+            t0 = time.perf_counter()
+            try:
+                next(steps)
+            except StopIteration:  # the epoch's steps are done and it is recorded
+                del live[name]
+                continue
+            secs[name] += time.perf_counter() - t0
+    return secs
 
-    Interleaving the networks batch by batch exposes them to the same load on a shared machine,
-    so their step times compare fairly. Returns each network's per-epoch history.
-    """
-    opts = {k: torch.optim.Adam(n.parameters(), lr=lr) for k, n in nets.items()}
-    hist: dict = {k: [] for k in nets}
-    for epoch in range(epochs):
-        perm = torch.randperm(xtr.shape[0], generator=torch.Generator().manual_seed(
-            seed * 1000 + epoch))
-        secs = dict.fromkeys(nets, 0.0)
-        total = dict.fromkeys(nets, 0.0)
-        for n in nets.values():
-            n.train()
-        for i in range(0, xtr.shape[0], batch):
-            b = perm[i:i + batch]
-            xb, yb = xtr[b], ytr[b]
-            for k, net in nets.items():
-                t0 = time.perf_counter()
-                opts[k].zero_grad()
-                loss = F.cross_entropy(net(xb), yb)
-                loss.backward()
-                opts[k].step()
-                secs[k] += time.perf_counter() - t0
-                total[k] += float(loss.detach()) * b.numel()
-        for k, net in nets.items():
-            acc = _accuracy(net, xte, yte)
-            hist[k].append(dict(epoch=epoch + 1, train_loss=total[k] / xtr.shape[0],
-                                test_acc=acc, seconds=secs[k]))
-            print(f"    epoch {epoch + 1} {k:<17}: loss {total[k] / xtr.shape[0]:.4f}  "
-                  f"test {acc:.2f}%  {secs[k]:.1f}s", flush=True)
+
+def _train(loops: dict, epochs: int) -> dict:
+    """Every epoch of the loops in lockstep; each network's per-epoch history."""
+    hist: dict = {name: [] for name in loops}
+    for epoch in range(1, epochs + 1):
+        secs = lockstep_epoch(loops, epoch)
+        for name, loop in loops.items():
+            row = loop.state["history"][-1]
+            acc = 100.0 * row["val_acc"]
+            hist[name].append(dict(epoch=epoch, train_loss=row["train_loss"], test_acc=acc,
+                                   seconds=secs[name]))
+            print(f"    epoch {epoch} {name:<17}: loss {row['train_loss']:.4f}  "
+                  f"test {acc:.2f}%  {secs[name]:.1f}s", flush=True)
     return hist
 
 
@@ -141,13 +138,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None, help="Fashion-MNIST folder (IDX gz files)")
     parser.add_argument("--train-size", type=SAMPLES, default=20000, help="training images used")
     parser.add_argument("--test-size", type=SAMPLES, default=10000, help="test images used")
-    parser.add_argument("--epochs", type=EPOCHS, default=3)
-    parser.add_argument("--batch", type=BATCH, default=128)
-    parser.add_argument("--lr", type=POSITIVE, default=1e-3)
+    parser.add_argument("--epochs", type=EPOCHS, default=None,
+                        help=f"epochs (default: the config {CONFIG}'s, 3)")
+    parser.add_argument("--batch", type=BATCH, default=None,
+                        help=f"batch size (default: the config {CONFIG}'s, 128)")
+    parser.add_argument("--lr", type=POSITIVE, default=None,
+                        help=f"Adam's learning rate (default: the config {CONFIG}'s, 1e-3)")
     parser.add_argument("--variants", default=",".join(VARIANTS), type=Listed.of(VARIANTS),
                         help=f"comma list of {VARIANTS}")
     parser.add_argument("--threads", type=THREADS, default=0, help="torch threads (0: default)")
     parser.add_argument("--plot", default=None, help="PNG path (default <out>/fashion.png)")
+
+
+def _plot(rows: dict, data, args) -> None:
+    """Test accuracy per epoch and seconds per epoch, one line / bar per network."""
+    plt = pyplot()
+    fig, ax = plt.subplots(1, 2, figsize=(9, 3.2))
+    for name, r in rows.items():
+        ep = [h["epoch"] for h in r["history"]]
+        ax[0].plot(ep, [h["test_acc"] for h in r["history"]], marker="o", label=name)
+        ax[1].bar(name, r["seconds_per_epoch"])
+    ax[0].set_xlabel("epoch")
+    ax[0].set_ylabel("test accuracy (%)")
+    ax[0].legend()
+    ax[1].set_ylabel("seconds / epoch")
+    ax[1].tick_params(axis="x", labelsize=8)
+    n_train, n_test = (int(data.splits[k][0].shape[0]) for k in ("train", "test"))
+    fig.suptitle(f"Fashion-MNIST, {n_train} train / {n_test} test images")
+    save_figure(fig, args, "fashion")
 
 
 def run(args) -> int:
@@ -158,18 +176,18 @@ def run(args) -> int:
     if bad:
         raise ValueError(f"unknown variants {bad}: choose from {VARIANTS}")
     t_all = time.perf_counter()
-    xtr, ytr, xte, yte = _load(args)
+    cfg = study_config(args)
+    data = _load(args)
     torch.manual_seed(args.seed)
     ref = torch_cnn()
     nets = {"torch": ref, "structconv": structconv_cnn(ref, native=True),
             "structconv-shift": structconv_cnn(ref, native=False)}
     # every variant starts from the same weights: the copies were taken before any training
-    init = {k: copy.deepcopy(v) for k, v in nets.items()}
+    init = {k: copy.deepcopy(nets[k]) for k in variants}
     with torch.no_grad():
-        probe = xte[:8]
-        gap = max(float((init[k](probe) - init["torch"](probe)).abs().max()) for k in variants)
-    hists = train_lockstep({k: init[k] for k in variants}, xtr, ytr, xte, yte, args.epochs,
-                           args.batch, args.lr, args.seed)
+        probe = data.splits["test"][0][:8]
+        gap = max(float((init[k](probe) - ref(probe)).abs().max()) for k in variants)
+    hists = _train(engine_loops(init, cfg, data), cfg["train"]["epochs"])
     rows = {}
     for name, hist in hists.items():
         rows[name] = dict(params=param_count(init[name]), history=hist,
@@ -184,21 +202,12 @@ def run(args) -> int:
         r["time_vs_torch"] = ratio
         print(f"{name:<18} {r['params']:>7} {r['test_acc']:>12.2f} "
               f"{r['seconds_per_epoch']:>8.1f} " + (f"{ratio:>8.2f}x" if ratio else f"{'-':>9}"))
-    result = dict(experiment="fashion", train_size=int(xtr.shape[0]), test_size=int(xte.shape[0]),
-                  epochs=args.epochs, batch=args.batch, lr=args.lr, seed=args.seed,
+    t = cfg["train"]
+    result = dict(experiment="fashion", config=CONFIG,
+                  train_size=int(data.splits["train"][0].shape[0]),
+                  test_size=int(data.splits["test"][0].shape[0]), epochs=t["epochs"],
+                  batch=cfg["data"]["batch_size"], lr=t["lr"], seed=cfg["seed"],
                   initial_output_gap=gap, variants=rows, wall_seconds=wall, hardware=hardware())
     write_result(args, "fashion", result)
-    plt = pyplot()
-    fig, ax = plt.subplots(1, 2, figsize=(9, 3.2))
-    for name, r in rows.items():
-        ep = [h["epoch"] for h in r["history"]]
-        ax[0].plot(ep, [h["test_acc"] for h in r["history"]], marker="o", label=name)
-        ax[1].bar(name, r["seconds_per_epoch"])
-    ax[0].set_xlabel("epoch")
-    ax[0].set_ylabel("test accuracy (%)")
-    ax[0].legend()
-    ax[1].set_ylabel("seconds / epoch")
-    ax[1].tick_params(axis="x", labelsize=8)
-    fig.suptitle(f"Fashion-MNIST, {xtr.shape[0]} train / {xte.shape[0]} test images")
-    save_figure(fig, args, "fashion")
+    _plot(rows, data, args)
     return 0

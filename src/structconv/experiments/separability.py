@@ -2,16 +2,31 @@
 
 ``structconv reproduce separability --model cnn`` (digits CNN) and ``--model rgcn`` (R-GCN on
 AIFB). The parameter form of one convolution is swept: ``ControlledSeparable`` with H in
-``--H``, against ``Full`` and ``DepthwiseSeparable``.
+``--forms`` (``H<n>``), against ``Full`` and ``DepthwiseSeparable``. Each arm is a shipped config
+and each form a set of overrides of it (``form_overrides``); every (form, seed) is a run of the
+training engine in ``<out>/separability-<model>-<dataset>-<hash>/<form>-seed-<s>``, read back
+where finished and resumed where interrupted (``experiments.sweep``).
 
-* cnn: GridConv(1→16, 5×5) ReLU GridConv(16→32, 5×5, *form*) ReLU AvgPool(2) Linear(→10) on
-  scikit-learn's 8×8 digits (or ``--dataset fashion-mnist``, a subset); the form is that of the
-  second convolution (K = 25). Test accuracy at the epoch of best validation accuracy.
-* rgcn: the 2-layer R-GCN recipe of ``structconv reproduce rgcn`` (featureless, 16 hidden,
-  50 epochs) with the form on both relational convolutions (K = number of relations, so
-  ControlledSeparable is R-GCN's basis decomposition and Full is no decomposition).
+* cnn: the config ``separability_cnn``, GridConv(1→16, 5×5) ReLU GridConv(16→32, 5×5, *form*)
+  ReLU AvgPool(2) Linear(→10) on scikit-learn's 8×8 digits (or ``--dataset fashion-mnist``:
+  ``--train-size`` training images, a quarter as many held out for validation, at most as many
+  test images); the form is that of the second convolution (``model.layers.1.param`` and
+  ``H``; K = 25). Test accuracy at the epoch of best validation accuracy.
+* rgcn: the config ``rgcn_entities`` of ``structconv reproduce rgcn`` (featureless, 16 hidden,
+  50 epochs, the last epoch's model) with the form on both relational convolutions
+  (``model.graph.param`` and ``bases``; K = number of relations, so ControlledSeparable is
+  R-GCN's basis decomposition and Full is no decomposition).
 
-Writes ``<out>/separability-<model>.json`` and a PNG of accuracy against parameters.
+Random draws. The rgcn arm draws what the loop this recipe had before drew (the seed, then the
+model), but sums the loss over the training entities in node order, as ``reproduce rgcn``
+does: a loss's last digits differ, and a run's accuracy may differ by an entity (a ``--quick``
+run on AIFB ends with the former loop's test and train accuracies for every form). The cnn arm's
+runs are not that loop's: the engine draws each epoch's batch order from (seed, epoch) (the
+loop drew it from seed * 1000 + epoch), the declared layers start their biases at zero and the
+classifier reads the features position by position (the loop's network drew its biases and
+read them channel by channel), and ``--quick`` trains on the whole digits split (the loop took
+200 images of each split). Writes ``<out>/separability-<model>.json`` and a PNG of accuracy
+against parameters.
 """
 
 from __future__ import annotations
@@ -20,11 +35,11 @@ import argparse
 import time
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-
+from ..config import load_config
+from ..data.planetoid import shared_dir
 from ..data.registry import DatasetError, data_root
-from ..models.separable import DigitsCNN, RelationalNet, make_form
+from ..training import load_run
+from ..training.tasks import task_for
 from ._common import (
     BATCH,
     EPOCHS,
@@ -35,6 +50,7 @@ from ._common import (
     WIDTH,
     Listed,
     hardware,
+    items,
     mean_std,
     param_count,
     pyplot,
@@ -42,90 +58,71 @@ from ._common import (
     set_threads,
     write_result,
 )
+from .sweep import Run, quoted, settings_tag, sweep
 
-__all__ = ["make_form", "DigitsCNN", "RelationalNet", "add_arguments", "run"]
+__all__ = ["CONFIGS", "QUICK", "form_overrides", "overrides", "form_parameters",
+           "add_arguments", "check_arguments", "run"]
 
-
-# ------------------------------------------------------------------------------------------------
-def _images(args):
-    if args.dataset == "digits":
-        from ..data.images import load_digits
-
-        return load_digits(seed=0)
-    from ..data.images import load_idx_images
-
-    root = Path(args.data) if args.data else (data_root() or Path("/nonexistent")) / \
-        "fashion-mnist"
-    if not root.is_dir():
-        raise DatasetError(f"no Fashion-MNIST folder at {root}: pass --data DIR")
-    d = load_idx_images(root, "fashion-mnist", val=5000, seed=0, mean=0.2860, std=0.3530)
-    n = args.train_size
-    d.splits = {"train": tuple(t[:n] for t in d.splits["train"]),
-                "val": tuple(t[:n // 4] for t in d.splits["val"]),
-                "test": d.splits["test"]}
-    return d
-
-
-@torch.no_grad()
-def _acc(net, x, y, batch=1000):
-    net.eval()
-    c = sum(int((net(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum())
-            for i in range(0, x.shape[0], batch))
-    net.train()
-    return 100.0 * c / x.shape[0]
-
-
-def train_cnn(data, form: str, seed: int, args) -> dict:
-    """One CNN run; test accuracy at the epoch of best validation accuracy."""
-    torch.manual_seed(seed)
-    side = data.splits["train"][0].shape[-1]
-    net = DigitsCNN(form, side=side)
-    opt = torch.optim.Adam(net.parameters(), lr=args.lr)
-    xtr, ytr = data.splits["train"]
-    best, t0 = (-1.0, 0.0, 0), time.perf_counter()
-    for epoch in range(args.epochs):
-        perm = torch.randperm(xtr.shape[0], generator=torch.Generator().manual_seed(
-            seed * 1000 + epoch))
-        for i in range(0, xtr.shape[0], args.batch):
-            b = perm[i:i + args.batch]
-            opt.zero_grad()
-            F.cross_entropy(net(xtr[b]), ytr[b]).backward()
-            opt.step()
-        val = _acc(net, *data.splits["val"])
-        if val > best[0]:
-            best = (val, _acc(net, *data.splits["test"]), epoch + 1)
-    return dict(seed=seed, val_acc=best[0], test_acc=best[1], epoch=best[2],
-                params=param_count(net), form_params=net.form_parameters(),
-                seconds=time.perf_counter() - t0)
-
-
-def train_rgcn(data, form: str, seed: int, args) -> dict:
-    """One R-GCN run (the recipe: Adam 0.01, no L2, evaluated after the last epoch)."""
-    torch.manual_seed(seed)
-    net = RelationalNet(data, args.hidden, form)
-    opt = torch.optim.Adam(net.parameters(), lr=args.lr)
-    t0 = time.perf_counter()
-    for _ in range(args.epochs):
-        net.train()
-        opt.zero_grad()
-        F.cross_entropy(net()[data.train_idx], data.train_y).backward()
-        opt.step()
-    net.eval()
-    with torch.no_grad():
-        pred = net().argmax(1)
-    test = 100.0 * float((pred[data.test_idx] == data.test_y).float().mean())
-    train = 100.0 * float((pred[data.train_idx] == data.train_y).float().mean())
-    return dict(seed=seed, test_acc=test, train_acc=train, params=param_count(net),
-                form_params=net.form_parameters(), seconds=time.perf_counter() - t0)
-
-
+#: each arm's shipped config
+CONFIGS = {"cnn": "separability_cnn", "rgcn": "rgcn_entities"}
+#: each arm's datasets, its default first
+DATASETS = {"cnn": ("digits", "fashion-mnist"), "rgcn": ("aifb", "mutag")}
+#: each arm's forms by default
+FORMS = {"cnn": "H1,H2,H4,H8,H16,depthwise,full", "rgcn": "H1,H2,H5,H10,H30,depthwise,full"}
 #: the defaults of ``--quick`` (a value given on the command line is kept)
 QUICK = dict(seeds=1, epochs=2, train_size=500)
 
 
+def form_overrides(model: str, form: str) -> list[str]:
+    """The overrides that give the swept convolution(s) of ``model``'s config the parameter
+    form ``form``: 'full', 'depthwise' or 'H<n>' (``ControlledSeparable`` with H = n)."""
+    key = "model.layers.1" if model == "cnn" else "model.graph"
+    if form in ("full", "depthwise"):
+        return [f'{key}.param="{form}"']
+    if form.startswith("H") and form[1:].isdigit() and int(form[1:]) > 0:
+        return [f'{key}.param="separable"',
+                f"{key}.{'H' if model == 'cnn' else 'bases'}={int(form[1:])}"]
+    raise ValueError(f"unknown form {form!r}: use 'full', 'depthwise' or 'H<n>' (e.g. H4)")
+
+
+def overrides(args) -> list[str]:
+    """The overrides of the arm's config that the arguments ask for (all but form and seed)."""
+    over = [f'data.name="{args.dataset}"']
+    if args.data is not None:
+        over.append(f"data.root={quoted(args.data)}")
+    if args.epochs:
+        over.append(f"train.epochs={args.epochs}")
+    if args.lr is not None:
+        over.append(f"train.lr={args.lr}")
+    if args.model == "rgcn":
+        return [*over, f"model.graph.hidden={args.hidden}"]
+    over.append(f"data.batch_size={args.batch}")
+    if args.dataset == "fashion-mnist":
+        n = args.train_size
+        over += [f"data.options.val={max(1, n // 4)}", f"data.options.limit={n}"]
+    return over
+
+
+def form_parameters(model: str, net) -> int:
+    """The parameters of the swept convolution(s) of a built arm's model."""
+    convs = [net.blocks[1].conv] if model == "cnn" else [net.conv1.conv, net.conv2.conv]
+    return sum(param_count(c.param) for c in convs)
+
+
+def _row(folder: Path, run: Run, r: dict, model: str) -> dict:
+    """One run's numbers: its result's, and those of the weights it ended with (the best
+    validation epoch's for cnn, the last epoch's for rgcn)."""
+    cfg, data, net = load_run(folder / run.name, "best")
+    row = dict(seed=cfg["seed"], test_acc=100 * r["test_acc"], params=r["parameters"],
+               form_params=form_parameters(model, net), seconds=r["train_time_s"])
+    if model == "cnn":
+        return dict(row, val_acc=100 * r["val_acc"], epoch=r["best_epoch"])
+    return dict(row, train_acc=100 * task_for(cfg, data).evaluate(net, "train")["acc"])
+
+
 def check_arguments(a) -> None:
     """The dataset must be one of the model's."""
-    allowed = ("digits", "fashion-mnist") if a.model == "cnn" else ("aifb", "mutag")
+    allowed = DATASETS[a.model]
     if a.dataset is not None and a.dataset not in allowed:
         raise ValueError(f"--dataset for --model {a.model} must be one of "
                          f"{', '.join(allowed)}, got {a.dataset!r}")
@@ -138,11 +135,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cnn: digits (default) or fashion-mnist; rgcn: aifb (default)")
     parser.add_argument("--data", default=None, help="dataset folder (default: the data home, "
                         "see `structconv datasets`)")
-    parser.add_argument("--forms", default=None, type=Listed(lambda f: make_form(f, 2, 2, 2)),
+    parser.add_argument("--forms", default=None,
+                        type=Listed(lambda f: form_overrides("cnn", f)),
                         help="comma list of full, depthwise, H<n> (default per model)")
     parser.add_argument("--seeds", type=SEEDS, default=3)
-    parser.add_argument("--epochs", type=EPOCHS, default=None)
-    parser.add_argument("--lr", type=POSITIVE, default=None)
+    parser.add_argument("--epochs", type=EPOCHS, default=None,
+                        help="default: the config's (cnn 30, rgcn 50)")
+    parser.add_argument("--lr", type=POSITIVE, default=None,
+                        help="default: the config's (cnn 3e-3, rgcn 0.01)")
     parser.add_argument("--batch", type=BATCH, default=64)
     parser.add_argument("--hidden", type=WIDTH, default=16)
     parser.add_argument("--train-size", type=SAMPLES, default=10000,
@@ -151,28 +151,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", default=None, help="PNG path")
 
 
-_DEFAULTS = {
-    "cnn": dict(forms="H1,H2,H4,H8,H16,depthwise,full", epochs=30, lr=3e-3, dataset="digits"),
-    "rgcn": dict(forms="H1,H2,H5,H10,H30,depthwise,full", epochs=50, lr=0.01, dataset="aifb"),
-}
-
-
-def _data_and_trainer(args):
-    """The dataset of ``args.model`` and the function that trains one form on it."""
-    if args.model == "cnn":
-        data = _images(args)
-        if args.quick:
-            data.splits = {k: (x[:200], y[:200]) for k, (x, y) in data.splits.items()}
-        return data, train_cnn
-    if args.dataset not in ("aifb", "mutag"):
-        raise ValueError(f"rgcn dataset must be aifb or mutag, got {args.dataset!r}")
-    from ..data.rgcn import load_entities
-
-    root = Path(args.data) if args.data else (data_root() or Path("/nonexistent")) / \
-        "rgcn" / args.dataset
-    if not root.is_dir():
-        raise DatasetError(f"no R-GCN folder at {root}: pass --data DIR")
-    return load_entities(root, args.dataset), train_rgcn
+def _check_data(args) -> None:
+    """DatasetError (before any run) where the arm's dataset folder is missing."""
+    sub = None if args.dataset == "digits" else \
+        "fashion-mnist" if args.dataset == "fashion-mnist" else f"rgcn/{args.dataset}"
+    if sub is None:
+        return
+    root = Path(args.data) if args.data else shared_dir(sub)
+    if root is None or not root.is_dir():
+        raise DatasetError(f"no {args.dataset} folder at "
+                           f"{root or (data_root() or Path('/nonexistent')) / sub}: pass "
+                           "--data DIR or set STRUCTCONV_DATA (see `structconv datasets`)")
 
 
 def _plot(rows: dict, forms: list, args):
@@ -200,28 +189,41 @@ def _plot(rows: dict, forms: list, args):
     return fig
 
 
+def _sweep(args, forms: list, seed0: int) -> dict:
+    """Every form's runs over the seeds from ``seed0`` (``experiments.sweep``); each form's
+    row."""
+    config, over = CONFIGS[args.model], overrides(args)
+    folder = Path(args.out) / f"separability-{args.model}-{args.dataset}-" \
+                              f"{settings_tag(config, over)}"
+    dev = getattr(args, "device", None) or "cpu"
+    rows = {}
+    for form in forms:
+        runs = [Run(f"{form}-seed-{s}", config, (*over, *form_overrides(args.model, form),
+                                                 f"seed={s}"))
+                for s in range(seed0, seed0 + args.seeds)]
+        done = [_row(folder, rn, r, args.model)
+                for rn, r in zip(runs, sweep(folder, runs, "separability", dev))]
+        m, s = mean_std([r["test_acc"] for r in done])
+        rows[form] = dict(test_acc_mean=m, test_acc_std=s, params=done[0]["params"],
+                          form_params=done[0]["form_params"],
+                          seconds_per_run=mean_std([r["seconds"] for r in done])[0], runs=done)
+        print(f"  {form:<10} test {m:6.2f} ± {s:4.2f}  form params {done[0]['form_params']:>8}  "
+              f"total {done[0]['params']:>8}  {rows[form]['seconds_per_run']:.1f}s/run",
+              flush=True)
+    return rows
+
+
 def run(args) -> int:
     """Sweep the forms over seeds; print the table, write JSON and PNG."""
     set_threads(args)
-    d = _DEFAULTS[args.model]
-    for k in ("forms", "epochs", "lr", "dataset"):
-        if getattr(args, k) is None:
-            setattr(args, k, d[k])
-    forms = [f.strip() for f in args.forms.split(",") if f.strip()]
+    args.dataset = args.dataset or DATASETS[args.model][0]
+    forms = items(args.forms or FORMS[args.model])
     for f in forms:
-        make_form(f, 2, 2, 2)  # validates the name before any training
+        form_overrides(args.model, f)  # validates the name before any training
+    _check_data(args)
+    cfg = load_config(CONFIGS[args.model], overrides(args))
     t_all = time.perf_counter()
-    data, trainer = _data_and_trainer(args)
-    rows = {}
-    for form in forms:
-        runs = [trainer(data, form, args.seed + i, args) for i in range(args.seeds)]
-        m, s = mean_std([r["test_acc"] for r in runs])
-        rows[form] = dict(test_acc_mean=m, test_acc_std=s, params=runs[0]["params"],
-                          form_params=runs[0]["form_params"],
-                          seconds_per_run=mean_std([r["seconds"] for r in runs])[0], runs=runs)
-        print(f"  {form:<10} test {m:6.2f} ± {s:4.2f}  form params {runs[0]['form_params']:>8}  "
-              f"total {runs[0]['params']:>8}  {rows[form]['seconds_per_run']:.1f}s/run",
-              flush=True)
+    rows = _sweep(args, forms, getattr(args, "seed", 0) or 0)
     wall = time.perf_counter() - t_all
     print(f"{'form':<10} {'form params':>11} {'total params':>12} {'test acc (%)':>15}")
     for f, r in rows.items():
@@ -229,8 +231,9 @@ def run(args) -> int:
               f"{r['test_acc_mean']:>8.2f} ± {r['test_acc_std']:.2f}")
     name = f"separability-{args.model}"
     result = dict(experiment="separability", model=args.model, dataset=args.dataset,
-                  epochs=args.epochs, lr=args.lr, seeds=args.seeds, forms=rows,
-                  wall_seconds=wall, hardware=hardware())
+                  config=CONFIGS[args.model], overrides=overrides(args),
+                  epochs=cfg["train"]["epochs"], lr=cfg["train"]["lr"], seeds=args.seeds,
+                  forms=rows, wall_seconds=wall, hardware=hardware())
     write_result(args, name, result)
     fig = _plot(rows, forms, args)
     save_figure(fig, args, name)

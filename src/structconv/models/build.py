@@ -220,8 +220,10 @@ def build_graph(cfg: dict, data) -> nn.Module:
         if kind == "rgat":
             return RGAT(ei, data.edge_type, N, data.num_relations, s["hidden"], C,
                         heads=s["heads"], num_bases=bases, attention=s["attention"])
+        # "auto" and "separable" are the bases' form (ControlledSeparable with H = bases)
+        form = s["param"] if s["param"] in ("full", "depthwise") else "full"
         return RGCN(ei, data.edge_type, N, data.num_relations, s["hidden"], C, num_bases=bases,
-                    sorts=graph_sorts(s, data)[0])
+                    sorts=graph_sorts(s, data)[0], param=form)
     _need(data.x is not None, f"model.graph.kind = {kind!r} reads node features: dataset "
                               f"{cfg['data']['name']!r} has none")
     F_in = data.num_features

@@ -217,22 +217,24 @@ class RGCN(nn.Module):
 
     ``forward(x=None)`` treats nodes as one-hot features (featureless, as in the paper), as
     it does an (N, 0) ``x`` (a featureless dataset's input).
-    ``num_bases`` (the paper's basis decomposition) is ``ControlledSeparable`` with H bases.
+    ``num_bases`` (the paper's basis decomposition) is ``ControlledSeparable`` with H bases;
+    without it the relational weights take the form ``param`` ("full", "depthwise").
     ``sorts``: one basis matrix per random-walk sort (default: one per relation).
     """
 
     def __init__(self, edge_index: Tensor, edge_type: Tensor, num_nodes: int, num_relations: int,
                  hidden: int, out_channels: int, num_bases: int | None = None,
-                 in_channels: int | None = None, sorts=None, relations=None):
+                 in_channels: int | None = None, sorts=None, relations=None,
+                 param: str = "full"):
         super().__init__()
         rel = relational_basis(edge_index, edge_type, num_nodes, num_relations, sorts, relations)
         eye = identity_basis(num_nodes)
         P = num_nodes if in_channels is None else in_channels
         # R-GCN's basis decomposition is controlled separability over the R relations
-        def param(p, q):
-            return "full" if num_bases is None else ControlledSeparable(rel.K, p, q, num_bases)
-        self.conv1 = RelationalLayer(rel, eye, P, hidden, param(P, hidden))
-        self.conv2 = RelationalLayer(rel, eye, hidden, out_channels, param(hidden, out_channels))
+        def form(p, q):
+            return param if num_bases is None else ControlledSeparable(rel.K, p, q, num_bases)
+        self.conv1 = RelationalLayer(rel, eye, P, hidden, form(P, hidden))
+        self.conv2 = RelationalLayer(rel, eye, hidden, out_channels, form(hidden, out_channels))
 
     def reset_parameters(self) -> None:
         """Re-draw every weight as the constructor does (each layer's own init)."""

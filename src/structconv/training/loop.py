@@ -212,6 +212,19 @@ class Loop:
 
     def epoch(self, epoch: int) -> bool:
         """Train one epoch, validate, record and checkpoint; True when it is the last."""
+        steps = self.steps(epoch)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as end:
+                return end.value
+
+    def steps(self, epoch: int):
+        """One epoch step by step: a generator that yields the global stats (loss sum,
+        correct, items, ranks asked to stop) after each optimizer step, then validates,
+        records and checkpoints the epoch, returning whether it is the last. ``epoch`` runs it
+        through; a study that trains several models on the same batches, one step of each in
+        turn, advances one generator per model's loop."""
         done, totals, before = self._position(epoch)
         t0 = time.perf_counter() - before
         self.net.train()
@@ -226,9 +239,11 @@ class Loop:
                                                                          1e-9))
                 self.spent = bool(self.t["max_steps"]) and \
                     self.state["steps"] >= self.t["max_steps"]
+                if not self.spent:
+                    self._boundary(epoch, done, n_steps, totals, t0, bool(stats[3] > 0))
+                yield stats
                 if self.spent:
                     break
-                self._boundary(epoch, done, n_steps, totals, t0, bool(stats[3] > 0))
         finally:
             bar.close()
         return self._record(epoch, totals, time.perf_counter() - t0)
