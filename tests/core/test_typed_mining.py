@@ -99,8 +99,11 @@ def _typed():
 def test_mined_names_round_trip_into_metapath_edges_and_han():
     g = _typed()
     mined = mine_metapaths(g, "author", "author", max_length=4, top=3)
-    assert [m.name for m in mined][0] == "author.writes.paper.in.venue.has.paper.written_by.author"
-    assert "author.writes.paper.written_by.author" in [m.name for m in mined]
+    # walks: APAPA 26, APVPA 18, APA 10 (by hand from the edges above)
+    assert [(m.name, m.support) for m in mined] == [
+        ("author.writes.paper.written_by.author.writes.paper.written_by.author", 26),
+        ("author.writes.paper.in.venue.has.paper.written_by.author", 18),
+        ("author.writes.paper.written_by.author", 10)]
     for m in mined:
         assert torch.equal(metapath_edges(g, m.name), metapath_edges(g, m.path))
     ets = [(m.start, m.name, m.end) for m in mined]
@@ -128,7 +131,7 @@ def test_backtrack_false_drops_a_step_straight_back():
 
 def test_start_and_end_filter_and_pairs_past_the_bound():
     g = _typed()
-    got = mine_metapaths(g, "paper", "venue", max_length=3, top=50, pairs=True, max_pairs=3)
+    got = mine_metapaths(g, "paper", "venue", max_length=3, top=50, pairs=True, max_pairs=4)
     assert got and all(m.start == "paper" and m.end == "venue" for m in got)
     # walks bound pairs: a path any of whose prefixes has more walks than max_pairs gets None
     assert any(m.pairs is None for m in got) and any(m.pairs is not None for m in got)
