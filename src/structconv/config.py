@@ -50,6 +50,7 @@ __all__ = ["ConfigError", "load_config", "parse_config", "apply_overrides", "val
            "routing_spec", "routing_train_spec", "is_routing",
            "HETERO_KEYS", "HETERO_KINDS", "hetero_spec", "is_hetero", "TYPED_SAMPLER_KEYS",
            "typed_sampler_spec", "GRAPH_KEYS", "GRAPH_KINDS", "graph_spec", "is_graph",
+           "mined_metapaths", "MINED_LENGTH",
            "SELECTIONS", "DECAYS", "GRAPH_PARAMS"]
 
 
@@ -690,9 +691,34 @@ relation, a root weight per type), "rgcn" (the same typed convolution with ``par
 ``sc.params`` form across the relations: "full", "separable" with ``H`` shared channel matrices,
 PyG's ``to_hetero_with_bases``, "grouped" with ``groups``, "lowrank" with ``rank``), "hgt"
 (a linear map per type, then ``layers`` ``HGTConv`` of ``heads`` heads) or "han" (``HANConv``
-over the named ``metapaths``, e.g. "movie.to.actor.to.movie", with attention ``dropout``);
+over the named ``metapaths``, e.g. "movie.to.actor.to.movie", or ``"mined:K"`` /
+``"mined:K:L"``: the K best supported metapaths from the target type back to it, of length up
+to L (default 2), mined from the graph by ``sc.basis.mine_metapaths``; attention ``dropout``);
 ``layers`` graph layers of ``hidden`` channels with ``activation`` and feature ``dropout``, a
 linear head on the ``target`` node type (default: the labelled one)."""
+
+
+#: the longest mined metapath ``"mined:K"`` takes (``"mined:K:L"`` names another, up to 4)
+MINED_LENGTH = 2
+
+
+def mined_metapaths(value, where: str = "model.hetero") -> tuple[int, int] | None:
+    """(K, L) of a ``model.hetero.metapaths`` value ``"mined:K"`` / ``"mined:K:L"`` (K >= 1
+    metapaths of length up to L in 1..4, default ``MINED_LENGTH``); None for a list of named
+    sorts; ConfigError for another string."""
+    if not isinstance(value, str):
+        return None
+    parts = value.split(":")
+    ok = parts[0] == "mined" and len(parts) in (2, 3) and \
+        all(p.isascii() and p.isdigit() for p in parts[1:])
+    k, length = (int(parts[1]), int(parts[2]) if len(parts) == 3 else MINED_LENGTH) if ok \
+        else (0, 0)
+    if not ok or k < 1 or not 1 <= length <= 4:
+        raise ConfigError(f"{where}.metapaths must be a list of dotted sorts "
+                          f"(\"movie.to.actor.to.movie\") or \"mined:K\" / \"mined:K:L\" (the K "
+                          f"best supported metapaths from the target type back to it, of length "
+                          f"up to L in 1..4, default {MINED_LENGTH}), got {value!r}")
+    return k, length
 
 
 def hetero_spec(cfg: dict) -> dict:
@@ -724,12 +750,14 @@ def _check_hetero(m: dict, where: str) -> None:
     _need(s["param"] in P.PARAMS, f"{where}.param must be a registered form "
                                   f"({', '.join(P.PARAMS.kinds())}), got {s['param']!r}")
     mp = s["metapaths"]
-    _need(isinstance(mp, list) and all(isinstance(x, str) and x for x in mp),
+    _need(mined_metapaths(mp, where) is not None or isinstance(mp, list) and
+          all(isinstance(x, str) and x for x in mp),
           f"{where}.metapaths must be a list of dotted sorts (\"movie.to.actor.to.movie\"), "
           f"got {mp!r}")
     _need(bool(mp) == (s["kind"] == "han"),
           f"{where}.metapaths: kind 'han' needs at least one metapath and the other kinds "
-          f"take none, got kind {s['kind']!r} with {len(mp)}")
+          f"take none, got kind {s['kind']!r} with "
+          f"{mp if isinstance(mp, str) else len(mp)}")
     _need(isinstance(s["target"], str), f"{where}.target must be a node type's name, got "
                                         f"{s['target']!r}")
 

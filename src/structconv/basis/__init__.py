@@ -28,6 +28,7 @@ from .mining import MinedSort, mine_sorts, single_and_mined_sorts
 from .shift import Shift
 from .sorts import INVERSE, inverse_name, parse_sorts, sort_name
 from .typed import TypedBasis, metapath_basis, metapath_edges, parse_metapath, typed_basis
+from .typed_mining import MinedMetapath, metapath_name, mine_metapaths
 
 __all__ = ["Basis", "Dense", "Sparse", "Stack", "Product", "as_basis", "density",
            *_grid_all, *_graph_all,
@@ -37,4 +38,5 @@ __all__ = ["Basis", "Dense", "Sparse", "Stack", "Product", "as_basis", "density"
            "inverse_name", "INVERSE",
            "readout", "Readout", "adjacency", "READOUTS",
            "TypedBasis", "typed_basis", "metapath_basis", "metapath_edges", "parse_metapath",
+           "mine_metapaths", "MinedMetapath", "metapath_name",
            "Shift"]

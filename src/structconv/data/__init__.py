@@ -12,6 +12,7 @@ from . import (  # noqa: F401  (the loader modules, imported for their registrat
     kg,
     molecules,
     planetoid,
+    rdf_typed,
     rgcn,
     series,
     synthetic,

@@ -34,7 +34,7 @@ from ..io import atomic_write_bytes, atomic_write_json
 from .registry import GraphData, register_dataset
 
 __all__ = ["EntitiesData", "load_entities", "ENTITIES_COLUMNS", "default_cache_dir",
-           "edge_type_names", "local_name"]
+           "edge_type_names", "local_name", "read_triples", "entity_nodes", "entities_dir"]
 
 #: dataset -> (entity column, label column) of the TSV files, as named in their headers
 ENTITIES_COLUMNS = {
@@ -157,6 +157,22 @@ def _parse_nt(path: Path):
     return list(sink.triples)
 
 
+def read_triples(path: str | os.PathLike) -> list:
+    """The distinct triples (rdflib terms) of a gzipped N-Triples file, in file order."""
+    return _parse_nt(Path(path))
+
+
+def entity_nodes(triples) -> list:
+    """The nodes of a triple list in id order: every subject and object (literals included),
+    ordered by their N-Triples form (the node ids of ``load_entities``)."""
+    return sorted({t for s, _, o in triples for t in (s, o)}, key=lambda t: t.n3())
+
+
+def entities_dir(root: str | os.PathLike, name: str) -> Path:
+    """The folder of ``root`` (or below it) holding dataset ``name``'s files."""
+    return _find_dir(Path(root), name)
+
+
 def _norm_label(s: str) -> str:
     # MUTAG writes 1 in completeDataset.tsv but 1.0 in the splits: compare numbers as numbers
     try:
@@ -225,8 +241,7 @@ def _build(d: Path, name: str, nt: Path, train_tsv: Path, test_tsv: Path):
     # most frequent relation first (as PyG), ties by IRI so the order is reproducible
     relations = sorted(freq, key=lambda p: (-freq[p], str(p)))
     rel_id = {p: i for i, p in enumerate(relations)}
-    terms = {t for s, _, o in triples for t in (s, o)}
-    nodes = sorted(terms, key=lambda t: t.n3())
+    nodes = entity_nodes(triples)
     node_id = {t: i for i, t in enumerate(nodes)}
     src = torch.tensor([node_id[s] for s, _, _ in triples], dtype=torch.long)
     dst = torch.tensor([node_id[o] for _, _, o in triples], dtype=torch.long)

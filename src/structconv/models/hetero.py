@@ -3,8 +3,8 @@ form across relations, HGT and HAN, each a few graph layers and a linear head on
 
 A model takes ``(x_dict, edge_index_dict)`` as ``typed_inputs`` gives them for a typed graph
 (a node type without features reads a constant 1, as PyG's ``T.Constant``; a "han" model reads
-the named metapaths' graphs, each the nonzero pattern of its relations' product) and returns
-the target type's logits (n_target, classes).
+the named or mined metapaths' graphs, each the nonzero pattern of its relations' product) and
+returns the target type's logits (n_target, classes).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..basis.typed import metapath_edges, parse_metapath
-from ..config import ConfigError, hetero_spec
+from ..basis.typed_mining import mine_metapaths
+from ..config import ConfigError, hetero_spec, mined_metapaths
 from ..nn.han import HANConv
 from ..nn.hgt import HGTConv
 from ..nn.typed import TypedGraphConv
@@ -44,10 +45,24 @@ def typed_classes(graph, target: str) -> int:
     return int(y.max()) + 1 if y.numel() else 0
 
 
+def _mined(spec: dict, graph, k: int, length: int) -> list[str]:
+    """The names of the k best supported metapaths of length 1..``length`` from the target
+    type back to it (``sc.basis.mine_metapaths``)."""
+    target = typed_target(spec, graph)
+    found = mine_metapaths(graph, target, target, max_length=length, top=k)
+    if not found:
+        raise ConfigError(f"model.hetero.metapaths {spec['metapaths']!r}: {graph.name} has no "
+                          f"metapath from {target!r} back to it of length up to {length}")
+    return [m.name for m in found]
+
+
 def _sorts(spec: dict, graph) -> list[tuple[str, str, str]]:
-    """The metapaths' edge types (start, sort name, end), checked against the graph."""
+    """The metapaths' edge types (start, sort name, end), checked against the graph: the
+    named ones, or those mined (``"mined:K"`` / ``"mined:K:L"``)."""
+    mined = mined_metapaths(spec["metapaths"])
+    names = spec["metapaths"] if mined is None else _mined(spec, graph, *mined)
     out = []
-    for s in spec["metapaths"]:
+    for s in names:
         try:
             path = parse_metapath(s, graph.edge_types)
         except ValueError as e:
