@@ -217,11 +217,9 @@ TRAINING_LOOP = {"training/loop.py": 1}
 OTHER_LOOPS = {
     "experiments/separability.py": (2, "recipe not yet on the engine"),
     "experiments/fashion.py": (1, "recipe not yet on the engine"),
-    "experiments/canon.py": (1, "recipe not yet on the engine (shift-heads' old loop, kept "
-                                "for it alone)"),
 }
 #: the most backward sites src/ may hold outside bench/ and kernels/ (the target: 2)
-MAX_BACKWARD_SITES = 5
+MAX_BACKWARD_SITES = 4
 
 
 def _calls(path: Path, test) -> list[int]:
@@ -262,9 +260,7 @@ def _namespace(func) -> bool:
 
 #: modules that build a namespace as a config, by file with how many times and why (may only
 #: shrink); cli.py builds the command line's namespaces by definition
-NAMESPACE_CONFIGS = {
-    "experiments/canon.py": (1, "recipe not yet configs"),
-}
+NAMESPACE_CONFIGS: dict[str, tuple[int, str]] = {}
 
 
 def test_no_namespace_built_as_a_config():
