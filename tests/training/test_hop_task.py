@@ -37,18 +37,27 @@ def _cfg(*over: str) -> dict:
 
 def test_the_depo_config_trains_and_reports_accuracy_per_k(tmp_path):
     res = sc.train(_cfg(), tmp_path / "run")
-    assert res["epochs"] == 3 and set(res["accuracy"]) == {1, 2, 3}
-    assert res["val_acc"] == pytest.approx(sum(res["accuracy"].values()) / 3)
+    acc = [res[f"val_acc@{k}"] for k in (1, 2, 3)]
+    assert res["epochs"] == 3 and res["val_mean_acc"] == pytest.approx(sum(acc) / 3)
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [3, 6, 8]  # the step budget ends the third epoch
     assert all({"val_acc@1", "val_acc@3", "step_loss", "train_acc"} <= set(r) for r in rows)
     # the run keeps its last weights, and the result scores them on the last evaluation's sets
-    assert [rows[-1][f"val_acc@{k}"] for k in (1, 2, 3)] == [res["accuracy"][k] for k in (1, 2, 3)]
+    assert [rows[-1][f"val_acc@{k}"] for k in (1, 2, 3)] == acc
     assert main(["eval", str(tmp_path / "run"), "--split", "val"]) == 0
     ev = json.loads((tmp_path / "run" / "eval-val.json").read_text())
-    assert ev["acc@2"] == res["accuracy"][2] and ev["n"] == 3 * 8
+    assert ev["acc@2"] == acc[1] and ev["n"] == 3 * 8
     assert main(["eval", str(tmp_path / "run"), "--split", "test"]) == 0
     assert main(["eval", str(tmp_path / "run"), "--split", "train"]) == 2
+
+
+def test_structconv_train_prints_the_accuracy_per_k(tmp_path, capsys):
+    argv = ["train", "--config", "transformer_depo", "--out", str(tmp_path / "run"),
+            "--progress", *TINY, "train.max_steps=3", "train.epochs=1"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "step 3  loss" in out and "accuracy by k" in out  # the epoch's line
+    assert "val acc@3" in out and "val mean acc" in out  # the result's table
 
 
 def _nanogpt_lr(step: int, steps: int, lr: float) -> float:

@@ -192,7 +192,7 @@ def _cpu_seconds(where: Path, spent: float) -> float:
 def _summary(kind: str, seed: int, ffn: int, res: dict, rows: list[dict], cpu: float, a) -> dict:
     """A run's record from its result and metrics rows: the final accuracy per k and the
     curve (step, the step's loss, accuracy per k) at every evaluation."""
-    final = {int(k): v for k, v in res["accuracy"].items()}
+    final = {k: res[f"val_acc@{k}"] for k in range(1, a.max_hops + 1)}
     curve = [dict(step=r["step"], train_loss=r["step_loss"],
                   accuracy={k: r[f"val_acc@{k}"] for k in sorted(final)}) for r in rows]
     return dict(kind=kind, seed=seed, steps=a.steps, accuracy=final,

@@ -11,8 +11,9 @@ budget (max_hops throughout when 0). The loss is the mean cross-entropy of the a
 predicted at the hop tokens from the sequence up to the last hop token (no answer the model
 is asked for is ever read). An epoch is ``data.batches_per_epoch`` batches (the evaluation
 interval); validation is greedy (argmax over the whole vocabulary) accuracy per k on the
-dataset's fixed sequences with one question each (``DepoData.eval_sets``), ``val_acc`` their
-mean; a row's ``time_s`` counts the validation too.
+dataset's fixed sequences with one question each (``DepoData.eval_sets``), ``val_acc@k``, and
+``val_acc`` their mean (the result's ``val_mean_acc``); a row's ``time_s`` counts the
+validation too.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from torch.nn import functional as F
 
 from ...config import ConfigError, depo_train_spec
 from ...data.depo import DepoTask, generate
+from ..distributed import all_reduce_sum
 from .base import Task, batch_sums
 
 __all__ = ["HopTask", "answer_logits", "accuracy_per_k", "hop_limit", "depth", "DATA_SEED"]
@@ -185,6 +187,9 @@ class HopTask(Task):
     def row(self, epoch: int, totals: list, dt: float, val: dict | None, lr: float) -> dict:
         loss, ok, n = totals
         last, count = self.step_sums
+        if self.world.size > 1:  # every process's share of the last step (row: on every rank)
+            last, count = all_reduce_sum(torch.tensor([last, count], dtype=torch.float64,
+                                                      device=self.dev)).tolist()
         return {"epoch": epoch, "step": min(epoch * self.steps_per_epoch, self.total),
                 "train_loss": loss / n, "train_acc": ok / n,
                 "step_loss": last / count if count else None, **(val or {}),
@@ -197,6 +202,8 @@ class HopTask(Task):
                 f"accuracy by k {accs}")
 
     def result(self, model, main: bool) -> dict:
-        """The validation accuracy per k of the run's final weights, and their mean."""
+        """The validation accuracy per k (``val_acc@k``) of the run's weights, and their mean
+        (``val_mean_acc``)."""
         acc = accuracy_per_k(model, self.sets, self.spec, self.cfg["data"]["eval_batch_size"])
-        return {"val_acc": sum(acc.values()) / len(acc), "accuracy": acc}
+        return {"val_mean_acc": sum(acc.values()) / len(acc),
+                **{f"val_acc@{k}": v for k, v in acc.items()}}
