@@ -199,6 +199,10 @@ MEANINGS = {
     "train.routing.bl_eval": "instances of the baseline's paired t-test at each epoch's end",
     "train.routing.alpha": "the t-test's level: the baseline becomes the policy below it",
     "train.routing.beta": "the exponential baseline's factor",
+    "train.depo": "the `[train.depo]` table: the hop curriculum of the k-hop task",
+    "train.depo.curriculum": "the largest number of hops trained grows from 1 to the task's "
+                             "`max_hops` over this fraction of `max_steps` (0: every k from "
+                             "the start)",
     "model.lm.width": "the model's width (embedding and residual stream)",
     "model.lm.layers": "decoder blocks",
     "model.lm.heads": "attention heads per block (width must divide by heads)",
@@ -207,7 +211,8 @@ MEANINGS = {
     "model.lm.shifts": "causal shift heads per block for `shift` and `shift+alibi`",
     "model.lm.ffn": "the feed-forward width (0: 4 x width)",
     "model.lm.dropout": "dropout on embeddings, attention and feed-forward outputs",
-    "model.lm.context": "`learned` positions: the longest input (0: data.seq_len)",
+    "model.lm.context": "`learned` positions: the longest input (0: data.seq_len; the `depo` "
+                        "task's sequence length)",
     "model.lm.bias": "biases in the linear maps and layer norms",
     "model.lm.tie_weights": "the output map shares the token embedding",
     "model.lm.canon": "Canon layers at the places named, a subset of `ABCD`",
@@ -362,6 +367,7 @@ def _schema() -> dict[str, dict]:
             "train.link": C.LINK_TRAIN_KEYS, "train.sampler": C.SAMPLER_KEYS,
             "model.forecast": C.FORECAST_KEYS, "model.routing": C.ROUTING_KEYS,
             "train.routing": C.ROUTING_TRAIN_KEYS,
+            "train.depo": C.DEPO_TRAIN_KEYS,
             "train.sampler.typed": C.TYPED_SAMPLER_KEYS,
             "layer": LAYER_DEFAULTS}
 

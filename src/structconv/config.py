@@ -20,7 +20,8 @@ many graphs; ``[model.forecast]`` (``FORECAST_KEYS``) a forecaster of a univaria
 ``[model.routing]`` (``ROUTING_KEYS``) an attention model of TSP tours trained by REINFORCE as
 ``[train.routing]`` (``ROUTING_TRAIN_KEYS``) says; ``[model.hetero]`` (``HETERO_KEYS``) a typed
 model for a typed graph (DBLP, IMDB), with ``[train.sampler]`` (``TYPED_SAMPLER_KEYS``) on typed
-mini-batches.
+mini-batches; ``[train.depo]`` (``DEPO_TRAIN_KEYS``) the hop curriculum of a ``[model.lm]`` on
+the k-hop task (the ``depo`` dataset).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ __all__ = ["ConfigError", "load_config", "parse_config", "apply_overrides", "val
            "HETERO_KEYS", "HETERO_KINDS", "hetero_spec", "is_hetero", "TYPED_SAMPLER_KEYS",
            "typed_sampler_spec", "GRAPH_KEYS", "GRAPH_KINDS", "graph_spec", "is_graph",
            "mined_metapaths", "MINED_LENGTH",
-           "SELECTIONS", "DECAYS", "GRAPH_PARAMS"]
+           "SELECTIONS", "DECAYS", "GRAPH_PARAMS", "DEPO_TRAIN_KEYS", "depo_train_spec"]
 
 
 class ConfigError(ValueError):
@@ -71,7 +72,7 @@ DEFAULTS = {
               "label_smoothing": 0.0, "max_steps": 0, "accumulate": 1, "schedule": "constant",
               "warmup_steps": 0, "no_decay": [], "amp": False, "betas": [0.9, 0.999],
               "min_lr_ratio": 0.0, "lr_decay": 1.0, "routing": {}, "decay": "all",
-              "select": "monitor"},
+              "select": "monitor", "depo": {}},
 }
 """Defaults merged under every config (the file's values win)."""
 
@@ -261,7 +262,7 @@ def _need(cond: bool, msg: str):
 #: ``train`` keys added after runs were first written (a saved config may lack them)
 _LATER_KEYS = ("label_smoothing", "max_steps", "accumulate", "schedule", "warmup_steps",
                "no_decay", "amp", "betas", "min_lr_ratio", "lr_decay", "val_sample", "decay",
-               "select", "graph")
+               "select", "graph", "depo")
 #: what ``train.no_decay`` may exempt from weight decay; ``train.schedule``'s schedules
 NO_DECAY = ("bias", "norm", "embedding")
 SCHEDULES = ("constant", "linear", "cosine")
@@ -352,6 +353,7 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
           f"{source}: train.optimizer must be adam, adamw, sgd or adagrad, got "
           f"{t['optimizer']!r}")
     _check_loop(cfg, source)
+    _check_depo_train(t, source)
     d = cfg["data"]
     _need(isinstance(d["name"], str), f"{source}: data.name must be a string")
     _need(isinstance(d["options"], dict), f"{source}: data.options must be a table")
@@ -1207,3 +1209,27 @@ def _check_routing_train(s: dict, where: str) -> None:
     for k in ("alpha", "beta"):
         _need(number_in(s[k], 0, 1, open_hi=True) and s[k] > 0,
               f"{where}.{k} must be a number in (0, 1), got {s[k]!r}")
+
+
+# -- the k-hop task: its hop curriculum ------------------------------------------------------------
+DEPO_TRAIN_KEYS = {"curriculum": 0.5}
+"""``[train.depo]``: how the k-hop task (the ``depo`` dataset) draws its training questions:
+each one's number of hops is uniform in 1..a limit that grows from 1 to the task's max_hops
+over the first ``curriculum`` fraction of the step budget (0: every k from the start)."""
+
+
+def depo_train_spec(cfg: dict) -> dict:
+    """The ``[train.depo]`` table with its defaults filled in."""
+    return {**DEPO_TRAIN_KEYS, **(cfg["train"].get("depo") or {})}
+
+
+def _check_depo_train(t: dict, source: str) -> None:
+    d = t.get("depo", {})
+    _need(isinstance(d, dict), f"{source}: train.depo must be a table ([train.depo]), got {d!r}")
+    for k in d:
+        _need(k in DEPO_TRAIN_KEYS, f"{source}: train.depo: unknown key {k!r} (known: "
+                                    f"{', '.join(DEPO_TRAIN_KEYS)})")
+    c = {**DEPO_TRAIN_KEYS, **d}["curriculum"]
+    _need(number_in(c, 0, 1), f"{source}: train.depo.curriculum must be a number in [0, 1] (the "
+                              f"fraction of the step budget over which the largest k trained "
+                              f"grows to max_hops), got {c!r}")

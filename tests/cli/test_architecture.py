@@ -214,12 +214,10 @@ def test_layers_are_built_in_nn_and_models():
 TRAINING_LOOP = {"training/loop.py": 1}
 #: the other training loops that remain, by file, with how many backward calls each holds and
 #: why: this list may only shrink (move a recipe onto the engine, then delete its line)
-OTHER_LOOPS = {
-    "experiments/canon.py": (1, "recipe not yet on the engine (shift-heads' old loop, kept "
-                                "for it alone)"),
-}
+OTHER_LOOPS: dict[str, tuple[int, str]] = {}
 #: the most backward sites src/ may hold outside bench/ and kernels/ once OTHER_LOOPS is
-#: empty (the target: 2); those listed there count on top of it while they remain
+#: empty (the target was at most 2: the engine's own is the one left); those listed there
+#: count on top of it while they remain
 MAX_BACKWARD_SITES = 1
 
 
@@ -286,9 +284,7 @@ def _namespace(func) -> bool:
 
 #: modules that build a namespace as a config, by file with how many times and why (may only
 #: shrink); cli.py builds the command line's namespaces by definition
-NAMESPACE_CONFIGS = {
-    "experiments/canon.py": (1, "recipe not yet configs"),
-}
+NAMESPACE_CONFIGS: dict[str, tuple[int, str]] = {}
 
 
 def test_no_namespace_built_as_a_config():

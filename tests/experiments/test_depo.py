@@ -1,10 +1,11 @@
 """The Depo-style k-hop task (structconv.data.depo) and its recipe (reproduce canon): the
-generator against a reference solver that reads only the tokens, seeding, the harness's loss
-and accuracy, and the quick recipe end to end."""
+generator against a reference solver that reads only the tokens, seeding, the oracle's
+accuracy, and the quick recipe end to end (configs plus a sweep of engine runs: resumed,
+read back, refused with other options). The task on the training loop:
+tests/training/test_hop_task.py."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import subprocess
@@ -13,10 +14,14 @@ import sys
 import pytest
 import torch
 
-from structconv.data.depo import DepoTask, generate, solve
+import structconv as sc
+from structconv.cli import main
+from structconv.data.depo import DepoTask, eval_sets, generate, solve
 from structconv.experiments import canon
 from structconv.experiments.shift_heads import parse_kinds
-from structconv.nn.lm import TransformerLM, split_kind
+from structconv.nn.lm import split_kind
+from structconv.training.tasks.hops import accuracy_per_k, depth
+from tests.conftest import stop_at
 
 TASK = DepoTask(nodes=20, n=9, max_hops=5, queries=4)
 
@@ -111,40 +116,18 @@ class _Oracle(torch.nn.Module):
         return out
 
 
-def test_accuracy_and_loss_score_the_answers():
-    sets = canon.eval_sets(TASK, 40)
+def test_accuracy_scores_the_answers_of_fixed_sets():
+    sets = eval_sets(TASK, 40)
     assert set(sets) == set(range(1, TASK.max_hops + 1))
     for k, (ids, ans) in sets.items():
         assert ids.shape == (40, 3 * TASK.n + 4) and ans.shape == (40,)
         assert (ids[:, 3 * TASK.n + 2] == TASK.hop(k)).all()
-    assert canon.accuracy_per_k(_Oracle(TASK), sets, TASK) == {k: 1.0 for k in sets}
-    assert canon.accuracy_per_k(_Oracle(TASK, wrong=True), sets, TASK) == {k: 0.0 for k in sets}
-    b = _gen(7)
-    good = canon.answer_loss(_Oracle(TASK), b.ids, b.answers, TASK)
-    bad = canon.answer_loss(_Oracle(TASK, wrong=True), b.ids, b.answers, TASK)
-    assert float(good) < float(bad)
-    assert canon.depth({1: 1.0, 2: 0.95, 3: 0.5, 4: 0.99}, 0.9) == 2
-    assert canon.depth({1: 0.2, 2: 1.0}, 0.9) == 0
-
-
-def test_answer_loss_never_feeds_the_answers():
-    # the model sees ids up to the last hop token: changing answers leaves the logits unchanged
-    torch.manual_seed(0)
-    m = TransformerLM(TASK.vocab_size, 16, 1, 2, "none", canon="ABCD").double()
-    b = _gen(8)
-    ids2 = b.ids.clone()
-    ids2[:, TASK.positions[-1] + 1] = (ids2[:, TASK.positions[-1] + 1] + 1) % TASK.nodes
-    assert torch.equal(canon.answer_loss(m, b.ids, b.answers, TASK),
-                       canon.answer_loss(m, ids2, b.answers, TASK))
-
-
-def test_curriculum_grows_the_hops_from_one_to_the_maximum():
-    a = argparse.Namespace(curriculum=0.5, steps=1000)
-    reach = [canon.reach_at(s, a, 8) for s in range(1000)]
-    assert reach[0] == 1 and reach[499] == 8 and reach[-1] == 8
-    assert all(x <= y for x, y in zip(reach, reach[1:])) and set(reach) == set(range(1, 9))
-    assert reach.index(2) == 63  # each new k after 1/8 of the half: step 500/8 = 62.5
-    assert canon.reach_at(0, argparse.Namespace(curriculum=0.0, steps=1000), 8) == 8
+        assert torch.equal(ids, eval_sets(TASK, 40)[k][0])  # fixed: seeded per k
+    assert accuracy_per_k(_Oracle(TASK), sets, TASK) == {k: 1.0 for k in sets}
+    assert accuracy_per_k(_Oracle(TASK, wrong=True), sets, TASK) == {k: 0.0 for k in sets}
+    assert not torch.equal(eval_sets(TASK, 40, seed=1)[1][0], sets[1][0])
+    assert depth({1: 1.0, 2: 0.95, 3: 0.5, 4: 0.99}, 0.9) == 2
+    assert depth({1: 0.2, 2: 1.0}, 0.9) == 0
 
 
 def test_study_kinds_are_the_issues_arms_and_all_build():
@@ -157,22 +140,33 @@ def test_study_kinds_are_the_issues_arms_and_all_build():
         parse_kinds("none+Canon-Z")
 
 
-def test_a_model_learns_one_hop_and_the_harness_sees_it():
-    # a real (small) training: 1-hop answers are learned far above chance, and the curve,
-    # depth and equal-parameter bookkeeping come out of train_one
-    task = DepoTask(nodes=8, n=5, max_hops=2, queries=3)
-    a = argparse.Namespace(width=32, layers=2, heads=2, shifts=2, canon_kernel=4, lr=3e-3,
-                           steps=600, batch=32, eval_per_k=64, eval_every=300, depth_at=0.9,
-                           curriculum=0.0)
-    res, model = canon.train_one("none+Canon-ABCD", 0, task, a, 64)
-    assert res["accuracy"][1] > 0.6 > 1 / task.n
-    assert [c["step"] for c in res["curve"]] == [300, 600]
-    assert res["params"] == sum(p.numel() for p in model.parameters())
+def test_a_model_learns_one_hop_and_the_harness_sees_it(tmp_path):
+    # a real (small) training through the shipped config: 1-hop answers are learned far
+    # above chance, evaluated after each epoch of 300 steps (one thread: a model this small
+    # gains nothing from more, and contends on a shared CPU)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        res = _one_hop(tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+    assert res["val_acc@1"] > 0.6 > 1 / 5
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [300, 600]
 
 
-def test_quick_recipe_runs_resumes_and_writes_every_kind(tmp_path):
+def _one_hop(tmp_path) -> dict:
+    return sc.train("transformer_depo", tmp_path / "run", overrides=[
+        "data.options={nodes=8, n=5, max_hops=2, queries=3, eval_per_k=64}",
+        "data.batch_size=32", "data.batches_per_epoch=300", "model.lm.width=32",
+        "model.lm.layers=2", "model.lm.heads=2", "model.lm.ffn=64", "train.lr=0.003",
+        "train.max_steps=600", "train.epochs=2", "train.warmup_steps=60",
+        "train.depo.curriculum=0.0"])
+
+
+def test_quick_recipe_runs_resumes_and_writes_every_kind(tmp_path, capsys):
     cmd = [sys.executable, "-m", "structconv.cli", "reproduce", "canon", "--quick",
-           "--out", str(tmp_path)]
+           "--threads", "1", "--out", str(tmp_path)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     res = json.loads((tmp_path / "canon.json").read_text())
@@ -183,59 +177,35 @@ def test_quick_recipe_runs_resumes_and_writes_every_kind(tmp_path):
     for v in res["kinds"].values():
         assert set(v["accuracy"]) == {"1", "2", "3"}
     assert (tmp_path / "canon.png").is_file()
-    assert len(list((tmp_path / "canon_runs").glob("*.safetensors"))) == len(run_kinds)
+    runs = tmp_path / "canon_runs"
+    # every arm a run directory of the shipped config with its overrides, trained by the engine
+    assert len(list(runs.glob("*/best.safetensors"))) == len(run_kinds)
+    cfg = json.loads((runs / "shift+Canon-ABCD-s0-12" / "config.json").read_text())
+    assert cfg["name"] == "transformer_depo" and cfg["model"]["lm"]["position"] == "shift"
+    assert cfg["train"]["max_steps"] == 12 and cfg["data"]["options"]["max_hops"] == 3
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # resumes
     assert r.returncode == 0 and "seed 0 (12 steps)" not in r.stdout
+    again = json.loads((tmp_path / "canon.json").read_text())
+    assert again["kinds"] == res["kinds"]
     bad = subprocess.run([*cmd[:-2], "--kinds", "none+Canon-Q", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and "unknown Canon place" in bad.stderr
+    # a run directory made with other options is refused, not read back
+    assert main([*cmd[3:], "--kinds", "none", "--width", "24"]) == 2
+    err = capsys.readouterr().err
+    assert "another config" in err and "model.lm.width" in err, err
 
 
-def test_a_killed_run_resumes_from_its_checkpoint_and_ends_as_the_uninterrupted_one(
-        tmp_path, monkeypatch):
-    task = DepoTask(nodes=8, n=5, max_hops=2, queries=2)
-    a = argparse.Namespace(width=16, layers=1, heads=2, shifts=2, canon_kernel=4, lr=3e-3,
-                           steps=8, batch=4, eval_per_k=8, eval_every=2, depth_at=0.9,
-                           curriculum=0.5, checkpoint_every=3)
-    want, wmodel = canon.train_one("shift+Canon-AD", 0, task, a, 40)
-
-    calls = {"n": 0}
-    real = canon.generate
-
-    def dies_at_the_seventh_batch(task_, batch, gen, hops=None):
-        if isinstance(hops, torch.Tensor):  # a training batch (evaluation asks one k)
-            calls["n"] += 1
-            if calls["n"] == 7:
-                raise KeyboardInterrupt("killed")
-        return real(task_, batch, gen, hops)
-
-    monkeypatch.setattr(canon, "generate", dies_at_the_seventh_batch)
-    run_dir = tmp_path / "run.ckpt"
-    run_dir.mkdir()
-    with pytest.raises(KeyboardInterrupt):
-        canon.train_one("shift+Canon-AD", 0, task, a, 40, run_dir)
-    assert (run_dir / "checkpoint.json").is_file()  # committed after step 6
-    monkeypatch.setattr(canon, "generate", real)
-    got, model = canon.train_one("shift+Canon-AD", 0, task, a, 40, run_dir)
-    assert [c["step"] for c in got["curve"]] == [2, 4, 6, 8]
-    # the same batches and arithmetic: the same curve and weights, bit for bit
-    assert json.dumps(got["curve"]) == json.dumps(json.loads(json.dumps(want["curve"])))
-    for (k, v), w in zip(model.state_dict().items(), wmodel.state_dict().values()):
-        assert torch.equal(v, w), k
-
-
-def test_a_run_made_with_other_settings_is_refused(tmp_path):
-    from structconv.experiments.canon import checkpoint_dir, resumed
-
-    settings = {"width": 64, "steps": 100}
-    path = tmp_path / "r.json"
-    assert resumed(path, settings) is None
-    path.write_text(json.dumps({"settings": {"width": 32, "steps": 100}, "val_loss": 1.0}))
-    with pytest.raises(ValueError, match="width: 32 there, 64 now"):
-        resumed(path, settings)
-    path.write_text(json.dumps({"val_loss": 1.0}))  # written before runs kept settings
-    assert resumed(path, settings) == {"val_loss": 1.0}
-    d = checkpoint_dir(tmp_path, "run", settings)
-    assert checkpoint_dir(tmp_path, "run", settings) == d
-    with pytest.raises(ValueError, match="steps: 100 there, 200 now"):
-        checkpoint_dir(tmp_path, "run", {"width": 64, "steps": 200})
+def test_an_interrupted_canon_sweep_resumes_to_the_same_numbers(monkeypatch, tmp_path):
+    argv = ["reproduce", "canon", "--quick", "--kinds", "none,shift+Canon-AD", "--threads", "1"]
+    assert main([*argv, "--out", str(tmp_path / "ref")]) == 0
+    with monkeypatch.context() as m:
+        stop_at(m, 12 + 8)  # none's 12 steps, then shift+Canon-AD's epoch 2, step 2 of 6
+        assert main([*argv, "--out", str(tmp_path / "run")]) == 130
+    cut = tmp_path / "run" / "canon_runs" / "shift+Canon-AD-s0-12"
+    assert (cut / "checkpoint.json").is_file() and not (cut / "result.json").exists()
+    assert main([*argv, "--out", str(tmp_path / "run")]) == 0
+    ref, got = (json.loads((tmp_path / d / "canon.json").read_text()) for d in ("ref", "run"))
+    for r, g in zip(ref["runs"], got["runs"]):
+        assert g["curve"] == r["curve"] and g["accuracy"] == r["accuracy"]
+        assert g["train_loss"] == r["train_loss"] and g["params"] == r["params"]

@@ -5,6 +5,7 @@ imports them all, so the registry (the floor below them) never imports a loader.
 """
 
 from . import (  # noqa: F401  (the loader modules, imported for their registrations)
+    depo,
     g2p,
     graphs_nx,
     hetero,

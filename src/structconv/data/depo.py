@@ -13,19 +13,28 @@ Token ids: nodes ``0..nodes-1``, then ``sep``, ``query`` and the hop tokens ``ho
 
 What is reduced against the paper's Depo: every node name is one token (Depo1-like, not the
 multi-token names of Depo2), n is fixed per task rather than drawn per sequence, and the pairs
-form a single cycle (so every k-th successor exists). Not a registered dataset: the task is
-generated on the fly by ``generate``.
+form a single cycle (so every k-th successor exists). Registered as the dataset ``depo``
+(``load_dataset("depo", nodes=..., n=..., max_hops=..., queries=..., eval_per_k=...)``): it
+stores nothing, its training sequences are drawn by the training task
+(``structconv.training.tasks.hops``), its evaluation sets by ``eval_sets`` from fixed seeds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-__all__ = ["DepoTask", "DepoBatch", "generate", "solve"]
+from .registry import DatasetError, check_int, register_dataset
+
+__all__ = ["DepoTask", "DepoBatch", "DepoData", "generate", "solve", "eval_sets", "load_depo",
+           "EVAL_SEEDS"]
+
+#: the seeds of the fixed evaluation sets: k's set of a split is drawn from its seed + k
+EVAL_SEEDS = {"val": 12345, "test": 54321}
 
 
 def _int(name: str, v, lo: int) -> int:
@@ -149,3 +158,76 @@ def solve(task: DepoTask, ids: Tensor) -> Tensor:
         move = k >= step
         node = torch.where(move, succ.gather(1, node), node)
     return node
+
+
+def eval_sets(task: DepoTask, per_k: int, seed: int = EVAL_SEEDS["val"]) -> dict[int, tuple]:
+    """{k: (ids (per_k, 3n + 4), answers (per_k,))} for k = 1..max_hops: ``per_k`` sequences
+    with one question each, all of k hops (so no earlier answer can shorten the chain), k's
+    drawn from ``seed + k``."""
+    one = dataclasses.replace(task, queries=1)
+    out = {}
+    for k in range(1, task.max_hops + 1):
+        b = generate(one, per_k, torch.Generator().manual_seed(seed + k), hops=k)
+        out[k] = (b.ids, b.answers[:, 0])
+    return out
+
+
+@dataclass
+class DepoData:
+    """The k-hop task as a dataset: its sizes (``spec``) and ``eval_per_k`` evaluation
+    sequences per k; nothing is stored (``eval_sets`` draws a split's sets, the training task
+    its batches)."""
+
+    name: str
+    spec: DepoTask
+    eval_per_k: int
+    task: str = "depo"
+
+    @property
+    def vocab(self) -> tuple[str, ...]:
+        """Token names by id: the nodes ``"0"`` ..., then ``";"``, ``"?"``, ``"k1"`` ..."""
+        s = self.spec
+        return (*map(str, range(s.nodes)), ";", "?",
+                *(f"k{k}" for k in range(1, s.max_hops + 1)))
+
+    @property
+    def num_classes(self) -> int:
+        return self.spec.vocab_size
+
+    @property
+    def length(self) -> int:
+        """Tokens per training sequence (a learned position table's length)."""
+        return self.spec.length
+
+    def eval_sets(self, split: str) -> dict[int, tuple]:
+        """The fixed evaluation sets of ``split`` (val or test): see ``eval_sets``."""
+        if split not in EVAL_SEEDS:
+            raise ValueError(f"depo: the training sequences are drawn, not kept: evaluate "
+                             f"{' or '.join(EVAL_SEEDS)}, not {split!r}")
+        return eval_sets(self.spec, self.eval_per_k, EVAL_SEEDS[split])
+
+    def describe(self) -> str:
+        s = self.spec
+        return (f"{self.name}: k-hop task, {s.n} of {s.nodes} node tokens per cycle, k in "
+                f"1..{s.max_hops}, {s.queries} questions per training sequence ({s.length} "
+                f"tokens); {self.eval_per_k} evaluation sequences per k")
+
+
+#: the largest size an option takes (far past any run; a typo's extra zeros are refused)
+MAX_OPTION = 1_000_000
+
+
+@register_dataset("depo", None, "Depo-style k-hop task, generated (options nodes, n, max_hops, "
+                                "queries, eval_per_k)")
+def load_depo(root=None, nodes: int = 32, n: int = 12, max_hops: int = 8, queries: int = 8,
+              eval_per_k: int = 512) -> DepoData:
+    """The k-hop task of these sizes (``DepoTask``) with ``eval_per_k`` evaluation sequences
+    per k; ``DatasetError`` naming the option that does not make one."""
+    sizes = {k: check_int("depo", k, v, 1, MAX_OPTION) for k, v in
+             (("nodes", nodes), ("n", n), ("max_hops", max_hops), ("queries", queries))}
+    per_k = check_int("depo", "eval_per_k", eval_per_k, 1, MAX_OPTION)
+    try:
+        spec = DepoTask(**sizes)
+    except ValueError as e:
+        raise DatasetError(str(e).replace("DepoTask:", "depo:", 1)) from None
+    return DepoData("depo", spec, per_k)

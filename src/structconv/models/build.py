@@ -46,7 +46,7 @@ from .sizes import lm_parameters, seq2seq_parameters
 __all__ = ["build_model", "build_gin", "build_graph", "graph_sorts", "graph_feature_dims",
            "build_lm", "build_link", "build_seq2seq_model", "data_info", "link_sorts",
            "optimizer_copies", "estimated_from_config", "memory_estimate", "check_memory",
-           "sampled_share", "build_forecast", "build_routing"]
+           "sampled_share", "build_forecast", "build_routing", "lm_shape", "LM_TASKS"]
 
 
 def _need(cond: bool, msg: str):
@@ -71,17 +71,30 @@ def data_info(data, cfg: dict) -> dict:
     return info
 
 
+#: the datasets a ``[model.lm]`` model reads: text, and the generated k-hop task
+LM_TASKS = ("text", "depo")
+
+
+def lm_shape(cfg: dict, data) -> tuple[int, int]:
+    """(vocabulary size, sequence length) of a ``[model.lm]`` model on ``data``: a text
+    dataset's windows are ``data.seq_len`` tokens, the k-hop task's sequences its own length."""
+    _need(data.task in LM_TASKS, f"model.lm builds a language model: it needs a text dataset "
+                                 f"(or the depo k-hop task), got a {data.task} task "
+                                 f"({cfg['data']['name']})")
+    return len(data.vocab), data.length if data.task == "depo" else cfg["data"]["seq_len"]
+
+
 def build_lm(cfg: dict, data) -> nn.Module:
-    """The ``sc.nn.TransformerLM`` of a ``[model.lm]`` table, for a text dataset; a learned
-    position table covers ``context`` (default: the data's seq_len)."""
+    """The ``sc.nn.TransformerLM`` of a ``[model.lm]`` table, for a text dataset or the k-hop
+    task; a learned position table covers ``context`` (default: the sequence length,
+    ``lm_shape``)."""
     from ..nn.lm import TransformerLM
 
-    _need(data.task == "text", f"model.lm builds a language model: it needs a text dataset, "
-                               f"got a {data.task} task ({cfg['data']['name']})")
+    vocab, length = lm_shape(cfg, data)
     s = {**LM_KEYS, **cfg["model"]["lm"]}
-    return TransformerLM(len(data.vocab), s["width"], s["layers"], s["heads"], s["position"],
+    return TransformerLM(vocab, s["width"], s["layers"], s["heads"], s["position"],
                          s["shifts"], s["ffn"] or None, float(s["dropout"]),
-                         context=s["context"] or cfg["data"]["seq_len"], bias=s["bias"],
+                         context=s["context"] or length, bias=s["bias"],
                          tie_weights=s["tie_weights"], canon=s["canon"],
                          canon_kernel=s["canon_kernel"])
 
@@ -303,7 +316,7 @@ def _lm_activations(cfg: dict, data) -> int:
     output, residuals and the MLP's two maps, each Canon place's output; per layer the
     (heads, T, T) attention weights; then the logits."""
     s = {**LM_KEYS, **cfg["model"]["lm"]}
-    T, w = cfg["data"]["seq_len"], s["width"]
+    T, w = lm_shape(cfg, data)[1], s["width"]
     ffn = s["ffn"] or 4 * w
     canon = {"A": w, "B": 3 * w, "C": w, "D": ffn}
     per_layer = 10 * w + 2 * ffn + s["heads"] * T + sum(canon[c] for c in s["canon"])
@@ -341,10 +354,9 @@ def _sequence_parameters(cfg: dict, data) -> int:
                                   f"task ({cfg['data']['name']})")
         context = s["context"] or 2 * data.longest()[0] + 8
         return seq2seq_parameters(s, len(data.graphemes), len(data.phonemes), context)
-    _need(data.task == "text", f"model.lm builds a language model: it needs a text dataset, "
-                               f"got a {data.task} task ({cfg['data']['name']})")
+    vocab, length = lm_shape(cfg, data)
     s = {**LM_KEYS, **cfg["model"]["lm"]}
-    return lm_parameters(s, len(data.vocab), s["context"] or cfg["data"]["seq_len"])
+    return lm_parameters(s, vocab, s["context"] or length)
 
 
 def estimated_from_config(cfg: dict) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..nn.lm import RELATIVE_BUCKETS
 
-__all__ = ["lm_parameters", "seq2seq_parameters", "pervasive_parameters"]
+__all__ = ["lm_parameters", "seq2seq_parameters", "pervasive_parameters", "ffn_at_budget"]
 
 
 def _linear(n_in: int, n_out: int, bias: bool) -> int:
@@ -48,6 +48,16 @@ def lm_parameters(spec: dict, vocab: int, context: int) -> int:
         (RELATIVE_BUCKETS * H if pos == "relative" else 0)
     embed = vocab * W * (1 if spec["tie_weights"] else 2)
     return embed + (context * W if pos == "learned" else 0) + L * block + _norm(W, bias)
+
+
+def ffn_at_budget(spec: dict, budget: int, vocab: int, context: int) -> int:
+    """The feed-forward width at which the ``TransformerLM`` of a complete ``[model.lm]`` spec
+    (its ``ffn`` aside) has the parameter count closest to ``budget``: one unit of width costs
+    2·width (+1 with biases) parameters per layer, plus canon_kernel with a Canon-D layer."""
+    W = spec["width"]
+    p0 = lm_parameters({**spec, "ffn": 4 * W}, vocab, context)
+    unit = 2 * W + int(spec["bias"]) + (spec["canon_kernel"] if "D" in spec["canon"] else 0)
+    return max(1, 4 * W + round((budget - p0) / (spec["layers"] * unit)))
 
 
 def seq2seq_parameters(spec: dict, src_vocab: int, tgt_vocab: int, context: int) -> int:

@@ -25,6 +25,7 @@ from ..minibatch import SampledEval
 from .base import ItemTask, Task
 from .forecast import ForecastTask
 from .graph import GraphTask
+from .hops import HopTask
 from .image import ImageTask
 from .link import LinkTask, TripleTask, evaluate_link, train_link
 from .node import NodeTask, SampledNodeTask
@@ -38,13 +39,13 @@ __all__ = ["TASKS", "Task", "ItemTask", "ImageTask", "GraphTask", "NodeTask", "S
            "TextTask", "TypedNodeTask", "LinkTask", "TripleTask", "Seq2SeqTask", "task_for",
            "load_data", "SampledTypedNodeTask",
            "check_train_split", "evaluate", "evaluate_link", "decode_result", "train_link",
-           "ForecastTask", "RoutingTask"]
+           "ForecastTask", "RoutingTask", "HopTask"]
 
 #: a dataset's ``task`` -> the task that trains on it
 TASKS: dict[str, type[Task]] = {"image": ImageTask, "node": NodeTask, "text": TextTask,
                                 "link": LinkTask, "g2p": Seq2SeqTask, "graph": GraphTask,
                                 "series": ForecastTask, "routing": RoutingTask,
-                                "hetero": TypedNodeTask}
+                                "hetero": TypedNodeTask, "depo": HopTask}
 
 
 def load_data(cfg: dict):
@@ -81,6 +82,7 @@ def load_data(cfg: dict):
                 "elec_equip)")
     _check_pair(is_routing(cfg), task == "routing", d["name"], task, "model.routing",
                 "builds tours: it needs a TSP dataset (tsp)")
+    _check_hops(cfg, d["name"], task)
     if task not in TASKS:
         raise ConfigError(f"dataset {d['name']!r} is a {task or '?'} task; train handles "
                           f"{', '.join(TASKS)} tasks")
@@ -100,6 +102,16 @@ def _check_graph(cfg: dict, name: str, task) -> None:
         raise ConfigError(f"model.gin reads batches of graphs: it needs a graph-level dataset "
                           f"(tu-mutag, tu-proteins, tu-nci1, hiv), but dataset {name!r} is a "
                           f"{task} task")
+
+
+def _check_hops(cfg: dict, name: str, task) -> None:
+    """The k-hop task trains a [model.lm] model, and [train.depo] is for it alone."""
+    if task == "depo" and not cfg["model"]["lm"]:
+        raise ConfigError(f"dataset {name!r} is the k-hop task: describe the model with a "
+                          "[model.lm] table (width, layers, heads, position, ...)")
+    if task != "depo" and cfg["train"].get("depo"):
+        raise ConfigError(f"[train.depo] sets the hop curriculum of the k-hop task: it needs "
+                          f"the depo dataset, but dataset {name!r} is a {task} task")
 
 
 def _check_pair(model: bool, data: bool, name: str, task, table: str, needs: str) -> None:
