@@ -700,8 +700,8 @@ to L (default 2), mined from the graph by ``sc.basis.mine_metapaths``; attention
 linear head on the ``target`` node type (default: the labelled one)."""
 
 
-#: the longest mined metapath ``"mined:K"`` takes (``"mined:K:L"`` names another, up to 4)
 MINED_LENGTH = 2
+"""The longest mined metapath ``"mined:K"`` takes (``"mined:K:L"`` names another, up to 4)."""
 
 
 def mined_metapaths(value, where: str = "model.hetero") -> tuple[int, int] | None:
@@ -885,8 +885,8 @@ def _check_graph_model(m: dict, where: str) -> None:
     _check_graph_param(s, where)
 
 
-#: ``[model.graph]``'s ``param``: the relational weights' forms of an R-GCN
 GRAPH_PARAMS = ("auto", "full", "depthwise", "separable")
+"""``[model.graph]``'s ``param``: the forms of an R-GCN's relational weights."""
 
 
 def _check_graph_param(s: dict, where: str) -> None:
