@@ -1,7 +1,8 @@
 """Pictures of bases, like the paper's figure "grid-shift": one panel per matrix A_k (M, N).
 
 ``plot_basis`` works for any (small) basis through ``to_dense``; ``structconv plot-basis grid
---in-shape 8 10 --kernel 3 3 --out FILE`` draws the shift matrices of a grid.
+--in-shape 8 10 --kernel 3 3 --out FILE`` draws the shift matrices of a grid. ``pyplot`` is
+matplotlib's pyplot on a non-interactive backend, for the recipes' and benchmarks' figures.
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ from ._extras import require
 from .basis.base import Basis, as_basis
 from .io import atomic_write_bytes
 
-__all__ = ["plot_basis", "add_plot_arguments", "run_plot", "plot_grid_cli", "MAX_ENTRIES"]
+__all__ = ["plot_basis", "add_plot_arguments", "run_plot", "plot_grid_cli", "pyplot",
+           "MAX_ENTRIES"]
+
+def pyplot():
+    """matplotlib.pyplot on the non-interactive Agg backend (the plots extra)."""
+    require("matplotlib", "plots", "figures").use("Agg")
+    return require("matplotlib.pyplot", "plots", "figures")
+
 
 #: largest M * N drawn (a matrix image beyond this is unreadable and slow to build)
 MAX_ENTRIES = 4_000_000

@@ -229,8 +229,8 @@ def plot_types(result: dict, path) -> Path:
     path."""
     import io
 
-    from ..experiments._common import pyplot
     from ..io import atomic_write_bytes
+    from ..plots import pyplot
 
     rows = result.get("types") if isinstance(result, dict) else None
     if not rows:

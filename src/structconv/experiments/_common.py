@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from .._extras import require
 from ..bench._util import conditions
 from ..io import RunLock, atomic_write_bytes, atomic_write_json
+from ..plots import pyplot
 
 __all__ = ["hardware", "mean_std", "write_result", "save_figure", "set_threads", "fmt_pm",
            "param_count", "run_lock", "run_once", "finished", "Bounded", "Listed", "COUNT",
@@ -309,7 +309,3 @@ def save_figure(fig, args, name: str, use_plot: bool = True) -> Path:
     return path
 
 
-def pyplot():
-    """matplotlib.pyplot on the non-interactive Agg backend (the plots extra)."""
-    require("matplotlib", "plots", "the experiment plots").use("Agg")
-    return require("matplotlib.pyplot", "plots", "the experiment plots")
