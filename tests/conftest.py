@@ -54,6 +54,12 @@ def needs(*names: str) -> pytest.MarkDecorator:
 
 
 @pytest.fixture
+class TinyImages:
+    """A stand-in for a small image dataset: what ``build_model`` reads of one (the task, 3
+    classes, images (1, 4, 4))."""
+    task, num_classes, shape = "image", 3, (1, 4, 4)
+
+
 def float64():
     """torch's default dtype is float64 for the test, restored after it."""
     old = torch.get_default_dtype()

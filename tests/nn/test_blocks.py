@@ -19,6 +19,7 @@ from structconv.config import parse_config, validate
 from structconv.models import build_model
 from structconv.nn.blocks import FeedForward, PreNormBlock, former_keys
 from structconv.training.checkpoint import check_fits
+from tests.conftest import TinyImages
 
 
 def test_feed_forward_is_its_two_maps():
@@ -111,10 +112,6 @@ def test_pre_norm_block_dropout_on_each_branch():
 
 
 # -- the models' checkpoints ---------------------------------------------------------------------
-class _Image:
-    task, num_classes, shape = "image", 3, (1, 4, 4)
-
-
 CFG = '''
 name = "t"
 [data]
@@ -143,7 +140,7 @@ def _models():
     s2s = sc.nn.Seq2Seq(7, 9, width=8, layers=1, dec_layers=2, heads=2, position="shift",
                         shifts=2, ffn=12, canon="ABCD")
     torch.manual_seed(0)
-    net = build_model(validate(parse_config(CFG)), _Image())
+    net = build_model(validate(parse_config(CFG)), TinyImages())
     return {"lm": lm, "seq2seq": s2s, "declared": net}
 
 

@@ -26,6 +26,7 @@ from structconv.models import declared, forecast, gin, hetero, mixed, routing
 from structconv.models import graph as mg
 from structconv.models import relational_attention as ra
 from structconv.nn.blocks import FeedForward
+from tests.conftest import TinyImages
 
 META = (["a", "b"], [("a", "r", "b"), ("b", "s", "a"), ("a", "t", "a")])
 
@@ -140,10 +141,6 @@ GRAPH = B.Structure(edge_index=EI, num_nodes=5, edge_attr=torch.arange(12.0).vie
                     edge_type=ET, num_relations=2)
 
 
-class _Image:
-    task, num_classes, shape = "image", 3, (1, 4, 4)
-
-
 _NET = """
 name = "t"
 [data]
@@ -208,7 +205,7 @@ MODEL_MAKERS = {
         "layer"), True),
     "Block": (lambda: declared.Block(declared.declared_conv(B.Grid((4,), 3), 2, 2, {}),
                                      {"norm": "layer"}, 2), True),
-    "StructNet": (lambda: sc_models.build_model(validate(parse_config(_NET)), _Image()), True),
+    "StructNet": (lambda: sc_models.build_model(validate(parse_config(_NET)), TinyImages()), True),
 }
 
 
