@@ -53,13 +53,13 @@ def needs(*names: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(bool(why), reason="; ".join(why))
 
 
-@pytest.fixture
 class TinyImages:
     """A stand-in for a small image dataset: what ``build_model`` reads of one (the task, 3
     classes, images (1, 4, 4))."""
     task, num_classes, shape = "image", 3, (1, 4, 4)
 
 
+@pytest.fixture
 def float64():
     """torch's default dtype is float64 for the test, restored after it."""
     old = torch.get_default_dtype()

@@ -232,15 +232,17 @@ def typed_basis(num_nodes: Mapping[str, int], edge_index_dict: Mapping, relation
 
 # ------------------------------------------------------------------------------------------------
 # metapaths
-def _graph_parts(graph) -> tuple[Mapping[str, int], Mapping]:
+def typed_graph_parts(graph, who: str) -> tuple[dict[str, int], dict[tuple, Tensor]]:
+    """(nodes per type, edge_index (2, E) per edge type) of a ``sc.data.HeteroGraph`` or a pair
+    (num_nodes dict, edge_index dict); a TypeError naming ``who`` for anything else."""
     num = getattr(graph, "num_nodes", None)
     edges = getattr(graph, "edge_index_dict", None)
     if isinstance(graph, tuple) and len(graph) == 2:
         num, edges = graph
     if not isinstance(num, Mapping) or not isinstance(edges, Mapping):
-        raise TypeError("metapath_basis needs a typed graph (a sc.data.HeteroGraph, or a pair "
+        raise TypeError(f"{who} needs a typed graph (a sc.data.HeteroGraph, or a pair "
                         f"(num_nodes dict, edge_index dict)), got {type(graph).__name__}")
-    return num, {tuple(k): v for k, v in edges.items()}
+    return {str(t): int(n) for t, n in num.items()}, {tuple(k): v for k, v in edges.items()}
 
 
 def parse_metapath(sort, edge_types: Sequence[EdgeType]) -> list[EdgeType]:
@@ -286,7 +288,7 @@ def metapath_basis(graph, sorts, normalization: str | None = "mean", *,
     sort k is the product S_{r1} S_{r2} ... of its relations' normalised rectangular bases.
     ``materialize`` computes each product by sparse-sparse products (a ``Sparse`` basis);
     False keeps it lazy (a ``Stack`` of ``Product``s applied factor by factor)."""
-    num, edges = _graph_parts(graph)
+    num, edges = typed_graph_parts(graph, "metapath_basis")
     sorts = [sorts] if isinstance(sorts, str) else list(sorts)
     paths = [parse_metapath(s, list(edges)) for s in sorts]
     ends = {(p[0][0], p[-1][2]) for p in paths}

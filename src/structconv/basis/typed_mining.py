@@ -12,14 +12,14 @@ and the ``[model.hetero]`` ``metapaths`` key take them (``"movie.to.actor.to.mov
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from .edges import check_edges
-from .typed import metapath_edges
+from .typed import metapath_edges, typed_graph_parts
 
 __all__ = ["MinedMetapath", "mine_metapaths", "metapath_name"]
 
@@ -63,17 +63,9 @@ def metapath_name(path: Sequence[EdgeType]) -> str:
 
 def _parts(graph) -> tuple[dict[str, int], dict[EdgeType, Tensor]]:
     """(num_nodes, edge_index dict) of a ``HeteroGraph`` or a pair of them, checked."""
-    num = getattr(graph, "num_nodes", None)
-    edges = getattr(graph, "edge_index_dict", None)
-    if isinstance(graph, tuple) and len(graph) == 2:
-        num, edges = graph
-    if not isinstance(num, Mapping) or not isinstance(edges, Mapping):
-        raise TypeError("mine_metapaths needs a typed graph (a sc.data.HeteroGraph, or a pair "
-                        f"(num_nodes dict, edge_index dict)), got {type(graph).__name__}")
-    num = {str(t): int(n) for t, n in num.items()}
+    num, edges = typed_graph_parts(graph, "mine_metapaths")
     out = {}
     for et, ei in edges.items():
-        et = tuple(et)
         if len(et) != 3 or et[0] not in num or et[2] not in num:
             raise ValueError(f"mine_metapaths: edge type {et} must be (src, relation, dst) "
                              f"between node types of {sorted(num)}")
