@@ -17,7 +17,7 @@ from ...config import ConfigError
 from ..distributed import World
 from ..runlog import CLASSIFICATION_PANELS
 
-__all__ = ["Task", "ItemTask", "batch_sums", "rows_of"]
+__all__ = ["Task", "ItemTask", "batch_sums", "rank_rows", "rows_of"]
 
 
 def batch_sums(loss: Tensor, ok: Tensor | None, items: int) -> Tensor:
@@ -26,6 +26,16 @@ def batch_sums(loss: Tensor, ok: Tensor | None, items: int) -> Tensor:
                                                                      device=loss.device)
     return torch.stack([loss.detach().double().sum(), correct,
                         torch.tensor(float(items), dtype=torch.float64, device=loss.device)])
+
+
+def rank_rows(n: int, world: World, what: str) -> Tensor:
+    """This process's contiguous share (ids into 0..n-1) of a global batch of ``n`` ``what``;
+    a ConfigError when the batch is too small to give every process one."""
+    rows = torch.arange(n).tensor_split(world.size)[world.rank]
+    if rows.numel() == 0:
+        raise ConfigError(f"a batch of {n} {what} cannot be split over {world.size} processes; "
+                          "raise data.batch_size")
+    return rows
 
 
 def rows_of(inputs, rows: Tensor):
@@ -140,12 +150,7 @@ class ItemTask(Task):
 
     def batch_loss(self, net, batch, share: float) -> tuple[Tensor, Tensor]:
         inputs, targets = batch
-        w = self.world
-        # this rank's contiguous share of the global batch
-        rows = torch.arange(targets.shape[0]).tensor_split(w.size)[w.rank]
-        if rows.numel() == 0:
-            raise ConfigError(f"batch of {targets.shape[0]} items cannot be split over "
-                              f"{w.size} processes; raise data.batch_size")
+        rows = rank_rows(targets.shape[0], self.world, "items")
         loss, ok = self.losses(net, rows_of(inputs, rows), targets[rows], self.dev, self.dtype,
                                self.cfg["train"].get("label_smoothing", 0.0))
         # sum / global count, times world size: DDP's mean of gradients is then the

@@ -25,7 +25,7 @@ from torch.nn import functional as F
 from ...config import ConfigError, forecast_spec
 from ...data.series import rolling_origins, windows
 from ...models.forecast import forecast_at
-from .base import Task, batch_sums
+from .base import Task, batch_sums, rank_rows
 
 __all__ = ["ForecastTask", "Split", "mase", "mase_scale", "smape", "FORECAST_PANELS"]
 
@@ -139,11 +139,7 @@ class ForecastTask(Task):
 
     def batch_loss(self, net, batch, share: float):
         past, target = batch
-        w = self.world
-        rows = torch.arange(past.shape[0]).tensor_split(w.size)[w.rank]
-        if rows.numel() == 0:
-            raise ConfigError(f"a batch of {past.shape[0]} windows cannot be split over "
-                              f"{w.size} processes; raise data.batch_size")
+        rows = rank_rows(past.shape[0], self.world, "windows")
         out, loc, scale = net(past[rows].to(self.dev), scaled=True)
         want = ((target[rows].to(self.dev) - loc) / scale).to(out.dtype)
         loss = F.l1_loss(out, want, reduction="none")

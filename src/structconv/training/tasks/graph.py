@@ -18,7 +18,7 @@ from ...data.molecules import one_hot as _one_hot
 from ...models.build import graph_feature_dims
 from ..checkpoint import CheckpointError
 from ..runlog import CLASSIFICATION_PANELS
-from .base import Task, batch_sums
+from .base import Task, batch_sums, rank_rows
 
 __all__ = ["GraphTask", "graph_splits", "roc_auc"]
 
@@ -136,11 +136,7 @@ class GraphTask(Task):
         return loss, out.argmax(-1) == y, out
 
     def batch_loss(self, net, batch, share: float):
-        w = self.world
-        ids = batch.tensor_split(w.size)[w.rank]
-        if ids.numel() == 0:
-            raise ConfigError(f"a batch of {batch.numel()} graphs cannot be split over "
-                              f"{w.size} processes; raise data.batch_size")
+        ids = batch[rank_rows(batch.numel(), self.world, "graphs")]
         loss, ok, _ = self.losses(net, self.train_set.batch(ids))
         return loss.sum() * share, batch_sums(loss, ok, ids.numel())
 

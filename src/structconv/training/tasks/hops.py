@@ -28,7 +28,7 @@ from torch.nn import functional as F
 from ...config import ConfigError, depo_train_spec
 from ...data.depo import DepoTask, generate
 from ..distributed import all_reduce_sum
-from .base import Task, batch_sums
+from .base import Task, batch_sums, rank_rows
 
 __all__ = ["HopTask", "answer_logits", "accuracy_per_k", "hop_limit", "depth", "DATA_SEED"]
 
@@ -147,12 +147,8 @@ class HopTask(Task):
 
     def batch_loss(self, net, batch, share: float):
         ids, answers = batch
-        w = self.world
-        if w.size > 1:  # this rank's contiguous share of the batch
-            rows = torch.arange(ids.shape[0]).tensor_split(w.size)[w.rank]
-            if rows.numel() == 0:
-                raise ConfigError(f"a batch of {ids.shape[0]} sequences cannot be split over "
-                                  f"{w.size} processes; raise data.batch_size")
+        if self.world.size > 1:  # this rank's contiguous share of the batch
+            rows = rank_rows(ids.shape[0], self.world, "sequences")
             ids, answers = ids[rows], answers[rows]
         ids, answers = ids.to(self.dev), answers.to(self.dev)
         logits = answer_logits(net, ids, self.spec, answers.shape[1])
@@ -162,7 +158,7 @@ class HopTask(Task):
         ok = logits.detach().argmax(-1) == answers
         # the batch's mean times its share of the step's items (1 for one batch on one
         # process): its gradient is the step's mean loss's, as DDP averages it
-        return loss * (n * w.size / self.items), batch_sums(loss.detach() * n, ok, n)
+        return loss * (n * self.world.size / self.items), batch_sums(loss.detach() * n, ok, n)
 
     # -- metrics ----------------------------------------------------------------------------------
     def validate(self, model, epoch: int, last: bool) -> dict:
