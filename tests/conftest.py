@@ -3,6 +3,7 @@ real datasets found where the library finds them, and a float64 default dtype.""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import structconv as sc
 from structconv.data.registry import data_root, data_root_source, dataset_dir, missing_files
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
@@ -51,6 +53,28 @@ def needs(*names: str) -> pytest.MarkDecorator:
     """A marker: skip unless every named dataset is in the data home."""
     why = [w for w in map(absent, names) if w]
     return pytest.mark.skipif(bool(why), reason="; ".join(why))
+
+
+class TwoSage(torch.nn.Module):
+    """Two ``sc.nn.SAGEConv`` layers 4 -> 6 -> 3 with a ReLU between: a small homogeneous
+    model for ``to_hetero``."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = sc.nn.SAGEConv(4, 6), sc.nn.SAGEConv(6, 3)
+
+    def forward(self, x, edge_index):
+        return self.c2(self.c1(x, edge_index).relu(), edge_index)
+
+
+def nanogpt_lr(step: int, steps: int, lr: float) -> float:
+    """The learning rate the recipes' former loop used at optimizer step ``step`` of
+    ``steps``: a linear warm-up, then cosine decay to a tenth of ``lr``."""
+    warm, lo = max(1, min(100, steps // 10)), lr / 10
+    if step < warm:
+        return lr * (step + 1) / warm
+    t = min(1.0, (step - warm) / max(1, steps - warm))
+    return lo + 0.5 * (1 + math.cos(math.pi * t)) * (lr - lo)
 
 
 class TinyImages:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 import structconv as sc
+from tests.conftest import TwoSage
 
 torch.manual_seed(0)
 N, E = 24, 70
@@ -47,15 +48,6 @@ BATCH = torch.tensor([0] * 9 + [1] * 8 + [2] * 7)  # X's 24 nodes in 3 graphs
 
 def _mlp(p, q):
     return nn.Sequential(nn.Linear(p, 8), nn.ReLU(), nn.Linear(8, q))
-
-
-class _TwoSage(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c1, self.c2 = sc.nn.SAGEConv(4, 6), sc.nn.SAGEConv(6, 3)
-
-    def forward(self, x, edge_index):
-        return self.c2(self.c1(x, edge_index).relu(), edge_index)
 
 
 def _lm(**kw):
@@ -142,7 +134,7 @@ def _cases():
         "HeteroConv": (lambda: sc.nn.HeteroConv({e: sc.nn.SAGEConv(4, 3) for e in META[1]},
                                                 aggr="sum"), (XD, EID)),
         "TypedGraphConv": (lambda: sc.nn.TypedGraphConv(4, 3, META), (XD, EID)),
-        "TypedModel": (lambda: sc.nn.to_hetero(_TwoSage(), META), (XD, EID)),
+        "TypedModel": (lambda: sc.nn.to_hetero(TwoSage(), META), (XD, EID)),
         "HGTConv": (lambda: sc.nn.HGTConv(4, 6, META, heads=2), (XD, EID)),
         "HANConv": (lambda: sc.nn.HANConv(4, 6, META, heads=2), (XD, EID)),
     }

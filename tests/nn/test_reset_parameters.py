@@ -26,18 +26,9 @@ from structconv.models import declared, forecast, gin, hetero, mixed, routing
 from structconv.models import graph as mg
 from structconv.models import relational_attention as ra
 from structconv.nn.blocks import FeedForward
-from tests.conftest import TinyImages
+from tests.conftest import TinyImages, TwoSage
 
 META = (["a", "b"], [("a", "r", "b"), ("b", "s", "a"), ("a", "t", "a")])
-
-
-class _TwoSage(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c1, self.c2 = sc.nn.SAGEConv(4, 6), sc.nn.SAGEConv(6, 3)
-
-    def forward(self, x, edge_index):
-        return self.c2(self.c1(x, edge_index).relu(), edge_index)
 
 
 def _mlp(p, q):
@@ -112,7 +103,7 @@ MAKERS = {
     "HeteroConv": (lambda: sc.nn.HeteroConv({e: sc.nn.SAGEConv(4, 3) for e in META[1]}),
                    False),
     "TypedGraphConv": (lambda: sc.nn.TypedGraphConv(4, 3, META), False),
-    "TypedModel": (lambda: sc.nn.to_hetero(_TwoSage(), META), False),
+    "TypedModel": (lambda: sc.nn.to_hetero(TwoSage(), META), False),
     "HGTConv": (lambda: sc.nn.HGTConv(4, 6, META, heads=2), False),
     "HANConv": (lambda: sc.nn.HANConv(4, 6, META, heads=2), False),
     # mechanisms

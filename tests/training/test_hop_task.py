@@ -6,7 +6,6 @@ cannot train are refused by name."""
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch
@@ -21,7 +20,7 @@ from structconv.data.registry import DatasetError
 from structconv.nn.lm import TransformerLM
 from structconv.training.checkpoint import load_weights
 from structconv.training.tasks.hops import DATA_SEED, accuracy_per_k, answer_logits, hop_limit
-from tests.conftest import metric_rows, stop_and_resume
+from tests.conftest import metric_rows, nanogpt_lr, stop_and_resume
 
 TINY = ["data.options={nodes=8, n=5, max_hops=3, queries=2, eval_per_k=8}", "data.batch_size=4",
         "data.batches_per_epoch=3", "model.lm.width=16", "model.lm.layers=1", "model.lm.heads=2",
@@ -60,12 +59,6 @@ def test_structconv_train_prints_the_accuracy_per_k(tmp_path, capsys):
     assert "val acc@3" in out and "val mean acc" in out  # the result's table
 
 
-def _nanogpt_lr(step: int, steps: int, lr: float) -> float:
-    warm, lo = max(1, min(100, steps // 10)), lr / 10
-    if step < warm:
-        return lr * (step + 1) / warm
-    t = min(1.0, (step - warm) / max(1, steps - warm))
-    return lo + 0.5 * (1 + math.cos(math.pi * t)) * (lr - lo)
 
 
 def _hand_written(cfg: dict, steps: int) -> tuple[TransformerLM, list[float]]:
@@ -85,7 +78,7 @@ def _hand_written(cfg: dict, steps: int) -> tuple[TransformerLM, list[float]]:
         cfg["data"]["batch_size"], []
     for step in range(steps):
         for g in opt.param_groups:
-            g["lr"] = _nanogpt_lr(step, steps, t["lr"])
+            g["lr"] = nanogpt_lr(step, steps, t["lr"])
         top = min(task.max_hops, 1 + int(step * task.max_hops / (0.5 * steps)))
         b = generate(task, B, gen, hops=torch.randint(1, top + 1, (B, task.queries),
                                                         generator=gen))

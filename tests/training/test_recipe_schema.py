@@ -5,7 +5,6 @@ sweep that refuses a run directory of another config."""
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from structconv.experiments.sweep import Run, check_same_config
 from structconv.models import build_model
 from structconv.training import load_data, make_optimizer, task_for
 from structconv.training.optim import lr_factor
+from tests.conftest import nanogpt_lr
 
 TEXT = ["data.name=python-text", "data.options={}", "model.lm.width=16", "model.lm.layers=1",
         "model.lm.heads=2", "model.lm.ffn=0", "data.seq_len=8", "data.batch_size=4",
@@ -23,13 +23,6 @@ TEXT = ["data.name=python-text", "data.options={}", "model.lm.width=16", "model.
         "train.warmup_steps=1"]
 
 
-def _nanogpt_lr(step: int, steps: int, lr: float) -> float:
-    # the recipes' former schedule, written out: warm-up, cosine decay to a tenth
-    warm, lo = max(1, min(100, steps // 10)), lr / 10
-    if step < warm:
-        return lr * (step + 1) / warm
-    t = min(1.0, (step - warm) / max(1, steps - warm))
-    return lo + 0.5 * (1 + math.cos(math.pi * t)) * (lr - lo)
 
 
 @pytest.mark.parametrize("steps", [2000, 6000, 6, 24])
@@ -41,7 +34,7 @@ def test_the_shipped_schedule_is_the_recipes_former_one(steps):
     for s in range(steps):
         got = t["lr"] * lr_factor(t["schedule"], s, t["warmup_steps"], t["max_steps"],
                                   t["min_lr_ratio"])
-        assert got == pytest.approx(_nanogpt_lr(s, steps, 1e-3), rel=1e-12, abs=1e-15)
+        assert got == pytest.approx(nanogpt_lr(s, steps, 1e-3), rel=1e-12, abs=1e-15)
 
 
 def test_betas_reach_the_optimizer_and_bad_values_are_refused():
