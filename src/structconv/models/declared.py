@@ -123,7 +123,8 @@ def _rows(w: Tensor, rows: Tensor | None, dim: int = 0) -> Tensor:
 
 class GraphAttentionConv(nn.Module):
     """A declared ``graph_attention`` layer: y = Σ_k A_kᵀ x Θ_k (+ bias), the weights A_k of
-    the graph's edges computed by an ``sc.attention`` mechanism through ``attention_basis``:
+    the graph's edges computed by ``sc.nn``'s ``gat_conv``, ``gatv2_conv`` or
+    ``transformer_conv`` (the functions its GATConv, GATv2Conv, TransformerConv call) on h = xΘ:
 
     * GAT (default): Softmax(LeakyReLU(GATScores(h) (+ EdgeTerm(e)))) on h = xΘ_k, the edge
       term w_k·e_mn (``sc.nn.GATConv``'s, PyG's att_edge·lin_edge folded into w);

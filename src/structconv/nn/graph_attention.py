@@ -11,6 +11,10 @@ mechanism (a sum of terms) softmaxed over each node's incoming edges, all throug
 * ``TransformerConv``  Softmax(HeadDot + EdgeDot) on keys/queries (Shi et al.), values plus the
   projected edge features as messages, a skip (``root_weight``) gated by ``beta``.
 
+Each layer's forward projects its inputs and calls its mechanism's function on the projected
+features, ``gat_conv``, ``gatv2_conv`` or ``transformer_conv`` (heads kept, or summed as the
+declared ``graph_attention`` layer of configs does, which calls the same functions).
+
 Called ``(x, edge_index)`` or ``(x, edge_index, edge_attr)`` with ``edge_attr`` (E, edge_dim)
 (or (E,) when edge_dim is 1), ``x`` (N, F) or a bipartite pair (x_src, x_dst), and
 ``return_attention_weights`` as PyG. ``from_pyg`` converts PyG's layers of the same names for
@@ -52,7 +56,7 @@ __all__ = ["GATConv", "GATv2Conv", "TransformerConv", "gat_conv", "gatv2_conv",
            "gated_root"]
 
 
-# -- the mechanisms and the root term, shared with the declared graph_attention layer ------------
+# -- the mechanisms and the root term ------------------------------------------------------------
 def gat_mechanism(scores: Mechanism, edge_index: Tensor, negative_slope: float) -> Softmax:
     """GAT's whole mechanism on a graph: Softmax(LeakyReLU(GraphMasked(scores, edge_index)))
     (``scores``: ``GATScores``, plus an ``EdgeTerm`` with edge features)."""
