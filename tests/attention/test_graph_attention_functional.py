@@ -104,6 +104,9 @@ def test_transformer_conv_equals_the_hand_computation(edges):
     _check(out, basis, ref, ei)
     summed, _ = sc.nn.transformer_conv(q, k, v, ei, edge_keys=ek, sum_heads=True)
     torch.testing.assert_close(summed, ref.sum(1), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match=r"transformer_conv expects query \(N, K, C\), key and "
+                                         r"value \(M, K, C\), got \(9, 2, 3\), \(9, 6\)"):
+        sc.nn.transformer_conv(q, k.flatten(1), v, ei)
 
 
 # -- the declared layer = the sc.nn layer it is built from ----------------------------------------

@@ -136,6 +136,11 @@ def transformer_conv(query: Tensor, key: Tensor, value: Tensor, edge_index: Tens
     features (in the scores and the messages) or None; the rest as ``gat_conv`` (the root term
     is the caller's: ``gated_root``).
     """
+    shapes = [tuple(t.shape) if isinstance(t, Tensor) else t for t in (query, key, value)]
+    if any(not isinstance(t, tuple) or len(t) != 3 for t in shapes) or \
+            not shapes[0][1:] == shapes[1][1:] == shapes[2][1:] or shapes[1][0] != shapes[2][0]:
+        raise ValueError(f"transformer_conv expects query (N, K, C), key and value (M, K, C), "
+                         f"got {shapes[0]}, {shapes[1]}, {shapes[2]}")
     K, C = query.shape[-2:]
     mech = graph_softmax(transformer_scores(K, C, edge_keys is not None), edge_index)
     basis = attention_basis(mech, key, query, edge_attr=edge_keys, dropout=dropout,
