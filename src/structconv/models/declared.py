@@ -30,7 +30,7 @@ from ..config import ConfigError, is_content
 from ..engine import convolve
 from ..nn.blocks import FeedForward, former_keys
 from ..nn.dropout import sparse_dropout
-from ..nn.graph_attention import gat_mechanism, gated_root, graph_softmax, transformer_scores
+from ..nn.graph_attention import gat_conv, gated_root, gatv2_conv, transformer_conv
 from ..nn.layers import Convolution
 from ..sampling import Block as SampledBlock
 
@@ -123,7 +123,8 @@ def _rows(w: Tensor, rows: Tensor | None, dim: int = 0) -> Tensor:
 
 class GraphAttentionConv(nn.Module):
     """A declared ``graph_attention`` layer: y = Σ_k A_kᵀ x Θ_k (+ bias), the weights A_k of
-    the graph's edges computed by an ``sc.attention`` mechanism through ``attention_basis``:
+    the graph's edges computed by ``sc.nn``'s ``gat_conv``, ``gatv2_conv`` or
+    ``transformer_conv`` (the functions its GATConv, GATv2Conv, TransformerConv call) on h = xΘ:
 
     * GAT (default): Softmax(LeakyReLU(GATScores(h) (+ EdgeTerm(e)))) on h = xΘ_k, the edge
       term w_k·e_mn (``sc.nn.GATConv``'s, PyG's att_edge·lin_edge folded into w);
@@ -253,40 +254,38 @@ class GraphAttentionConv(nn.Module):
                 e = att.add_self_loops(self.edge_index, n, e, self.fill_value)[1]
         return ei, n, e, st
 
-    def _mechanism(self, ei: Tensor, with_edges: bool) -> att.Softmax:
-        """The layer's whole mechanism on the edges ``ei`` (the paper's view): that of
-        ``sc.nn``'s GATConv, GATv2Conv or TransformerConv."""
-        if self.mode == "gat":
-            terms = self.scores + self.edge_term if with_edges else self.scores
-            return gat_mechanism(terms, ei, self.slope)
-        if self.mode == "v2":
-            return graph_softmax(self.scores, ei)
-        return graph_softmax(transformer_scores(self.heads, self.param.Q, with_edges), ei)
+    def _project(self, theta: Tensor, x: Tensor | None, rows: Tensor | None) -> Tensor:
+        """h_k = xΘ_k (M, K, Q) for one item x (M, P), or Θ's rows for one-hot inputs."""
+        if x is None:
+            return _rows(theta, rows, 1).permute(1, 0, 2)
+        return torch.einsum("mp,kpq->mkq", x, theta)
 
     def _one(self, x: Tensor | None, rows: Tensor | None, structure) -> Tensor:
-        """One item: x (M, P), or None for one-hot inputs (``rows`` their ids) -> (N, Q)."""
+        """One item: x (M, P), or None for one-hot inputs (``rows`` their ids) -> (N, Q), by
+        ``sc.nn``'s ``gat_conv``, ``gatv2_conv`` or ``transformer_conv`` with heads summed."""
         theta = self.param()
         ref = theta if x is None else x
         ei, N, e, st = self._graph(structure, ref.dtype, ref.device)
-        h = _rows(theta, rows, 1).permute(1, 0, 2) if x is None else \
-            torch.einsum("mp,kpq->mkq", x, theta)  # h_k = xΘ_k, (M, K, Q)
-        p = self.dropout if self.training else 0.0
-        mech = self._mechanism(ei, e is not None)
+        h = self._project(theta, x, rows)
+        kw = dict(dropout=self.dropout if self.training else 0.0, structure=st, sum_heads=True)
         if self.mode == "gat":
-            basis = att.attention_basis(mech, h, h[:N], edge_attr=e, dropout=p, structure=st)
-            y = basis.propagate_sum(h.unsqueeze(0))[0]
+            scores = self.scores + self.edge_term if e is not None else self.scores
+            y = gat_conv(h, h[:N], ei, scores, edge_attr=e, negative_slope=self.slope, **kw)[0]
         elif self.mode == "v2":
-            t = h if self.target is None else (
-                _rows(self.target(), rows, 1).permute(1, 0, 2) if x is None else
-                torch.einsum("mp,kpq->mkq", x, self.target()))
-            basis = att.attention_basis(mech, h, t[:N], edge_attr=e, dropout=p, structure=st)
-            y = basis.propagate_sum(h.unsqueeze(0))[0]
+            t = h if self.target is None else self._project(self.target(), x, rows)
+            y = gatv2_conv(h, t[:N], ei, self.scores, edge_attr=e, **kw)[0]
         else:
-            y = self._transformer(x, rows, h, mech, N, e, p, st)
+            H, Q = self.heads, self.param.Q
+            k = self._linear(self.key, x, rows).view(-1, H, Q)
+            q = self._linear(self.query, x, rows)[:N].view(-1, H, Q)
+            # the edge keys ê = W_e e, projected once: in the scores q·(k + ê) and the messages
+            ek = None if e is None else self.lin_edge(e).view(-1, H, Q)
+            y = transformer_conv(q, k, h, ei, edge_keys=ek, **kw)[0]
         if self.bias is not None:
             y = y + self.bias
         if self.mode == "transformer" and self.skip is not None:
-            y = self._root(y, self._linear(self.skip, x, rows)[:N])
+            # the root term r = x_n W_r added to y, or gated: β r + (1 − β) y (PyG's beta)
+            y = gated_root(y, self._linear(self.skip, x, rows)[:N], self.beta)
         return y
 
     def _linear(self, lin: nn.Linear, x: Tensor | None, rows: Tensor | None) -> Tensor:
@@ -294,22 +293,6 @@ class GraphAttentionConv(nn.Module):
             return lin(x)
         y = _rows(lin.weight.t(), rows)
         return y if lin.bias is None else y + lin.bias
-
-    def _transformer(self, x, rows, h: Tensor, mech, N: int, e, p: float, st) -> Tensor:
-        """Σ_k A_kᵀ (h_k + ê_k) with TransformerConv's weights on keys and queries, (N, Q)."""
-        H, Q = self.heads, self.param.Q
-        k = self._linear(self.key, x, rows).view(-1, H, Q)
-        q = self._linear(self.query, x, rows)[:N].view(-1, H, Q)
-        # the edge keys ê = W_e e, projected once: in the scores q·(k + ê) and the messages
-        ek = None if e is None else self.lin_edge(e).view(-1, H, Q)
-        basis = att.attention_basis(mech, k, q, edge_attr=ek, dropout=p, structure=st)
-        if ek is None:
-            return basis.propagate_sum(h.unsqueeze(0))[0]
-        return basis.propagate_edges(ek, nodes=h)[0].sum(1)
-
-    def _root(self, y: Tensor, r: Tensor) -> Tensor:
-        """The root term r = x_n W_r added to y, or gated: β r + (1 − β) y (PyG's beta)."""
-        return gated_root(y, r, self.beta)
 
     def forward(self, x: Tensor, structure=None) -> Tensor:
         """x (B, M, P) -> (B, N, Q) (each batch item on the same graph)."""

@@ -11,7 +11,14 @@ from .convert import from_pyg, from_torch, register_pyg, register_torch, to_torc
 from .dropout import SparseDropout, sparse_dropout
 from .gin import GINConv, GINEConv, gin_conv, gine_conv
 from .graph import ChebConv, GCNConv, RGCNConv, SGConv, TAGConv
-from .graph_attention import GATConv, GATv2Conv, TransformerConv
+from .graph_attention import (
+                        GATConv,
+                        GATv2Conv,
+                        TransformerConv,
+                        gat_conv,
+                        gatv2_conv,
+                        transformer_conv,
+)
 from .grid import GridAvgPool, GridConv
 from .han import HANConv
 from .hetero import HeteroConv
@@ -42,4 +49,5 @@ __all__ = ["Convolution", "from_torch", "from_pyg", "to_torch", "register_torch"
            "GINConv", "GINEConv", "gin_conv", "gine_conv", "global_add_pool", "global_mean_pool",
            "global_max_pool", "AttentionalAggregation", "NodeGate", "SAGEConv",
            "HeteroConv", "TypedGraphConv", "TypedModel", "to_hetero", "HGTConv", "HANConv",
-           "pyg_compatible", "pyg_state_dict"]
+           "pyg_compatible", "pyg_state_dict",
+           "gat_conv", "gatv2_conv", "transformer_conv"]

@@ -11,6 +11,10 @@ mechanism (a sum of terms) softmaxed over each node's incoming edges, all throug
 * ``TransformerConv``  Softmax(HeadDot + EdgeDot) on keys/queries (Shi et al.), values plus the
   projected edge features as messages, a skip (``root_weight``) gated by ``beta``.
 
+Each layer's forward projects its inputs and calls its mechanism's function on the projected
+features, ``gat_conv``, ``gatv2_conv`` or ``transformer_conv`` (heads kept, or summed as the
+declared ``graph_attention`` layer of configs does, which calls the same functions).
+
 Called ``(x, edge_index)`` or ``(x, edge_index, edge_attr)`` with ``edge_attr`` (E, edge_dim)
 (or (E,) when edge_dim is 1), ``x`` (N, F) or a bipartite pair (x_src, x_dst), and
 ``return_attention_weights`` as PyG. ``from_pyg`` converts PyG's layers of the same names for
@@ -47,11 +51,12 @@ from ..basis.edges import as_edge_index
 from .convert import register_pyg
 from .pyg import PyGCompatible, check_mask, is_lazy, lazy_parameter
 
-__all__ = ["GATConv", "GATv2Conv", "TransformerConv", "gat_mechanism", "graph_softmax",
-           "transformer_scores", "gated_root"]
+__all__ = ["GATConv", "GATv2Conv", "TransformerConv", "gat_conv", "gatv2_conv",
+           "transformer_conv", "gat_mechanism", "graph_softmax", "transformer_scores",
+           "gated_root"]
 
 
-# -- the mechanisms and the root term, shared with the declared graph_attention layer ------------
+# -- the mechanisms and the root term ------------------------------------------------------------
 def gat_mechanism(scores: Mechanism, edge_index: Tensor, negative_slope: float) -> Softmax:
     """GAT's whole mechanism on a graph: Softmax(LeakyReLU(GraphMasked(scores, edge_index)))
     (``scores``: ``GATScores``, plus an ``EdgeTerm`` with edge features)."""
@@ -78,6 +83,73 @@ def gated_root(out: Tensor, root: Tensor, lin_beta: nn.Module | None) -> Tensor:
         return out + root
     b = torch.sigmoid(lin_beta(torch.cat([out, root, out - root], -1)))
     return b * root + (1 - b) * out
+
+
+# -- the convolutions on projected features: each mechanism's one implementation, which the
+# layers below and the declared ``graph_attention`` layer (any projection, heads summed) call ----
+def _heads(basis: GraphAttention, h: Tensor, sum_heads: bool) -> Tensor:
+    """Σ_m A_k[m, n] h[m, k]: (N, K, C) per head, or (N, C) summed over heads in one product."""
+    z = h.unsqueeze(0)
+    return (basis.propagate_sum(z) if sum_heads else basis.propagate_heads(z))[0]
+
+
+def gat_conv(h_src: Tensor, h_dst, edge_index: Tensor, scores: Mechanism, *,
+             edge_attr: Tensor | None = None, negative_slope: float = 0.2, dropout: float = 0.0,
+             structure: GraphStructure | None = None, sum_heads: bool = False):
+    """GAT on projected features: out[n, k] = Σ_{m -> n} α_k[m, n] h_src[m, k] with α =
+    Softmax(LeakyReLU(scores)) over each node's incoming edges (``gat_mechanism``).
+
+    h_src (M, K, C) and h_dst (N, K, C) are any projections of the inputs (h_dst the int N:
+    no target term); ``edge_index`` (2, E) the edges as used (self loops included);
+    ``scores`` ``GATScores`` (+ an ``EdgeTerm`` reading ``edge_attr`` (E, D)); ``dropout`` on
+    the weights as given (0 in eval); ``structure`` the graph's cached ``GraphStructure``.
+    Returns (out, basis): out (N, K, C), or (N, C) with ``sum_heads`` (the paper's sum of
+    heads); ``basis.alpha`` (1, E, K) holds the weights.
+    """
+    mech = gat_mechanism(scores, edge_index, negative_slope)
+    basis = attention_basis(mech, h_src, h_dst, edge_attr=edge_attr, dropout=dropout,
+                            structure=structure)
+    return _heads(basis, h_src, sum_heads), basis
+
+
+def gatv2_conv(h_src: Tensor, h_dst: Tensor, edge_index: Tensor, scores: GATv2Scores, *,
+               edge_attr: Tensor | None = None, dropout: float = 0.0,
+               structure: GraphStructure | None = None, sum_heads: bool = False):
+    """GATv2 on projected features: out[n, k] = Σ_{m -> n} α_k[m, n] h_src[m, k] with α =
+    Softmax(``GATv2Scores``(h_src, h_dst, edge_attr)) over each node's incoming edges.
+
+    Arguments and result as ``gat_conv`` (h_dst (N, K, C) the targets' projection: the
+    sources' one with shared weights).
+    """
+    basis = attention_basis(graph_softmax(scores, edge_index), h_src, h_dst,
+                            edge_attr=edge_attr, dropout=dropout, structure=structure)
+    return _heads(basis, h_src, sum_heads), basis
+
+
+def transformer_conv(query: Tensor, key: Tensor, value: Tensor, edge_index: Tensor, *,
+                     edge_keys: Tensor | None = None, dropout: float = 0.0,
+                     structure: GraphStructure | None = None, sum_heads: bool = False):
+    """TransformerConv's attention on projected features: out[n, k] = Σ_{m -> n} α_k[m, n]
+    (value[m, k] + ê[e, k]) with α = Softmax(q_n·(k_m + ê_e) / √C) over each node's edges.
+
+    query (N, K, C), key and value (M, K, C), ``edge_keys`` ê (E, K, C) the projected edge
+    features (in the scores and the messages) or None; the rest as ``gat_conv`` (the root term
+    is the caller's: ``gated_root``).
+    """
+    shapes = [tuple(t.shape) if isinstance(t, Tensor) else t for t in (query, key, value)]
+    if any(not isinstance(t, tuple) or len(t) != 3 for t in shapes) or \
+            not shapes[0][1:] == shapes[1][1:] == shapes[2][1:] or shapes[1][0] != shapes[2][0]:
+        raise ValueError(f"transformer_conv expects query (N, K, C), key and value (M, K, C), "
+                         f"got {shapes[0]}, {shapes[1]}, {shapes[2]}")
+    K, C = query.shape[-2:]
+    mech = graph_softmax(transformer_scores(K, C, edge_keys is not None), edge_index)
+    basis = attention_basis(mech, key, query, edge_attr=edge_keys, dropout=dropout,
+                            structure=structure)
+    if edge_keys is None:
+        return _heads(basis, value, sum_heads), basis
+    # edge-valued messages Σ_e alpha[e, k] · (v[m, k] + ê[e, k]), in one pass
+    out = basis.propagate_edges(edge_keys, nodes=value)[0]
+    return (out.sum(1) if sum_heads else out), basis
 
 
 def _linear(i: int, o: int, bias: bool = False, glorot: bool = True) -> nn.Linear:
@@ -295,10 +367,14 @@ class _EdgeAttention(PyGCompatible):
                              f"{tuple(edge_attr.shape)}")
         return e
 
+    def _p(self) -> float:
+        """The attention dropout of this call (none in eval mode)."""
+        return self.dropout if self.training else 0.0
+
     def _basis(self, mech: Softmax, x1, x2, st, edge_attr) -> GraphAttention:
         """The layer's attention basis on its graph (dropout in training only)."""
-        p = self.dropout if self.training else 0.0
-        return attention_basis(mech, x1, x2, edge_attr=edge_attr, dropout=p, structure=st)
+        return attention_basis(mech, x1, x2, edge_attr=edge_attr, dropout=self._p(),
+                               structure=st)
 
     def _merge(self, out: Tensor) -> Tensor:
         """(N, K, C) -> (N, K·C) concatenated, or the mean over heads (N, C)."""
@@ -428,12 +504,14 @@ class GATConv(_EdgeAttention):
         if self.add_self_loops:
             loops = min(M, N) if size is None else min(size)
         ei, ea, st = self._graph(edge_index, edge_attr, M, N, loops)
-        mech = self.mechanism(ei, with_edges=ea is not None)
-        basis = self._basis(mech, h_src, N if h_dst is None else h_dst, st, ea)
+        h_dst = N if h_dst is None else h_dst
         mask = self._explain_mask()
         if mask is None:
-            out = basis.propagate_heads(h_src.unsqueeze(0))[0]
+            out, basis = gat_conv(h_src, h_dst, ei, self.scores(ea is not None), edge_attr=ea,
+                                  negative_slope=self.negative_slope, dropout=self._p(),
+                                  structure=st)
         else:
+            basis = self._basis(self.mechanism(ei, ea is not None), h_src, h_dst, st, ea)
             keep = None if loops is None else edge_index[0] != edge_index[1]
             out = self._explained(ei, basis.alpha[0], h_src[ei[0].long()], N,
                                   edge_index.shape[1], keep, mask)
@@ -533,11 +611,12 @@ class GATv2Conv(_EdgeAttention):
             return self._finish(self._merge(_empty_heads(x_l, N)), res)
         loops = min(M, N) if self.add_self_loops else None
         ei, ea, st = self._graph(edge_index, edge_attr, M, N, loops)
-        basis = self._basis(self.mechanism(ei), x_l, x_r, st, ea)
         mask = self._explain_mask()
         if mask is None:
-            out = basis.propagate_heads(x_l.unsqueeze(0))[0]
+            out, basis = gatv2_conv(x_l, x_r, ei, self.scores(), edge_attr=ea,
+                                    dropout=self._p(), structure=st)
         else:
+            basis = self._basis(self.mechanism(ei), x_l, x_r, st, ea)
             keep = None if loops is None else edge_index[0] != edge_index[1]
             out = self._explained(ei, basis.alpha[0], x_l[ei[0].long()], N,
                                   edge_index.shape[1], keep, mask)
@@ -643,16 +722,14 @@ class TransformerConv(_EdgeAttention):
         ei, ea, st = self._graph(edge_index, edge_attr, M, N, None)
         # the edge keys ê = W_e e, projected once: in the scores q·(k + ê) and in the messages
         ek = None if ea is None else self.lin_edge(ea).view(-1, H, C)
-        basis = self._basis(self.mechanism(ei), k, q, st, ek)
         mask = self._explain_mask()
-        if mask is not None:
+        if mask is None:
+            out, basis = transformer_conv(q, k, v, ei, edge_keys=ek, dropout=self._p(),
+                                          structure=st)
+        else:
+            basis = self._basis(self.mechanism(ei), k, q, st, ek)
             msg = v[ei[0].long()] if ek is None else v[ei[0].long()] + ek
             out = self._explained(ei, basis.alpha[0], msg, N, ei.shape[1], None, mask)
-        elif ek is None:
-            out = basis.propagate_heads(v.unsqueeze(0))[0]
-        else:
-            # edge-valued messages Σ_e alpha[e, k] · (v[m, k] + ê[e, k]), in one pass
-            out = basis.propagate_edges(ek, nodes=v)[0]
         out = self._merge(out)
         if self.root_weight:
             out = self._skip(out, x_r[0])
