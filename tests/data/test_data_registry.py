@@ -169,6 +169,6 @@ def test_idx_sample_test_limit_and_validation_on_test(tmp_path):
     assert not torch.equal(other.splits["train"][0], d.splits["train"][0])
     for kw, msg in ((dict(sample=0), "sample must be an int >= 1"),
                     (dict(test_limit=1.5), "test_limit must be an int"),
-                    (dict(val="train"), "val .* must be an int")):
+                    (dict(val="train"), "val must be an int >= 0 .* or \"test\"")):
         with pytest.raises(DatasetError, match=msg):
             load_dataset("mnist", root=tmp_path, **kw)

@@ -76,8 +76,11 @@ def load_idx_images(root: Path, name: str, val: int | str = 10000, limit: int | 
     permutation drawn from ``seed``); ``test_limit``: the first that many test images;
     ``limit``: the first that many of every split."""
     on_test = val == "test"
+    if isinstance(val, str) and not on_test:
+        raise DatasetError(f'{name}: val must be an int >= 0 (training images held out) or '
+                           f'"test", got {val!r}')
     if not on_test:
-        check_int(name, "val (training images held out, or \"test\")", val, 0)
+        check_int(name, "val (training images held out)", val, 0)
     check_int(name, "seed", seed, 0, 2**63 - 1)
     _check_limit(limit)
     for what, v in (("sample", sample), ("test_limit", test_limit)):
