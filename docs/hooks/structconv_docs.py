@@ -93,7 +93,9 @@ MEANINGS = {
     "model.gin.edge_features": "GINE layers reading the dataset's edge features (categorical "
                                "columns one-hot, e.g. HIV's bond features)",
     "model.gin.train_eps": "learn each layer's eps (GIN-eps) instead of 0 (GIN-0)",
-    "model.gin.batch_norm": "batch norm inside each layer's MLP",
+    "model.gin.batch_norm": "batch norm inside each layer's MLP (under `--nproc` > 1 each "
+                            "process normalises by its share of a batch: no SyncBatchNorm on "
+                            "CPU, the run differs from a 1-process run)",
     "model.twin": "the `[model.twin]` table: the Fashion-MNIST study's CNN in plain torch or as "
                   "its structconv twin (`models.fashion.twin_cnn`)",
     "model.twin.network": "`torch` (nn.Conv2d / nn.AvgPool2d), `structconv` (`sc.nn.from_torch` "

@@ -658,7 +658,9 @@ def _check_seq2seq(m: dict, where: str) -> None:
 GIN_KEYS = {"hidden": 64, "layers": 5, "readout": "sum", "dropout": 0.0, "edge_features": False,
             "train_eps": False, "batch_norm": True}
 """``[model.gin]``: a graph-level GIN (``sc.models.GIN``) for a dataset of many graphs: ``layers``
-GIN layers of ``hidden`` channels (two-layer MLPs, with ``batch_norm``), GIN-eps where
+GIN layers of ``hidden`` channels (two-layer MLPs, with ``batch_norm``: per process under
+DDP, as torch's DDP without ``SyncBatchNorm``, so a run over several processes does not equal
+a 1-process run), GIN-eps where
 ``train_eps``, GINE layers reading the dataset's edge features where ``edge_features``, a
 ``readout`` (sum, mean, max or attention) to one vector per graph, ``dropout`` before the
 linear head."""
