@@ -169,3 +169,24 @@ def tiny_imdb(folder: Path, movies: int = 30, directors: int = 8, actors: int = 
     np.savez(raw / "train_val_test_idx.npz", train_idx=np.sort(idx[:third]),
              val_idx=np.sort(idx[third:2 * third]), test_idx=np.sort(idx[2 * third:]))
     return folder
+
+
+# -- a tiny MNIST-style folder (IDX gz files of random images), for fast image runs -----------
+def tiny_idx_images(folder: Path, train: int = 40, test: int = 12, side: int = 28,
+                    seed: int = 0) -> Path:
+    """Write ``train`` / ``test`` random side x side uint8 images with labels 0..9 in
+    MNIST's four IDX gz files into ``folder``; returns ``folder``."""
+    import gzip
+    import struct
+
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for prefix, n in (("train", train), ("t10k", test)):
+        for kind, arr in (("images", rng.integers(0, 256, (n, side, side))),
+                          ("labels", rng.integers(0, 10, (n,)))):
+            head = bytes([0, 0, 0x08, arr.ndim]) + struct.pack(f">{arr.ndim}I", *arr.shape)
+            with gzip.open(folder / f"{prefix}-{kind}-idx{arr.ndim}-ubyte.gz", "wb") as f:
+                f.write(head + arr.astype(np.uint8).tobytes())
+    return folder

@@ -93,7 +93,15 @@ MEANINGS = {
     "model.gin.edge_features": "GINE layers reading the dataset's edge features (categorical "
                                "columns one-hot, e.g. HIV's bond features)",
     "model.gin.train_eps": "learn each layer's eps (GIN-eps) instead of 0 (GIN-0)",
-    "model.gin.batch_norm": "batch norm inside each layer's MLP",
+    "model.gin.batch_norm": "batch norm inside each layer's MLP (under `--nproc` > 1 each "
+                            "process normalises by its share of a batch: no SyncBatchNorm on "
+                            "CPU, the run differs from a 1-process run)",
+    "model.twin": "the `[model.twin]` table: the Fashion-MNIST study's CNN in plain torch or as "
+                  "its structconv twin (`models.fashion.twin_cnn`)",
+    "model.twin.network": "`torch` (nn.Conv2d / nn.AvgPool2d), `structconv` (`sc.nn.from_torch` "
+                          "of the torch network drawn under the same seed: the same initial "
+                          "weights) or `structconv-shift` (that twin off `F.conv2d`)",
+    "model.twin.channels": "the two convolutions' output channels",
     "model.forecast": "the `[model.forecast]` table: a forecaster of a univariate series "
                       "(`models.forecast.Forecaster`)",
     "model.forecast.form": "the attention's scores: `content`, `position` (plus a bias per "
@@ -366,6 +374,7 @@ def _schema() -> dict[str, dict]:
             "model.hetero": C.HETERO_KEYS,
             "train.link": C.LINK_TRAIN_KEYS, "train.sampler": C.SAMPLER_KEYS,
             "model.forecast": C.FORECAST_KEYS, "model.routing": C.ROUTING_KEYS,
+            "model.twin": C.TWIN_KEYS,
             "train.routing": C.ROUTING_TRAIN_KEYS,
             "train.depo": C.DEPO_TRAIN_KEYS,
             "train.sampler.typed": C.TYPED_SAMPLER_KEYS,

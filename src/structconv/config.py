@@ -17,11 +17,12 @@ sampled mini-batches; ``[model.lm]`` (``LM_KEYS``) describes a language model in
 ``[model.link]`` (``LINK_KEYS``) a knowledge-graph link predictor trained as ``[train.link]``
 (``LINK_TRAIN_KEYS``) says; ``[model.gin]`` (``GIN_KEYS``) a graph-level GIN for a dataset of
 many graphs; ``[model.forecast]`` (``FORECAST_KEYS``) a forecaster of a univariate series;
-``[model.routing]`` (``ROUTING_KEYS``) an attention model of TSP tours trained by REINFORCE as
-``[train.routing]`` (``ROUTING_TRAIN_KEYS``) says; ``[model.hetero]`` (``HETERO_KEYS``) a typed
-model for a typed graph (DBLP, IMDB), with ``[train.sampler]`` (``TYPED_SAMPLER_KEYS``) on typed
-mini-batches; ``[train.depo]`` (``DEPO_TRAIN_KEYS``) the hop curriculum of a ``[model.lm]`` on
-the k-hop task (the ``depo`` dataset).
+``[model.twin]`` (``TWIN_KEYS``) the Fashion-MNIST study's CNN in plain torch or as its
+structconv twin; ``[model.routing]`` (``ROUTING_KEYS``) an attention model of TSP tours
+trained by REINFORCE as ``[train.routing]`` (``ROUTING_TRAIN_KEYS``) says; ``[model.hetero]``
+(``HETERO_KEYS``) a typed model for a typed graph (DBLP, IMDB), with ``[train.sampler]``
+(``TYPED_SAMPLER_KEYS``) on typed mini-batches; ``[train.depo]`` (``DEPO_TRAIN_KEYS``) the hop
+curriculum of a ``[model.lm]`` on the k-hop task (the ``depo`` dataset).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ __all__ = ["ConfigError", "load_config", "parse_config", "apply_overrides", "val
            "HETERO_KEYS", "HETERO_KINDS", "hetero_spec", "is_hetero", "TYPED_SAMPLER_KEYS",
            "typed_sampler_spec", "GRAPH_KEYS", "GRAPH_KINDS", "graph_spec", "is_graph",
            "mined_metapaths", "MINED_LENGTH",
-           "SELECTIONS", "DECAYS", "GRAPH_PARAMS", "DEPO_TRAIN_KEYS", "depo_train_spec"]
+           "SELECTIONS", "DECAYS", "GRAPH_PARAMS", "DEPO_TRAIN_KEYS", "depo_train_spec",
+           "TWIN_KEYS", "TWIN_NETWORKS", "twin_spec", "is_twin"]
 
 
 class ConfigError(ValueError):
@@ -65,7 +67,8 @@ DEFAULTS = {
              "eval_batch_size": 512, "batches_per_epoch": 0, "val_sample": 0},
     "model": {"layers": [], "readout": "auto", "classifier": "auto", "embedding": 0,
               "dtype": "float32", "lm": {}, "link": None, "seq2seq": None, "gin": None,
-              "forecast": None, "routing": None, "hetero": None, "graph": None},
+              "forecast": None, "routing": None, "hetero": None, "graph": None,
+              "twin": None},
     "train": {"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "momentum": 0.9,
               "epochs": 10, "patience": 0, "monitor": "val_acc", "grad_clip": 0.0,
               "checkpoint_every": 0, "checkpoint_seconds": 10.0, "sampler": {}, "link": {},
@@ -333,7 +336,7 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
         # (a run directory written before these keys existed has none of them)
         missing = [f"{sec}.{k}" for k in DEFAULTS[sec]
                    if k not in {*cfg[sec], "sampler", "link", "seq2seq", "gin", "forecast",
-                                "routing", "hetero", *_LATER_KEYS}]
+                                "routing", "hetero", "twin", *_LATER_KEYS}]
         _need(not missing, f"{source}: missing key(s) {', '.join(missing)}")
     t = cfg["train"]
     for k in ("epochs", "patience", "checkpoint_every"):
@@ -381,7 +384,7 @@ def _check_tables(m: dict, t: dict, source: str) -> None:
     _need(isinstance(m["lm"], dict), f"{source}: model.lm must be a table ([model.lm])")
     # model.link and the other kinds' tables: None (not that kind) or a table, empty for all
     # defaults
-    for k in ("link", "seq2seq", "gin", "hetero", "graph"):
+    for k in ("link", "seq2seq", "gin", "hetero", "graph", "twin"):
         _need(m.get(k) is None or isinstance(m[k], dict),
               f"{source}: model.{k} must be a table ([model.{k}]), got {m[k]!r}")
     _need(isinstance(t.get("link", {}), dict),
@@ -417,6 +420,9 @@ def _check_model(cfg: dict, source: str) -> dict:
         return _check_rest(cfg, source)
     if is_gin(cfg):
         _check_gin(m, f"{source}: model.gin")
+        return _check_rest(cfg, source)
+    if is_twin(cfg):
+        _check_twin(m, f"{source}: model.twin")
         return _check_rest(cfg, source)
     if is_graph(cfg):
         _check_graph_model(m, f"{source}: model.graph")
@@ -652,7 +658,9 @@ def _check_seq2seq(m: dict, where: str) -> None:
 GIN_KEYS = {"hidden": 64, "layers": 5, "readout": "sum", "dropout": 0.0, "edge_features": False,
             "train_eps": False, "batch_norm": True}
 """``[model.gin]``: a graph-level GIN (``sc.models.GIN``) for a dataset of many graphs: ``layers``
-GIN layers of ``hidden`` channels (two-layer MLPs, with ``batch_norm``), GIN-eps where
+GIN layers of ``hidden`` channels (two-layer MLPs, with ``batch_norm``: per process under
+DDP, as torch's DDP without ``SyncBatchNorm``, so a run over several processes does not equal
+a 1-process run), GIN-eps where
 ``train_eps``, GINE layers reading the dataset's edge features where ``edge_features``, a
 ``readout`` (sum, mean, max or attention) to one vector per graph, ``dropout`` before the
 linear head."""
@@ -680,6 +688,42 @@ def _check_gin(m: dict, where: str) -> None:
           f"{where}.readout must be sum, mean, max or attention, got {s['readout']!r}")
     for k in ("edge_features", "train_eps", "batch_norm"):
         _need(isinstance(s[k], bool), f"{where}.{k} must be true or false, got {s[k]!r}")
+
+
+TWIN_NETWORKS = ("torch", "structconv", "structconv-shift")
+"""The networks a ``[model.twin]`` table may name."""
+TWIN_KEYS = {"network": "torch", "channels": [16, 32]}
+"""``[model.twin]``: the Fashion-MNIST study's CNN (``models.fashion``): Conv(C->c1, 3x3)
+ReLU AvgPool(2) Conv(c1->c2, 3x3) ReLU AvgPool(2) Linear, with ``channels`` = [c1, c2];
+``network`` "torch" is it in plain torch, "structconv" its twin of grid layers built by
+``sc.nn.from_torch`` from the torch network drawn under the same seed (the same initial
+weights), "structconv-shift" that twin kept off ``F.conv2d`` (the paper's contraction
+orders)."""
+
+
+def twin_spec(cfg: dict) -> dict:
+    """The ``[model.twin]`` table with its defaults filled in."""
+    return {**TWIN_KEYS, **(cfg["model"].get("twin") or {})}
+
+
+def is_twin(cfg: dict) -> bool:
+    """Whether ``cfg`` describes the torch CNN or a structconv twin (a ``[model.twin]``)."""
+    return cfg["model"].get("twin") is not None
+
+
+def _check_twin(m: dict, where: str) -> None:
+    for k in m["twin"]:
+        _need(k in TWIN_KEYS, f"{where}: unknown key {k!r} (known: {', '.join(TWIN_KEYS)})")
+    _need(not m["layers"] and not m["lm"] and all(
+        m.get(k) is None for k in ("link", "seq2seq", "gin", "hetero", "graph")),
+        f"{where}: a [model.twin] model is the whole model: it takes no [[model.layers]] "
+        "or other model table")
+    s = {**TWIN_KEYS, **m["twin"]}
+    _need(s["network"] in TWIN_NETWORKS, f"{where}.network must be one of "
+                                         f"{', '.join(TWIN_NETWORKS)}, got {s['network']!r}")
+    c = s["channels"]
+    _need(isinstance(c, list) and len(c) == 2 and all(int_in(v, 1, math.inf) for v in c),
+          f"{where}.channels must be two ints >= 1, got {c!r}")
 
 
 HETERO_KINDS = ("sage", "rgcn", "hgt", "han")

@@ -151,3 +151,24 @@ def test_real_cora_through_registry():
     d = load_dataset("cora")
     assert (d.num_nodes, d.num_features, d.num_classes) == (2708, 1433, 7)
     assert [int(d.masks[k].sum()) for k in ("train", "val", "test")] == [140, 500, 1000]
+
+
+def test_idx_sample_test_limit_and_validation_on_test(tmp_path):
+    from tests.conftest import tiny_idx_images
+
+    tiny_idx_images(tmp_path, train=30, test=10, side=5)
+    full = load_dataset("fashion-mnist", root=tmp_path, val=0)
+    d = load_dataset("fashion-mnist", root=tmp_path, val="test", sample=7, test_limit=4, seed=3)
+    # the sample: the first 7 of a permutation drawn from the seed, as the study drew it
+    idx = torch.randperm(30, generator=torch.Generator().manual_seed(3))[:7]
+    torch.testing.assert_close(d.splits["train"][0], full.splits["train"][0][idx])
+    assert torch.equal(d.splits["train"][1], full.splits["train"][1][idx])
+    assert torch.equal(d.splits["test"][0], full.splits["test"][0][:4])
+    assert d.splits["val"][0] is d.splits["test"][0]
+    other = load_dataset("fashion-mnist", root=tmp_path, val=0, sample=7, seed=4)
+    assert not torch.equal(other.splits["train"][0], d.splits["train"][0])
+    for kw, msg in ((dict(sample=0), "sample must be an int >= 1"),
+                    (dict(test_limit=1.5), "test_limit must be an int"),
+                    (dict(val="train"), "val must be an int >= 0 .* or \"test\"")):
+        with pytest.raises(DatasetError, match=msg):
+            load_dataset("mnist", root=tmp_path, **kw)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 
@@ -12,7 +11,7 @@ import torch
 
 from structconv.experiments import fashion, mixed_heads, routes_models, separability, shift_heads
 from structconv.nn.lm import TransformerLM
-from tests.conftest import need, stop_at
+from tests.conftest import need, stop_at, tiny_idx_images
 
 
 # -- fashion: the grid network is the torch network ------------------------------------------
@@ -26,33 +25,83 @@ def test_grid_cnn_matches_torch(float64, native):
     assert sum(p.numel() for p in net.parameters()) == sum(p.numel() for p in ref.parameters())
 
 
-def test_lockstep_through_the_engine_trains_the_twins_alike(float64):
-    from structconv.config import load_config
-    from structconv.data.registry import ImageData
+def _fashion_args(tmp_path, **kw) -> argparse.Namespace:
+    a = dict(data=str(tiny_idx_images(tmp_path / "fmnist", 40, 12)), train_size=35, test_size=10,
+             epochs=2, batch=16, lr=None, seeds=1, variants="torch,structconv,structconv-shift",
+             threads=0, plot=None, quick=False, seed=0, out=str(tmp_path / "out"))
+    return argparse.Namespace(**{**a, **kw})
 
-    g = torch.Generator().manual_seed(3)
-    x, y = torch.randn(40, 1, 12, 12, generator=g), torch.randint(0, 4, (40,), generator=g)
-    data = ImageData("toy", {"train": (x, y), "val": (x[:10], y[:10]),
-                             "test": (x[:10], y[:10])}, 4)
-    cfg = load_config(fashion.CONFIG, ["data.batch_size=16", "train.epochs=2"])
-    torch.manual_seed(0)
-    ref = fashion.torch_cnn(channels=(3, 5), side=12, classes=4)
-    nets = {"torch": ref, "structconv": fashion.structconv_cnn(ref),
-            "structconv-shift": fashion.structconv_cnn(ref, native=False)}
-    nets = {k: copy.deepcopy(v).double() for k, v in nets.items()}
-    loops = fashion.engine_loops(nets, cfg, data)
-    for epoch in (1, 2):
-        secs = fashion.lockstep_epoch(loops, epoch)
-        assert set(secs) == set(nets) and all(v > 0 for v in secs.values())
-    # three steps an epoch (16 + 16 + 8 images) for each network, on the same batches
-    assert {k: lp.state["steps"] for k, lp in loops.items()} == dict.fromkeys(nets, 6)
-    rows = {k: lp.state["history"] for k, lp in loops.items()}
-    for k in ("structconv", "structconv-shift"):
-        for a, b in zip(rows[k], rows["torch"]):
-            assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-9)
-            assert a["val_acc"] == b["val_acc"]
-        torch.testing.assert_close(nets[k](x[:5]), nets["torch"](x[:5]))
-    assert rows["torch"][0]["train_loss"] != rows["torch"][1]["train_loss"]  # it trained
+
+def test_fashion_networks_are_config_arms_that_train_alike(tmp_path, capsys):
+    args = _fashion_args(tmp_path)
+    assert fashion.run(args) == 0
+    res = json.loads((tmp_path / "out" / "fashion.json").read_text())
+    rows = res["variants"]
+    assert list(rows) == list(fashion.VARIANTS) and res["config"] == "fashion_cnn"
+    assert res["train_size"] == 35 and res["test_size"] == 10 and res["epochs"] == 2
+    assert res["initial_output_gap"] < 1e-5  # the twins start from the torch draw
+    # one locked, resumable engine run per (network, seed), in the sweep's folder
+    runs = sorted(p.parent.name for p in (tmp_path / "out").glob("fashion-*/*/result.json"))
+    assert runs == sorted(f"{v}-seed-0" for v in fashion.VARIANTS)
+    # separate runs of one seed see the same batches: their logged epochs agree
+    for v in ("structconv", "structconv-shift"):
+        gap = rows[v]["agreement"][0]
+        assert gap["train_loss_rel"] < 1e-5 and gap["test_acc_points"] == 0, v
+        assert rows[v]["params"] == rows["torch"]["params"] == 20490
+    assert [h["epoch"] for h in rows["torch"]["history"]] == [1, 2]
+    assert rows["torch"]["history"][0]["train_loss"] != rows["torch"]["history"][1]["train_loss"]
+    # another seed draws other weights and another sample: its runs differ from seed 0's
+    other = fashion.run(_fashion_args(tmp_path, seed=1, variants="torch"))
+    assert other == 0
+    one = json.loads((tmp_path / "out" / "fashion.json").read_text())["variants"]["torch"]
+    assert one["history"][0]["train_loss"] != rows["torch"]["history"][0]["train_loss"]
+
+
+def test_fashion_sweep_resumes_an_interrupted_run_and_reads_back(tmp_path, monkeypatch):
+    from structconv.training import TrainingInterrupted
+
+    ref = _fashion_args(tmp_path, variants="torch,structconv", out=str(tmp_path / "ref"))
+    assert fashion.run(ref) == 0
+    want = json.loads((tmp_path / "ref" / "fashion.json").read_text())["variants"]
+    args = _fashion_args(tmp_path, variants="torch,structconv")
+    with monkeypatch.context() as m:
+        stop_at(m, 8)  # the second network, epoch 1, step 2 (3 steps an epoch, 2 epochs)
+        with pytest.raises(TrainingInterrupted):
+            fashion.run(args)
+    assert len(list((tmp_path / "out").glob("fashion-*/*/result.json"))) == 1
+    assert fashion.run(args) == 0
+    got = json.loads((tmp_path / "out" / "fashion.json").read_text())["variants"]
+    for v in want:
+        assert got[v]["history"] == [dict(h, seconds=g["seconds"])
+                                     for h, g in zip(want[v]["history"], got[v]["history"])]
+    stamp = {p: p.stat().st_mtime_ns for p in (tmp_path / "out").glob("fashion-*/*/result.json")}
+    assert fashion.run(args) == 0  # everything finished: read back, nothing trained
+    assert {p: p.stat().st_mtime_ns for p in stamp} == stamp
+
+
+def test_fashion_config_builds_each_network_from_one_draw(float64):
+    from structconv.config import ConfigError, load_config
+    from structconv.data.registry import ImageData
+    from structconv.models.build import build_model
+
+    x = torch.randn(6, 1, 12, 12)
+    data = ImageData("toy", {"train": (x, torch.zeros(6, dtype=torch.long))}, 4)
+    nets = {}
+    for v in fashion.VARIANTS:
+        cfg = load_config(fashion.CONFIG, [f'model.twin.network="{v}"',
+                                           "model.twin.channels=[3, 5]", 'model.dtype="float64"'])
+        torch.manual_seed(0)
+        nets[v] = build_model(cfg, data)
+    assert type(nets["torch"][0]) is torch.nn.Conv2d and type(nets["structconv"][0]) is not \
+        torch.nn.Conv2d
+    for v in ("structconv", "structconv-shift"):
+        torch.testing.assert_close(nets[v](x), nets["torch"](x))
+    assert nets["structconv"][0].native and not nets["structconv-shift"][0].native
+    for bad, msg in (('model.twin.network="jax"', "network must be one of"),
+                     ("model.twin.channels=[3]", "channels must be two ints"),
+                     ("model.twin.size=3", "unknown key 'size'")):
+        with pytest.raises(ConfigError, match=msg):
+            load_config(fashion.CONFIG, [bad])
 
 
 # -- shift heads ------------------------------------------------------------------------------

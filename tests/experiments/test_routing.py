@@ -114,6 +114,38 @@ def test_encoder_layer_equals_its_definition_in_train_and_eval():
         torch.testing.assert_close(layer(h), want, rtol=1e-12, atol=1e-12)
 
 
+#: EncoderLayer(16, 4, 32)'s checkpoint names and fixed-seed outputs (the sum in eval mode, the
+#: first four in train mode) when its feed-forward was an nn.Sequential: the same to the bit
+ENCODER_KEYS = ["mechanism.inner.key", "mechanism.inner.query", "param.value", "param.out",
+                *(f"bn{i}.{k}" for i in (1, 2) for k in ("weight", "bias", "running_mean",
+                                                          "running_var", "num_batches_tracked")),
+                "ff.0.weight", "ff.0.bias", "ff.2.weight", "ff.2.bias"]
+ENCODER_BEFORE = (3.132114258594811, [1.3585741519927979, 0.877657413482666,
+                                      -0.36303961277008057, -1.4905551671981812])
+
+
+def test_encoder_feed_forward_is_the_shared_one_with_its_former_names():
+    from structconv.nn.blocks import FeedForward
+
+    torch.manual_seed(0)
+    layer = EncoderLayer(16, 4, 32)
+    x = torch.randn(3, 7, 16)
+    assert isinstance(layer.ff, FeedForward) and list(layer.state_dict()) == ENCODER_KEYS
+    first = layer(x).flatten()[:4].tolist()
+    assert first == ENCODER_BEFORE[1]
+    assert layer.eval()(x).sum().item() == pytest.approx(ENCODER_BEFORE[0], rel=1e-6)
+    h = torch.randn(5, 16)
+    want = torch.relu(h @ layer.ff.fc.weight.T + layer.ff.fc.bias) @ layer.ff.proj.weight.T \
+        + layer.ff.proj.bias
+    torch.testing.assert_close(layer.ff(h), want)
+    # a checkpoint loads under the former names and the present ones
+    other = EncoderLayer(16, 4, 32).eval()
+    for state in (layer.state_dict(), {k.replace("ff.0", "ff.fc").replace("ff.2", "ff.proj"): v
+                                       for k, v in layer.state_dict().items()}):
+        other.load_state_dict(state)
+        assert torch.equal(other(x), layer(x))
+
+
 # -- the decoder: mask, tours, likelihoods -------------------------------------------------------
 @settings(max_examples=12, deadline=None)
 @given(st.integers(1, 5), st.integers(3, 12), st.sampled_from(["greedy", "sample"]),

@@ -111,6 +111,59 @@ def test_pre_norm_block_dropout_on_each_branch():
     assert torch.equal(got, h + F.dropout(b.ff(b.n2(h)), 0.5, True))
 
 
+def test_pre_norm_block_without_residual_and_with_a_skip():
+    torch.manual_seed(0)
+    b = _Two()
+    x = torch.randn(2, 3, 4)
+    plain = _Two()
+    plain.load_state_dict(b.state_dict())
+    plain.residual = False
+    h = 3 * b.a(b.n1(x))
+    assert torch.equal(plain(x, 3), b.ff(b.n2(h)))
+    assert not torch.allclose(plain(x, 3), b(x, 3))
+
+    class _Rows(_Two):
+        def branches(self, scale):  # a sublayer that keeps the first 2 rows
+            return ((self.n1, lambda h: scale * self.a(h)[:, :2]),)
+
+        def skip(self, x, h):
+            return x[:, :h.shape[1]]
+
+    r = _Rows()
+    r.load_state_dict(b.state_dict())
+    assert torch.equal(r(x, 3), x[:, :2] + 3 * b.a(b.n1(x))[:, :2])
+    with pytest.raises(TypeError, match="residual must be True or False, got 1"):
+        PreNormBlock(residual=1)
+
+
+def test_declared_block_is_a_pre_norm_branch_written_out():
+    from structconv.models.declared import Block
+
+    net = build_model(validate(parse_config(CFG)), TinyImages())
+    blocks = list(net.blocks)
+    assert all(isinstance(b, PreNormBlock) for b in blocks)
+    conv1, mlp, attn = blocks
+    assert (conv1.residual, mlp.residual, attn.residual) == (False, True, True)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 16, 4, generator=g)
+    with torch.no_grad():
+        for b in (mlp, attn):
+            b.norm.weight.uniform_(0.5, 1.5)
+            b.norm.bias.normal_()
+    mlp.dropout = attn.dropout = 0.3
+    net.train()
+    for b in (mlp, attn):
+        torch.manual_seed(5)
+        got = b(x)
+        torch.manual_seed(5)
+        h = b.conv(F.dropout(b.norm(x), 0.3, True))
+        assert torch.equal(got, x + (h if b.act is None else b.act(h)))
+    # no residual, no norm: the convolution and activation of the dropped input alone
+    x1 = torch.randn(2, 16, 1, generator=g)
+    assert torch.equal(conv1.eval()(x1), conv1.act(conv1.conv(x1)))
+    assert isinstance(conv1, Block) and conv1.norm is None
+
+
 # -- the models' checkpoints ---------------------------------------------------------------------
 CFG = '''
 name = "t"

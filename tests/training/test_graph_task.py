@@ -206,3 +206,45 @@ def test_the_readout_option_trains_that_readout_under_its_own_name(tmp_path, cap
     capsys.readouterr()
     assert main([*argv, "--readout", "median"]) == 2
     assert "invalid choice: 'median'" in capsys.readouterr().err
+
+
+def _ddp_rows(run) -> list[dict]:
+    import json
+
+    keys = ("train_loss", "val_loss", "train_acc", "val_acc")
+    return [{k: json.loads(x)[k] for k in keys}
+            for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_gin_under_ddp_equals_one_process_only_without_batch_norm(tmp_path):
+    from structconv.training import train
+    from tests.conftest import run_cli
+
+    note = "batch norm layer(s): under DDP each of the 2 processes"
+    over = ["model.dtype=\"float64\"", "model.gin.dropout=0.0", "train.epochs=2"]
+    rows = {}
+    for bn in ("true", "false"):
+        o = [*over, f"model.gin.batch_norm={bn}"]
+        r = run_cli("train", "--config", "gin_mutag", *TINY, *o, "--out", tmp_path / f"ddp-{bn}",
+                    "--nproc", "2")
+        assert r.returncode == 0, r.stderr
+        # said once (the main process) where the model has batch norms, never otherwise
+        assert r.stdout.count(note) == (1 if bn == "true" else 0), r.stdout
+        train(_cfg(*o), tmp_path / f"one-{bn}")
+        rows[bn] = [_ddp_rows(tmp_path / f"{w}-{bn}") for w in ("ddp", "one")]
+    ddp, one = rows["false"]
+    for x, y in zip(ddp, one, strict=True):
+        for k in x:
+            assert x[k] == pytest.approx(y[k], rel=1e-9, abs=1e-12), (k, x, y)
+    ddp, one = rows["true"]  # per-process batch statistics: another run
+    assert ddp[0]["train_loss"] != pytest.approx(one[0]["train_loss"], rel=1e-9)
+
+
+def test_the_batch_norm_note_counts_the_norms_and_needs_two_processes():
+    from structconv.training.run import batch_norm_note
+
+    net = build_gin(_cfg(), load_data(_cfg()))
+    assert batch_norm_note(net, 1) is None
+    assert "has 4 batch norm layer(s)" in batch_norm_note(net, 3)  # 2 layers, 2 norms each
+    plain = build_gin(_cfg("model.gin.batch_norm=false"), load_data(_cfg()))
+    assert batch_norm_note(plain, 3) is None

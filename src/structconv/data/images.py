@@ -65,12 +65,27 @@ def _check_limit(limit) -> bool:
     return True
 
 
-def load_idx_images(root: Path, name: str, val: int = 10000, limit: int | None = None,
-                    seed: int = 0, mean: float | None = None, std: float | None = None):
-    """MNIST-style folder -> ImageData with train/val/test; pixels scaled to [0, 1], normalised."""
-    check_int(name, "val (training images held out)", val, 0)
+def load_idx_images(root: Path, name: str, val: int | str = 10000, limit: int | None = None,
+                    seed: int = 0, mean: float | None = None, std: float | None = None,
+                    sample: int | None = None, test_limit: int | None = None):
+    """MNIST-style folder -> ImageData with train/val/test; pixels scaled to [0, 1], normalised.
+
+    ``val``: training images held out for validation, or ``"test"`` (validate on the test
+    images: a study that reports test accuracy after each epoch and selects nothing).
+    ``sample``: a seeded random subset of that many training images (the first of a
+    permutation drawn from ``seed``); ``test_limit``: the first that many test images;
+    ``limit``: the first that many of every split."""
+    on_test = val == "test"
+    if isinstance(val, str) and not on_test:
+        raise DatasetError(f'{name}: val must be an int >= 0 (training images held out) or '
+                           f'"test", got {val!r}')
+    if not on_test:
+        check_int(name, "val (training images held out)", val, 0)
     check_int(name, "seed", seed, 0, 2**63 - 1)
     _check_limit(limit)
+    for what, v in (("sample", sample), ("test_limit", test_limit)):
+        if v is not None:
+            check_int(name, what, v, 1)
     out = {}
     for split, prefix in (("train", "train"), ("test", "t10k")):
         imgs = read_idx(root / f"{prefix}-images-idx3-ubyte.gz", ndim=3)
@@ -94,7 +109,15 @@ def load_idx_images(root: Path, name: str, val: int = 10000, limit: int | None =
     m = out["train"][0].mean().item() if mean is None else mean
     s = out["train"][0].std().item() if std is None else std
     out = {k: ((x - m) / s, y) for k, (x, y) in out.items()}
-    if val:
+    if sample is not None:
+        g = torch.Generator().manual_seed(seed)
+        idx = torch.randperm(out["train"][0].shape[0], generator=g)[:sample]
+        out["train"] = (out["train"][0][idx], out["train"][1][idx])
+    if test_limit is not None:
+        out["test"] = (out["test"][0][:test_limit], out["test"][1][:test_limit])
+    if on_test:
+        out["val"] = out["test"]
+    elif val:
         if val >= out["train"][0].shape[0]:
             raise ValueError(f"val={val} must be smaller than the {out['train'][0].shape[0]} "
                              "training images")
@@ -110,14 +133,15 @@ IDX_FILES = tuple(f"{p}-{k}-idx{n}-ubyte.gz" for p in ("train", "t10k")
 
 
 @register_dataset("mnist", "mnist", "MNIST 28x28 digits (IDX gz files)", IDX_FILES)
-def _mnist(root, val=10000, limit=None, seed=0):
-    return load_idx_images(root, "mnist", val, limit, seed, 0.1307, 0.3081)
+def _mnist(root, val=10000, limit=None, seed=0, sample=None, test_limit=None):
+    return load_idx_images(root, "mnist", val, limit, seed, 0.1307, 0.3081, sample, test_limit)
 
 
 @register_dataset("fashion-mnist", "fashion-mnist", "Fashion-MNIST 28x28 (IDX gz files)",
                   IDX_FILES)
-def _fashion(root, val=10000, limit=None, seed=0):
-    return load_idx_images(root, "fashion-mnist", val, limit, seed, 0.2860, 0.3530)
+def _fashion(root, val=10000, limit=None, seed=0, sample=None, test_limit=None):
+    return load_idx_images(root, "fashion-mnist", val, limit, seed, 0.2860, 0.3530, sample,
+                           test_limit)
 
 
 @register_dataset("digits", None, "scikit-learn's 8x8 digits (ships with scikit-learn)")

@@ -4,8 +4,9 @@
 ``[model.lm]``: ``sc.nn.TransformerLM``; ``[model.seq2seq]``: ``sc.nn.Seq2Seq`` or
 ``sc.nn.PervasiveAttention``; ``[model.gin]``: ``sc.models.GIN``; ``[model.forecast]``:
 ``models.forecast.Forecaster``; ``[model.routing]``: ``models.routing.AttentionModel``;
-``[model.hetero]``: a ``models.hetero.TypedClassifier``; ``[model.graph]``: a paper's two-layer
-node classifier; else a ``StructNet`` of declared layers).
+``[model.hetero]``: a ``models.hetero.TypedClassifier``; ``[model.twin]``: the Fashion-MNIST
+study's torch CNN or a structconv twin of it (``models.fashion.twin_cnn``); ``[model.graph]``:
+a paper's two-layer node classifier; else a ``StructNet`` of declared layers).
 ``memory_estimate`` reads the built model's parameter count and per-sample activation count,
 or computes both from the config alone for the link predictor and the sequence models (whose
 sizes a config can make absurd: they are refused before anything is built), so that a run
@@ -33,11 +34,13 @@ from ..config import (
     is_link,
     is_routing,
     is_seq2seq,
+    is_twin,
     link_spec,
     link_train_spec,
     routing_spec,
     sampler_spec,
     seq2seq_spec,
+    twin_spec,
 )
 from .declared import StructNet
 from .seq2seq import build_seq2seq
@@ -46,7 +49,8 @@ from .sizes import lm_parameters, seq2seq_parameters
 __all__ = ["build_model", "build_gin", "build_graph", "graph_sorts", "graph_feature_dims",
            "build_lm", "build_link", "build_seq2seq_model", "data_info", "link_sorts",
            "optimizer_copies", "estimated_from_config", "memory_estimate", "check_memory",
-           "sampled_share", "build_forecast", "build_routing", "lm_shape", "LM_TASKS"]
+           "sampled_share", "build_forecast", "build_routing", "lm_shape", "LM_TASKS",
+           "build_twin"]
 
 
 def _need(cond: bool, msg: str):
@@ -190,6 +194,18 @@ def build_forecast(cfg: dict, data) -> nn.Module:
                       periods=[data.period])
 
 
+def build_twin(cfg: dict, data) -> nn.Module:
+    """The network of a ``[model.twin]`` table, for a one-channel square image dataset."""
+    from .fashion import twin_cnn
+
+    C, *grid = getattr(data, "shape", (0,))
+    _need(data.task == "image" and C == 1 and len(grid) == 2 and grid[0] == grid[1],
+          f"model.twin is a CNN of one-channel square images: it needs an image dataset "
+          f"(fashion-mnist, mnist), got a {data.task} task ({cfg['data']['name']})")
+    s = twin_spec(cfg)
+    return twin_cnn(s["network"], s["channels"], grid[0], data.num_classes)
+
+
 def build_routing(cfg: dict, data) -> nn.Module:
     """The ``AttentionModel`` of a ``[model.routing]`` table, for a TSP dataset."""
     from .routing import AttentionModel
@@ -263,6 +279,7 @@ def build_model(cfg: dict, data) -> nn.Module:
             if is_routing(cfg) else \
             build_link(cfg, data) if is_link(cfg) else build_gin(cfg, data) if is_gin(cfg) \
             else build_graph(cfg, data) if is_graph(cfg) else \
+            build_twin(cfg, data) if is_twin(cfg) else \
             build_seq2seq_model(cfg, data) if is_seq2seq(cfg) else build_lm(cfg, data) \
             if cfg["model"]["lm"] else StructNet(cfg, data_info(data, cfg))
         return model.to(getattr(torch, cfg["model"]["dtype"]))
@@ -365,6 +382,13 @@ def estimated_from_config(cfg: dict) -> bool:
     return is_link(cfg) or is_seq2seq(cfg) or bool(cfg["model"]["lm"])
 
 
+def _twin_activations(cfg: dict, data) -> int:
+    """Activation scalars one image keeps in a ``[model.twin]`` CNN, about."""
+    from .fashion import twin_activations
+
+    return twin_activations(twin_spec(cfg)["channels"], data.shape[-1], data.num_classes)
+
+
 def _gin_activations(cfg: dict, data) -> int:
     """Activation scalars one graph keeps, about, at the mean graph size: per layer and node
     the MLP's two linear maps, norms and activations (and an edge's message for GINE)."""
@@ -421,7 +445,8 @@ def memory_estimate(cfg: dict, data, model: nn.Module | None = None) -> dict | N
         _gin_activations(cfg, data) if is_gin(cfg) else \
         _seq2seq_activations(cfg, data) if is_seq2seq(cfg) else \
         _lm_activations(cfg, data) if cfg["model"]["lm"] else \
-        _graph_activations(cfg, data) if is_graph(cfg) else model.activation_elements
+        _graph_activations(cfg, data) if is_graph(cfg) else \
+        _twin_activations(cfg, data) if is_twin(cfg) else model.activation_elements
     batch = 1 if data.task in ("node", "hetero") else d["batch_size"]
     if data.task == "node" and sampler_spec(cfg):
         per_sample = int(per_sample * sampled_share(cfg, data.num_nodes))

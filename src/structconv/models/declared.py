@@ -28,7 +28,7 @@ from .. import basis as B
 from .. import params as P
 from ..config import ConfigError, is_content
 from ..engine import convolve
-from ..nn.blocks import FeedForward, former_keys
+from ..nn.blocks import FeedForward, PreNormBlock, former_keys
 from ..nn.dropout import sparse_dropout
 from ..nn.graph_attention import gat_conv, gated_root, gatv2_conv, transformer_conv
 from ..nn.layers import Convolution
@@ -368,7 +368,11 @@ def _inputs(structure) -> int:
     return structure.num_src if isinstance(structure, SampledBlock) else structure.M
 
 
-class Block(nn.Module):
+def _unchanged(x: Tensor) -> Tensor:
+    return x
+
+
+class Block(PreNormBlock):
     """One declared layer: dropout on the input, the convolution, activation, pool, residual.
 
     ``forward(x, structure=None, node_ids=None)``: x (B, M, P) -> (B, N, Q). ``structure``
@@ -376,18 +380,20 @@ class Block(nn.Module):
     targets are the first of the M inputs; ``node_ids`` (M,) the inputs' global ids.
     ``type = "mlp"`` layers take their activation inside (between the two maps) and are
     residual unless ``residual = false``; ``linear`` and ``mlp`` layers are ``pointwise``.
+    A ``PreNormBlock`` of one branch: x <- x + act(conv(dropout(norm(x)))) (the skip from the
+    targets' rows of x; without ``residual`` the branch alone), then the pool.
     """
 
     def __init__(self, conv: nn.Module, layer: dict, Pin: int, pool: Pool | None = None,
                  featureless: bool = False):
-        super().__init__()
-        self.conv = conv
         kind = layer.get("type", "conv")
+        # the dropout is on the branch's input (inside it), none on its output
+        super().__init__(0.0, residual=bool(layer.get("residual", kind == "mlp")))
+        self.conv = conv
         self.pointwise = kind in ("linear", "mlp")
         self.featureless = bool(featureless)
         self.act = None if kind == "mlp" else ACTIVATIONS[layer.get("activation", "none")]
         self.dropout = float(layer.get("dropout", 0.0))
-        self.residual = bool(layer.get("residual", kind == "mlp"))
         self.norm = nn.LayerNorm(Pin) if layer.get("norm", "none") == "layer" else None
         self.pool = pool
 
@@ -398,24 +404,30 @@ class Block(nn.Module):
         if isinstance(self.conv, Convolution):
             _zero(self.conv.bias)
 
-    def forward(self, x: Tensor, structure=None, node_ids: Tensor | None = None) -> Tensor:
-        h = self.norm(x) if self.norm is not None else x
+    def branches(self, structure=None, node_ids: Tensor | None = None):
+        """The one (norm, sublayer) pair: the norm where the layer has one."""
+        return ((self.norm if self.norm is not None else _unchanged,
+                 lambda h: self._sublayer(h, structure, node_ids)),)
+
+    def _sublayer(self, h: Tensor, structure, node_ids: Tensor | None) -> Tensor:
+        """act(conv(dropout(h))) of the normed input."""
         h = sparse_dropout(h, self.dropout, self.training)
         if self.pointwise:
             h = self.conv(h)
         elif self.featureless:
             # one-hot input: x·Θ_k is Θ_k's rows (of the mini-batch's input nodes)
             rows = None if node_ids is None else node_ids[:_inputs(structure)]
-            h = self.conv.featureless(structure, rows).expand(x.shape[0], -1, -1)
+            h = self.conv.featureless(structure, rows).expand(h.shape[0], -1, -1)
         else:
             h = self.conv(h, structure)
-        if self.act is not None:
-            h = self.act(h)
-        if self.residual:
-            h = h + x[:, :h.shape[1]]  # a sampled block's targets are its first inputs
-        if self.pool is not None:
-            h = self.pool(h)
-        return h
+        return self.act(h) if self.act is not None else h
+
+    def skip(self, x: Tensor, h: Tensor) -> Tensor:
+        return x[:, :h.shape[1]]  # a sampled block's targets are its first inputs
+
+    def forward(self, x: Tensor, structure=None, node_ids: Tensor | None = None) -> Tensor:
+        h = super().forward(x, structure, node_ids)
+        return self.pool(h) if self.pool is not None else h
 
 
 def _out_grid(basis, grid):

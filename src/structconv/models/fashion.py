@@ -7,7 +7,7 @@ import copy
 
 from torch import nn
 
-__all__ = ["torch_cnn", "structconv_cnn"]
+__all__ = ["torch_cnn", "structconv_cnn", "twin_cnn", "twin_activations"]
 
 
 def torch_cnn(channels=(16, 32), side: int = 28, classes: int = 10) -> nn.Sequential:
@@ -39,3 +39,24 @@ def structconv_cnn(reference: nn.Sequential, native: bool = True) -> nn.Sequenti
         else:
             layers.append(copy.deepcopy(m))
     return nn.Sequential(*layers)
+
+
+def twin_cnn(network: str, channels=(16, 32), side: int = 28, classes: int = 10) -> nn.Sequential:
+    """The study's network ``network`` (``[model.twin]``): the torch CNN drawn from the global
+    RNG, or (``structconv``, ``structconv-shift``) its twin, built from that same torch draw,
+    so that every network of one seed starts from the same weights."""
+    ref = torch_cnn(tuple(channels), side, classes)
+    if network == "torch":
+        return ref
+    if network not in ("structconv", "structconv-shift"):
+        raise ValueError(f"network must be torch, structconv or structconv-shift, got "
+                         f"{network!r}")
+    return structconv_cnn(ref, native=network == "structconv")
+
+
+def twin_activations(channels=(16, 32), side: int = 28, classes: int = 10) -> int:
+    """Activation scalars one image keeps in a twin CNN, about: each convolution's output and
+    activation, each pooling's output, the logits."""
+    c1, c2 = channels
+    return 2 * c1 * side ** 2 + c1 * (side // 2) ** 2 + 2 * c2 * (side // 2) ** 2 + \
+        c2 * (side // 4) ** 2 + classes

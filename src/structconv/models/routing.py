@@ -26,9 +26,11 @@ to the projected values; the pointer's scores are the mechanism
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from ..attention.basis import DotProductAttention
 from ..attention.build import attention_basis
@@ -36,6 +38,7 @@ from ..attention.clip import TanhClip
 from ..attention.mechanisms import DotProduct, Masked, Mechanism, Softmax
 from ..data.tsp import check_tours, tour_length
 from ..engine import convolve
+from ..nn.blocks import FeedForward, former_keys, post_norm
 from ..params import LowRank, reset_children, reset_module
 
 __all__ = ["EncoderLayer", "KeyDot", "PointerDecoder", "AttentionModel", "tour_length",
@@ -47,7 +50,9 @@ class EncoderLayer(nn.Module):
 
     MHA is the self-attention convolution Σ_k softmax(h Λ_key,k (h Λ_query,k)ᵀ / sqrt(D))ᵀ
     h V_k O_k with K = ``heads`` heads of D = W / K channels, no biases (as the paper);
-    batch norm over all cities of the batch, FF = Linear(W, ffn), ReLU, Linear(ffn, W)."""
+    batch norm over all cities of the batch, FF = Linear(W, ffn), ReLU, Linear(ffn, W) (a
+    ``sc.nn.FeedForward``); both branches post-norm (``sc.nn.blocks.post_norm``), as the
+    paper. Checkpoints keep the feed-forward's former names ``ff.0`` / ``ff.2``."""
 
     def __init__(self, width: int, heads: int, ffn: int):
         super().__init__()
@@ -57,7 +62,9 @@ class EncoderLayer(nn.Module):
         self.mechanism = Softmax(DotProduct(heads, width, width, D))
         self.param = LowRank(heads, width, width, D)
         self.bn1, self.bn2 = nn.BatchNorm1d(width), nn.BatchNorm1d(width)
-        self.ff = nn.Sequential(nn.Linear(width, ffn), nn.ReLU(), nn.Linear(ffn, width))
+        self.ff = FeedForward(width, ffn, F.relu)
+        # the feed-forward was an nn.Sequential (Linear, ReLU, Linear): its checkpoint names
+        former_keys(self, **{"ff.0": "ff.fc", "ff.2": "ff.proj"})
 
     def reset_parameters(self) -> None:
         """Re-draw every weight as the constructor does (each layer's own init; the batch
@@ -73,8 +80,8 @@ class EncoderLayer(nn.Module):
         return bn(h.reshape(-1, h.shape[-1])).view_as(h)
 
     def forward(self, h: Tensor) -> Tensor:
-        h = self._norm(self.bn1, h + self.attention(h))
-        return self._norm(self.bn2, h + self.ff(h))
+        h = post_norm(h, partial(self._norm, self.bn1), self.attention)
+        return post_norm(h, partial(self._norm, self.bn2), self.ff)
 
 
 class KeyDot(Mechanism):

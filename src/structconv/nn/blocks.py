@@ -49,10 +49,13 @@ def feed_forward(x: Tensor, fc: nn.Module, proj: nn.Module, activation: Callable
 
 
 def pre_norm(x: Tensor, norm: nn.Module, sublayer: Callable[[Tensor], Tensor],
-             dropout: nn.Module | None = None) -> Tensor:
-    """x + dropout(sublayer(norm(x))): a pre-norm residual branch (GPT-2's)."""
+             dropout: nn.Module | None = None,
+             skip: Callable[[Tensor, Tensor], Tensor] | None = None) -> Tensor:
+    """x + dropout(sublayer(norm(x))): a pre-norm residual branch (GPT-2's). ``skip(x, h)``:
+    the part of ``x`` the branch's output h adds to (default all of x)."""
     h = sublayer(norm(x))
-    return x + (h if dropout is None else dropout(h))
+    h = h if dropout is None else dropout(h)
+    return (x if skip is None else skip(x, h)) + h
 
 
 def post_norm(x: Tensor, norm: nn.Module, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
@@ -115,12 +118,18 @@ class PreNormBlock(nn.Module):
     and sub-layers under its own names and says, per call, which (norm, sublayer) pairs run,
     with the call's other inputs (a cache, a padding mask, the encoder's memory) bound:
     ``forward(x, *args)`` is the branches of ``branches(*args)`` in turn. ``dropout``: on each
-    branch's output.
+    branch's output. ``residual=False``: each branch replaces the stream, x <- dropout(
+    sublayer(norm(x))) (a declared layer without a skip). ``skip(x, h)`` is the stream a
+    branch's output ``h`` adds to: ``x`` itself (a block whose sublayer keeps fewer rows, a
+    sampled graph layer's targets, says which of ``x`` by overriding it).
     """
 
-    def __init__(self, dropout: float = 0.0):
+    def __init__(self, dropout: float = 0.0, residual: bool = True):
         super().__init__()
+        if not isinstance(residual, bool):
+            raise TypeError(f"PreNormBlock: residual must be True or False, got {residual!r}")
         self.drop = nn.Dropout(dropout)
+        self.residual = residual
 
     def reset_parameters(self) -> None:
         """Re-draw every weight as the constructor does (each sub-layer's own init)."""
@@ -130,9 +139,16 @@ class PreNormBlock(nn.Module):
         """The (norm, sublayer) pairs of one call, in order."""
         raise NotImplementedError
 
+    def skip(self, x: Tensor, h: Tensor) -> Tensor:
+        """The residual stream a branch's output ``h`` joins: ``x``."""
+        return x
+
     def forward(self, x: Tensor, *args, **kwargs) -> Tensor:
         for norm, sublayer in self.branches(*args, **kwargs):
-            x = pre_norm(x, norm, sublayer, self.drop)
+            if not self.residual:
+                x = self.drop(sublayer(norm(x)))
+            else:
+                x = pre_norm(x, norm, sublayer, self.drop, self.skip)
         return x
 
 

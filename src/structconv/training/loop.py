@@ -223,8 +223,8 @@ class Loop:
         """One epoch step by step: a generator that yields the global stats (loss sum,
         correct, items, ranks asked to stop) after each optimizer step, then validates,
         records and checkpoints the epoch, returning whether it is the last. ``epoch`` runs it
-        through; a study that trains several models on the same batches, one step of each in
-        turn, advances one generator per model's loop."""
+        through; a caller may advance it a step at a time (several models' loops in turn, a
+        step-level hook) without a second loop."""
         done, totals, before = self._position(epoch)
         t0 = time.perf_counter() - before
         self.net.train()

@@ -46,7 +46,8 @@ from .optim import param_groups
 from .runlog import progress_mode
 from .tasks import check_train_split, load_data, task_for
 
-__all__ = ["train", "load_run", "make_optimizer", "first_layer_groups", "check_world_size"]
+__all__ = ["train", "load_run", "make_optimizer", "first_layer_groups", "check_world_size",
+           "batch_norm_note"]
 
 
 def make_optimizer(cfg: dict, model: nn.Module) -> torch.optim.Optimizer:
@@ -84,6 +85,24 @@ def check_world_size(cfg: dict, size: int) -> None:
     if is_link(cfg):
         raise ConfigError(f"link-prediction ([model.link]) training runs in one process; "
                           f"--nproc {size} (DDP) is not supported for it: use --nproc 1")
+
+
+#: the batch norms whose statistics are per process under DDP (torch's SyncBatchNorm is not one)
+BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+def batch_norm_note(model: nn.Module, size: int) -> str | None:
+    """The run log's note for a model with batch norms trained over ``size`` > 1 processes
+    (None otherwise): each process normalises by its own share of a batch, as torch's DDP
+    does without ``SyncBatchNorm`` (torch 2.13's refuses CPU tensors: it runs on CUDA, HPU,
+    XPU or a PrivateUse1 device), so the run does not equal a 1-process run."""
+    n = sum(isinstance(m, BATCH_NORMS) for m in model.modules())
+    if size <= 1 or not n:
+        return None
+    return (f"note: the model has {n} batch norm layer(s): under DDP each of the {size} "
+            "processes normalises by the statistics of its own share of a batch (torch's DDP "
+            "without SyncBatchNorm, which refuses CPU tensors), so this run's numbers differ "
+            "from a 1-process run's; see docs/guide/scale.md")
 
 
 def train(config: dict | str | Path | None = None, out: str | Path | None = None,
@@ -181,6 +200,9 @@ def _build(cfg: dict | None, run: Path, device: str, resume: bool, progress, sto
     task.setup(model, dev, w)
     if w.size > 1:
         check_world_size(cfg, w.size)
+        note = batch_norm_note(model, w.size)
+        if note and w.main:
+            print(note, flush=True)
     loop = Loop(task, model, opt, cfg["train"], seed=cfg["seed"], name=cfg.get("name", "model"),
                 run=run, world=w, dev=dev, progress=progress_mode(progress), stop=stop,
                 resume_hint=resume_command(run, cfg, w.size))

@@ -3,7 +3,11 @@
 Classification (integer labels): cross-entropy and accuracy, and ROC-AUC where there are two
 classes; regression (float labels): mean squared error, and mean absolute error. An epoch's
 batches are ``sc.data.GraphLoader``'s order of the training graphs for (seed, epoch); a
-mid-epoch checkpoint keeps the loader's position, which the resumed epoch checks.
+mid-epoch checkpoint keeps the loader's position, which the resumed epoch checks. Under DDP
+each process takes a contiguous share of a batch's graphs; GIN's batch norms
+(``model.gin.batch_norm``) then normalise by that share's statistics, as torch's DDP does
+without ``SyncBatchNorm`` (which refuses CPU tensors), so such a run does not equal a
+1-process run (the run log notes it; without batch norm and dropout it does).
 """
 
 from __future__ import annotations
