@@ -239,3 +239,20 @@ def test_a_hand_edited_settings_file_is_one_line(trained, tmp_path, capsys, text
     err = _refused(capsys, main(_recipe(kg, out, "--quick")))
     assert re.search(match, err), err
     assert err.endswith(f"or delete {folder}") or "unreadable" in err, err
+
+
+def test_a_run_trains_its_shipped_config_with_the_options_as_overrides(trained):
+    import argparse
+
+    from structconv.config import load_config
+    from structconv.experiments.kg_link import base_config, overrides
+
+    folder = trained[1] / "kg_link" / "wn18rr-distmult-1vsall-d10-enc0"
+    saved = json.loads((folder / "config.json").read_text())
+    result = _result(trained[1])
+    args = argparse.Namespace(**result["settings"])
+    assert base_config(args) == result["config"] == "complex_wn18rr"
+    cfg = load_config(result["config"], overrides(args, result["settings"]["epochs"]))
+    assert {**cfg, "name": saved["name"]} == saved
+    assert saved["model"]["link"]["decoder"] == "distmult" and saved["model"]["link"]["dim"] == 10
+    assert saved["train"]["grad_clip"] == 0.0 and saved["train"]["link"]["val_limit"] == 0

@@ -115,6 +115,17 @@ def test_duplicated_lines_count_once_for_mining_and_the_encoder(tmp_path):
     assert sorted(zip(*ei.tolist(), et.tolist())) == sorted(zip(*gi.tolist(), gt.tolist()))
 
 
+def test_the_encoders_graph_keeps_the_triples_first_order():
+    # edge dropout draws one mask entry per edge in this order: a deduplicated split's graph is
+    # its triples in file order, and a duplicate drops out where it repeats
+    t = torch.tensor([[3, 1, 0], [0, 0, 2], [3, 1, 0], [1, 0, 3]])
+    ei, et = inverse_graph(t, 2)
+    assert ei.tolist() == [[3, 0, 1, 0, 2, 3], [0, 2, 3, 3, 0, 1]]
+    assert et.tolist() == [1, 0, 0, 3, 2, 2]
+    once = t[[0, 1, 3]]
+    assert all(torch.equal(a, b) for a, b in zip(inverse_graph(once, 2), inverse_graph(t, 2)))
+
+
 def test_duplicates_are_per_split_and_keep_first_order(tmp_path):
     d = _kg(tmp_path, "b\ts\tc\na\tr\tb\nb\ts\tc\n", valid="a\tr\tc\na\tr\tc\n")
     data = load_kg(d)

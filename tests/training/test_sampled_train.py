@@ -320,6 +320,17 @@ def test_sampled_cora_recipe_smoke(tmp_path, capsys):
     r = json.loads((tmp_path / "sampled-cora.json").read_text())
     assert set(r["summary"]) == {"full_batch", "fanout_all", "fanout_10_10"}
     assert all(len(v) == 1 for v in r["runs"].values())
+    # one engine run directory per (variant, seed); a second call reads them back, untrained
+    done = sorted(tmp_path.glob("sampled-cora-*/*/result.json"))
+    assert sorted(p.parent.name for p in done) == \
+        ["fanout_10_10-seed-0", "fanout_all-seed-0", "full_batch-seed-0"]
+    stamp = {p: p.stat().st_mtime_ns for p in done}
+    assert main(["reproduce", "sampled-cora", "--quick", "--seeds", "1", "--epochs", "2",
+                 "--out", str(tmp_path)]) == 0
+    assert {p: p.stat().st_mtime_ns for p in stamp} == stamp
+    again = json.loads((tmp_path / "sampled-cora.json").read_text())
+    assert {v: [x["test_acc"] for x in rs] for v, rs in again["runs"].items()} == \
+        {v: [x["test_acc"] for x in rs] for v, rs in r["runs"].items()}
 
 
 def test_memory_estimate_counts_a_mini_batch_not_the_graph():

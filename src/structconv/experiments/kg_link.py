@@ -33,17 +33,26 @@ import torch
 from torch import Tensor
 
 from ..basis.mining import single_and_mined_sorts
-from ..config import DEFAULTS, ConfigError, validate
+from ..config import (
+    ConfigError,
+    apply_overrides,
+    link_spec,
+    link_train_spec,
+    load_config,
+    validate,
+)
 from ..data.kg import load_kg
 from ..data.registry import data_root
 from ..io import atomic_write_json
 from ..kg import LinkPredictor, link_metrics
+from ..models import build_model
 from ..training import train_link
 from ..training.checkpoint import CHECKPOINT_JSON
-from ._common import Bounded, hardware, param_count, publish, set_threads
+from ._common import Bounded, hardware, param_count, publish, run_lock, set_threads
 
 __all__ = ["add_arguments", "run", "PUBLISHED", "KEYED", "check_arguments", "run_settings",
-           "check_settings", "SETTINGS_JSON"]
+           "check_settings", "SETTINGS_JSON", "CONFIGS", "FIXED", "base_config", "overrides",
+           "link_config"]
 
 #: published filtered test MRR (REFERENCES.md)
 PUBLISHED = {
@@ -133,19 +142,53 @@ def _flag(attr: str) -> str:
     return "--" + attr.replace("_", "-")
 
 
-def _as_config(args, epochs: int) -> dict:
-    """The link config whose keys the options stand for (the schema's defaults elsewhere)."""
-    cfg = copy.deepcopy(DEFAULTS)
-    cfg["model"]["link"], cfg["train"]["monitor"] = {}, "val_mrr"
-    cfg["data"]["name"] = args.dataset
+#: the shipped config an arm starts from: (dataset, encoder) -> name; the options are then set
+#: over it as overrides (``overrides``), so every arm is a shipped config plus overrides
+CONFIGS = {("fb15k-237", False): "distmult_fb15k237", ("wn18rr", False): "complex_wn18rr",
+           ("fb15k-237", True): "rgcn_distmult_fb15k237",
+           ("wn18rr", True): "rgcn_distmult_fb15k237"}
+#: what this recipe has always trained with and no option sets, over whichever config an arm
+#: starts from (the R-GCN config clips gradients, one vector per relation and ranks 2000
+#: validation triples; the recipe did not), and the mining it did (no backtracking paths)
+FIXED = ("model.link.reciprocal=true", "model.link.self_dropout=0.2", "model.link.dropout=0.0",
+         "model.link.max_length=2", "model.link.backtrack=false", "train.grad_clip=0.0",
+         "train.link.val_limit=0", 'train.monitor="val_mrr"')
+
+
+def base_config(args) -> str:
+    """The shipped config the arm of ``args`` starts from (``CONFIGS``)."""
+    return CONFIGS[(args.dataset, bool(args.encoder_layers))]
+
+
+def _values(args, epochs: int) -> dict:
+    """Each config key the options set, with its value (``CONFIG_KEYS``, and the dataset)."""
     values = {**vars(args), "epochs": epochs, "seed": 0 if args.seed is None else args.seed}
-    for attr, key in CONFIG_KEYS.items():
+    return {"data.name": args.dataset,
+            **{key: values[attr] for attr, key in CONFIG_KEYS.items()}}
+
+
+def overrides(args, epochs: int) -> list[str]:
+    """The arm's ``key=value`` overrides of its shipped config (``base_config``): the options'
+    values, then ``FIXED``."""
+    return [f"{k}={_toml(v)}" for k, v in _values(args, epochs).items()] + list(FIXED)
+
+
+def _toml(v) -> str:
+    return repr(v) if isinstance(v, float) else json.dumps(v)
+
+
+def link_config(args, epochs: int) -> dict:
+    """The config a run trains: the arm's shipped config with the options' values and ``FIXED``
+    set over it, validated as ``reproduce kg-link`` (ConfigError naming the key)."""
+    cfg = apply_overrides(load_config(base_config(args)), FIXED)
+    for key, value in _values(args, epochs).items():
         *path, last = key.split(".")
         node = cfg
         for part in path:
             node = node[part]
-        node[last] = values[attr]
-    return cfg
+        node[last] = value
+    cfg["name"] = f"kg-link-{base_config(args)}"
+    return validate(cfg, "reproduce kg-link")
 
 
 def _named_as_options(message: str) -> str:
@@ -164,7 +207,7 @@ def check_arguments(args) -> None:
     use (--time-limit, --threads, --tag, --seed)."""
     where = "reproduce kg-link"
     try:
-        validate(_as_config(args, args.epochs), where)
+        link_config(args, args.epochs)
     except ConfigError as e:
         raise ConfigError(_named_as_options(str(e))) from None
     seed = 0 if args.seed is None else args.seed
@@ -189,25 +232,37 @@ def run(args) -> int:
     name = _NAMES[args.dataset]
     root = Path(args.data) if args.data else (data_root() or Path(".")) / "kg" / name
     data = load_kg(root)
-    R, E = data.num_relations, data.num_entities
-    epochs = args.epochs
+    data.task = "link"
+    cfg = link_config(args, args.epochs)
     tag = args.tag or (f"{args.dataset}-{args.decoder}-{args.mode}-d{args.dim}"
                        f"-enc{args.encoder_layers}" + ("-mined" if args.sorts == "mined" else "")
                        + (f"-block{args.block}" if args.encoder_layers and args.block != 5
                           else ""))
     folder = Path(args.out) / "kg_link" / tag
-    check_settings(folder, run_settings(args, data))
-    sorts, mined = None, []
-    graph = data.graph("train")
-    names = data.relation_names
-    if args.encoder_layers and args.sorts == "mined":
-        sorts, mined = single_and_mined_sorts(*graph, E, 2 * R, relations=names, top=args.top,
-                                              backtrack=False)
-        print(f"mined 2-sorts (training graph only): {', '.join(m.name for m in mined)}")
-    model = _model(args, data, graph, sorts, names)
-    print(f"{data}: {tag}, {param_count(model):,} parameters")
-    _train_and_test(args, data, model, folder, tag, epochs, mined)
+    # one process trains a folder at a time (a second is refused by name)
+    with run_lock(folder.parent, tag, "kg-link"):
+        check_settings(folder, run_settings(args, data))
+        atomic_write_json(folder / "config.json", cfg)
+        mined = _mined(cfg, data)
+        torch.manual_seed(cfg["seed"])
+        model = build_model(cfg, data)
+        print(f"{data}: {tag}, {param_count(model):,} parameters")
+        _train_and_test(args, cfg, data, model, folder, tag, mined)
     return 0
+
+
+def _mined(cfg: dict, data) -> list:
+    """The mined 2-sorts of a ``sorts = "mined"`` encoder (as ``models.build`` mines them), for
+    the report; [] otherwise."""
+    s = link_spec(cfg)
+    if not (s["encoder_layers"] and s["sorts"] == "mined"):
+        return []
+    mined = single_and_mined_sorts(*data.graph("train"), data.num_entities,
+                                   2 * data.num_relations, relations=data.relation_names,
+                                   max_length=s["max_length"], top=s["top"],
+                                   backtrack=s["backtrack"])[1]
+    print(f"mined 2-sorts (training graph only): {', '.join(m.name for m in mined)}")
+    return mined
 
 
 def data_digest(data) -> str:
@@ -284,21 +339,14 @@ def _difference(key: str, was, now) -> str:
     return f"{name} {show(was)} in the run, {show(now)} now"
 
 
-def _model(args, data, graph, sorts, names) -> LinkPredictor:
-    torch.manual_seed(args.seed or 0)
-    return LinkPredictor(data.num_entities, data.num_relations, args.dim, args.decoder,
-                         encoder_layers=args.encoder_layers, graph=graph, sorts=sorts,
-                         relations=names, edge_dropout=args.edge_dropout, block=args.block,
-                         init_std=args.init_std)
-
-
-def _train_and_test(args, data, model, folder: Path, tag: str, epochs: int, mined) -> None:
+def _train_and_test(args, cfg: dict, data, model, folder: Path, tag: str, mined) -> None:
     """Train (resuming from ``folder``), then rank the full test set; writes result.json."""
     known = torch.cat([data.train, data.valid, data.test])
+    tr, lt = cfg["train"], link_train_spec(cfg)
 
     def valid(epoch):
         t = time.perf_counter()
-        m = link_metrics(model, data.valid, known, args.eval_batch)
+        m = link_metrics(model, data.valid, known, cfg["data"]["eval_batch_size"])
         m["eval_seconds"] = time.perf_counter() - t
         return m
 
@@ -306,19 +354,21 @@ def _train_and_test(args, data, model, folder: Path, tag: str, epochs: int, mine
     # nodes start larger, so the usage report compares against it)
     init = copy.deepcopy(model) if model.layers else None
     t0 = time.perf_counter()
-    history = train_link(model, data.train, mode=args.mode, epochs=epochs, batch_size=args.batch,
-                         lr=args.lr, optimizer=args.optimizer, label_smoothing=args.label_smoothing,
-                         reg=None if args.reg == "none" else args.reg, reg_weight=args.reg_weight,
-                         negatives=args.negatives, seed=args.seed or 0,
-                         time_limit=args.time_limit, valid=valid, eval_every=args.eval_every,
-                         log=lambda s: print("  " + s, flush=True), checkpoint_dir=folder)
+    history = train_link(model, data.train, mode=lt["mode"], epochs=tr["epochs"],
+                         batch_size=cfg["data"]["batch_size"], lr=tr["lr"],
+                         optimizer=tr["optimizer"], label_smoothing=lt["label_smoothing"],
+                         reg=lt["reg"], reg_weight=lt["reg_weight"], negatives=lt["negatives"],
+                         seed=cfg["seed"], time_limit=args.time_limit, valid=valid,
+                         eval_every=lt["eval_every"], log=lambda s: print("  " + s, flush=True),
+                         checkpoint_dir=folder)
     train_wall = time.perf_counter() - t0
     t = time.perf_counter()
-    test = link_metrics(model, data.test, known, args.eval_batch)
+    test = link_metrics(model, data.test, known, cfg["data"]["eval_batch_size"])
     eval_wall = time.perf_counter() - t
     pub = PUBLISHED.get((args.dataset, args.decoder, args.mode, args.encoder_layers))
     result = dict(recipe="kg-link", dataset=data.name, tag=tag,
-                  settings=vars(args) | {"epochs": epochs},
+                  settings=vars(args) | {"epochs": tr["epochs"]},
+                  config=base_config(args), overrides=overrides(args, tr["epochs"]),
                   parameters=param_count(model), epochs_done=len(history),
                   train_seconds=sum(h["seconds"] for h in history), wall_seconds=train_wall,
                   test=test, test_eval_seconds=eval_wall, published_mrr=pub, history=history,

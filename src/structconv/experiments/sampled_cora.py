@@ -5,19 +5,19 @@
 with fanouts ["all", "all"] (every neighbour: the same gradients up to the dropout masks, so the
 accuracy must agree with full batch within the seeds' spread); and fanouts (10, 10) (the
 accuracy cost of sampling). Batches of 256 seeds cover Cora's 140 training nodes, so every way
-takes one step per epoch. Writes ``<out>/sampled-cora.json``.
+takes one step per epoch. Every (variant, seed) is a run of the training engine in
+``<out>/sampled-cora-<tag>/<variant>-seed-<s>`` (``tag``: a hash of the settings), read back where
+finished and resumed where interrupted, under the run's lock (``experiments.sweep``): two
+processes sharing an ``--out`` split the runs between them. Writes ``<out>/sampled-cora.json``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import tempfile
 import time
 from pathlib import Path
 
 from ..config import load_config
-from ..training import train
 from ._common import (  # argument types
     THREADS,
     Bounded,
@@ -27,9 +27,12 @@ from ._common import (  # argument types
     publish,
     set_threads,
 )
+from .sweep import Run, quoted, settings_tag, sweep
 
-__all__ = ["VARIANTS", "add_arguments", "run"]
+__all__ = ["VARIANTS", "CONFIG", "add_arguments", "overrides", "seed_runs", "run"]
 
+#: the shipped config every variant overrides
+CONFIG = "gcn_cora"
 #: the ways of training, as overrides of the shipped gcn_cora config
 VARIANTS = {
     "full_batch": [],
@@ -53,18 +56,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=THREADS, default=1, help="torch threads (0: torch's)")
 
 
-def _run_one(variant: str, seed: int, args, tmp: Path) -> dict:
-    over = [*VARIANTS[variant], f"seed={seed}"]
+def overrides(args) -> list[str]:
+    """The overrides of the config that the arguments ask for (all but variant and seed)."""
+    over = []
     if args.epochs:
         over.append(f"train.epochs={args.epochs}")
     if args.data:
-        over.append(f"data.root={json.dumps(str(args.data))}")
-    cfg = load_config("gcn_cora", over)
-    t0 = time.perf_counter()
-    res = train(cfg, tmp / f"{variant}-{seed}", device=args.device)
+        over.append(f"data.root={quoted(args.data)}")
+    return over
+
+
+def seed_runs(args, seed0: int) -> list[Run]:
+    """Every run of the sweep, seed by seed and variant by variant (the order they train in)."""
+    over = overrides(args)
+    return [Run(f"{v}-seed-{s}", CONFIG, (*VARIANTS[v], f"seed={s}", *over))
+            for s in range(seed0, seed0 + args.seeds) for v in VARIANTS]
+
+
+def _row(run: Run, res: dict) -> dict:
+    seed = int(run.name.rsplit("-", 1)[1])
     return dict(seed=seed, test_acc=100 * res["test_acc"], val_acc=100 * res["val_acc"],
                 best_epoch=res["best_epoch"], epochs=res["epochs"],
-                seconds=time.perf_counter() - t0)
+                seconds=res["train_time_s"])
 
 
 def run(args) -> int:
@@ -73,15 +86,19 @@ def run(args) -> int:
     n_seeds = args.seeds
     seed0 = args.seed or 0
     t0 = time.perf_counter()
+    load_config(CONFIG, overrides(args))  # refuses a bad override before any run
+    folder = Path(args.out) / f"sampled-cora-{settings_tag(CONFIG, overrides(args))}"
     runs: dict[str, list] = {v: [] for v in VARIANTS}
-    with tempfile.TemporaryDirectory() as tmp:
-        for i in range(n_seeds):
-            for v in VARIANTS:
-                r = _run_one(v, seed0 + i, args, Path(tmp))
-                runs[v].append(r)
-                print(f"  seed {r['seed']:>3}  {v:<13} test {r['test_acc']:.1f}  val "
-                      f"{r['val_acc']:.1f}  epoch {r['best_epoch']}/{r['epochs']}  "
-                      f"{r['seconds']:.1f}s", flush=True)
+
+    def report(run: Run, res: dict) -> None:
+        r, v = _row(run, res), run.name.rsplit("-seed-", 1)[0]
+        runs[v].append(r)
+        print(f"  seed {r['seed']:>3}  {v:<13} test {r['test_acc']:.1f}  val "
+              f"{r['val_acc']:.1f}  epoch {r['best_epoch']}/{r['epochs']}  "
+              f"{r['seconds']:.1f}s", flush=True)
+
+    device = getattr(args, "device", None) or "cpu"
+    sweep(folder, seed_runs(args, seed0), "sampled-cora", device, report)
     summary = {}
     for v, rs in runs.items():
         m, s = mean_std([r["test_acc"] for r in rs])

@@ -27,8 +27,14 @@ def inverse_graph(train: Tensor, num_relations: int) -> tuple[Tensor, Tensor]:
     """The training graph with inverse edges: ``edge_index`` (2, 2T) and ``edge_type`` (2T,),
     relation ``r + R`` for the reversed edge of ``r`` (the encoder's view; valid and test
     triples never enter it)."""
-    # the unique triples: a duplicated line must not double an edge's weight
-    train = torch.unique(train, dim=0)
+    # the unique triples, in their first order (edge dropout draws a mask per edge in this
+    # order): a duplicated line must not double an edge's weight
+    _, inverse = torch.unique(train, dim=0, return_inverse=True)
+    n = int(inverse.max()) + 1 if inverse.numel() else 0
+    if n < train.shape[0]:
+        first = torch.full((n,), train.shape[0], dtype=torch.long).scatter_reduce(
+            0, inverse, torch.arange(train.shape[0]), "amin")
+        train = train[first.sort().values]
     h, r, t = train[:, 0], train[:, 1], train[:, 2]
     return (torch.stack([torch.cat([h, t]), torch.cat([t, h])]),
             torch.cat([r, r + num_relations]))
