@@ -726,11 +726,11 @@ def _check_twin(m: dict, where: str) -> None:
           f"{where}.channels must be two ints >= 1, got {c!r}")
 
 
-HETERO_KINDS = ("sage", "rgcn", "hgt", "han")
+HETERO_KINDS = ("sage", "rgcn", "hgt", "han", "gat")
 """The typed models a ``[model.hetero]`` table may name."""
 HETERO_KEYS = {"kind": "sage", "hidden": 64, "layers": 2, "heads": 1, "dropout": 0.0,
                "activation": "leaky_relu", "param": "full", "H": 4, "groups": 1, "rank": 1,
-               "metapaths": [], "target": ""}
+               "metapaths": [], "target": "", "embed": 0}
 """``[model.hetero]``: a typed node classifier (``sc.models.TypedClassifier``) for a typed graph:
 ``kind`` "sage" (typed SAGE, as PyG's ``to_hetero`` of SAGE: one mean-aggregated weight per
 relation, a root weight per type), "rgcn" (the same typed convolution with ``param`` any
@@ -739,9 +739,14 @@ PyG's ``to_hetero_with_bases``, "grouped" with ``groups``, "lowrank" with ``rank
 (a linear map per type, then ``layers`` ``HGTConv`` of ``heads`` heads) or "han" (``HANConv``
 over the named ``metapaths``, e.g. "movie.to.actor.to.movie", or ``"mined:K"`` /
 ``"mined:K:L"``: the K best supported metapaths from the target type back to it, of length up
-to L (default 2), mined from the graph by ``sc.basis.mine_metapaths``; attention ``dropout``);
+to L (default 2), mined from the graph by ``sc.basis.mine_metapaths``; attention ``dropout``)
+or "gat" (PyG's ``to_hetero`` of its tutorial GAT: per relation a ``GATConv`` without self
+loops, summed per target type, plus a linear map per type; ``heads`` divides ``hidden``; the
+last layer gives the classes, averaged over heads, with no head after it);
 ``layers`` graph layers of ``hidden`` channels with ``activation`` and feature ``dropout``, a
-linear head on the ``target`` node type (default: the labelled one)."""
+linear head on the ``target`` node type (default: the labelled one). ``embed`` D > 0: every
+node of a node type without features reads a learned D-wide vector of its own (R-GCN's
+one-hot input, factored; full batch only) instead of a constant 1."""
 
 
 MINED_LENGTH = 2
@@ -786,8 +791,8 @@ def _check_hetero(m: dict, where: str) -> None:
     s = {**HETERO_KEYS, **m["hetero"]}
     _need(s["kind"] in HETERO_KINDS, f"{where}.kind must be one of {', '.join(HETERO_KINDS)}, "
                                      f"got {s['kind']!r}")
-    _check_ints(s, where, ("hidden", "layers", "heads", "H", "groups", "rank"), ())
-    _need(s["kind"] not in ("hgt", "han") or s["hidden"] % s["heads"] == 0,
+    _check_ints(s, where, ("hidden", "layers", "heads", "H", "groups", "rank"), ("embed",))
+    _need(s["kind"] not in ("hgt", "han", "gat") or s["hidden"] % s["heads"] == 0,
           f"{where}.heads ({s['heads']}) must divide hidden ({s['hidden']})")
     _need(number_in(s["dropout"], 0, 1, open_hi=True),
           f"{where}.dropout must be a number in [0, 1), got {s['dropout']!r}")
@@ -844,6 +849,9 @@ def _check_typed_sampler(cfg: dict, where: str) -> None:
           f"{where}: model.hetero.kind 'han' cannot be sampled: its metapath graphs join "
           "several relations, which a per-relation neighbour sample does not keep; use kind "
           "sage, rgcn or hgt, or remove [train.sampler]")
+    _need(not spec["embed"],
+          f"{where}: model.hetero.embed (a learned vector per node of the whole graph) trains "
+          f"full batch: remove [train.sampler] or set embed = 0, got embed {spec['embed']!r}")
     _need(int_in(s["batch_size"], 1, MAX_BATCHES),
           f"{where}.batch_size must be an int in [1, {MAX_BATCHES:,}], got {s['batch_size']!r}")
     _need(int_in(s["prefetch"], 0, 64),

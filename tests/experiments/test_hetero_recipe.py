@@ -24,7 +24,7 @@ def test_the_quick_path_trains_every_model_and_publishes_the_table(tmp_path, roo
     res = json.loads((tmp_path / "hetero.json").read_text())
     assert res["quick"] and res["datasets"] == ["imdb"] and res["seeds"] == 2
     assert [(e["model"], e["seeds"]) for e in res["summary"]] == \
-        [(m, 2) for m in ("sage", "rgcn", "hgt", "han")]
+        [(m, 2) for m in ("sage", "rgcn", "hgt", "han", "gat")]
     for e in res["summary"]:
         runs = [r for r in res["runs"] if r["model"] == e["model"]]
         assert [r["seed"] for r in runs] == [0, 1] and all(r["epochs"] == 2 for r in runs)

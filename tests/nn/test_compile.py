@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 import structconv as sc
+from structconv.models.hetero import TypedGATLayer
 from tests.conftest import TwoSage
 
 torch.manual_seed(0)
@@ -137,6 +138,8 @@ def _cases():
         "TypedModel": (lambda: sc.nn.to_hetero(TwoSage(), META), (XD, EID)),
         "HGTConv": (lambda: sc.nn.HGTConv(4, 6, META, heads=2), (XD, EID)),
         "HANConv": (lambda: sc.nn.HANConv(4, 6, META, heads=2), (XD, EID)),
+        "TypedGATLayer": (lambda: TypedGATLayer({t: 4 for t in META[0]}, 3, META, heads=2),
+                          (XD, EID)),
     }
 
 

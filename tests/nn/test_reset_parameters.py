@@ -168,6 +168,10 @@ MODEL_MAKERS = {
     "GIN": (lambda: gin.GIN(3, 4, 2, layers=2, readout="attention"), False),
     "TypedClassifier": (lambda: hetero.TypedClassifier({**HETERO_KEYS, "hidden": 4},
                                                        {"a": 4, "b": 4}, 3, META, "a"), False),
+    "TypedGATLayer": (lambda: hetero.TypedGATLayer({"a": 4, "b": 5}, 3, META, heads=2), False),
+    "TypedClassifier-gat-embed": (lambda: hetero.TypedClassifier(
+        {**HETERO_KEYS, "kind": "gat", "hidden": 4, "heads": 2, "embed": 3}, {"a": 3, "b": 4}, 3,
+        META, "a", embedded={"a": 5}), False),
     "EncoderLayer": (lambda: routing.EncoderLayer(4, 2, 6), True),
     "PointerDecoder": (lambda: routing.PointerDecoder(4, 2), True),
     "AttentionModel": (lambda: routing.AttentionModel(4, 2, 1, 6), True),

@@ -33,7 +33,7 @@ def _cfg(root, kind: str, *over: str) -> dict:
     return cfg
 
 
-@pytest.mark.parametrize("kind", ["sage", "rgcn", "hgt", "han"])
+@pytest.mark.parametrize("kind", ["sage", "rgcn", "hgt", "han", "gat"])
 def test_every_typed_model_trains_from_its_config_and_reports_f1(tmp_path, root, kind):
     res = sc.train(_cfg(root, kind), tmp_path / "run")
     assert res["epochs"] == 3

@@ -1,6 +1,6 @@
 """Recipe: node classification on typed graphs (DBLP authors, IMDB movies), Macro-F1 and Micro-F1.
 
-``structconv reproduce hetero --models sage,rgcn,hgt,han --datasets dblp,imdb --seeds 10``
+``structconv reproduce hetero --models sage,rgcn,hgt,han,gat --datasets dblp,imdb --seeds 10``
 (seeds ``--seed`` on). Each (model, dataset, seed) trains the shipped
 ``hetero_<model>_<dataset>`` config (full batch, ``structconv train``'s loop) with ``seed`` set:
 the best-validation epoch's weights (validation accuracy, i.e. Micro-F1) scored on the test
@@ -32,7 +32,7 @@ from .sweep import Run, sweep
 __all__ = ["MODELS", "DATASETS", "QUICK", "QUICK_MODEL", "add_arguments", "check_arguments",
            "run", "runs"]
 
-MODELS = ("sage", "rgcn", "hgt", "han")
+MODELS = ("sage", "rgcn", "hgt", "han", "gat")
 DATASETS = ("dblp", "imdb")
 #: the defaults of ``--quick`` (a value given on the command line is kept): two seeds of two
 #: epochs on IMDB, of narrow models (``QUICK_MODEL``): a smoke test, not a result
