@@ -185,11 +185,11 @@ class Loop:
     def fit(self, stop_after: int = 0, time_limit: float | None = None) -> dict | None:
         """Train the epochs left; ``{"interrupted": True, "epoch"}`` after ``stop_after``
         epochs of this call (with a checkpoint), None when the run is done. ``time_limit``
-        (default ``train.time_limit``; 0 or None: none): seconds of this call after which no
+        (default ``train.time_limit``, where 0 is none): seconds of this call after which no
         new epoch starts; the run then ends there (``time_limited``), with a checkpoint that
         a resumed run continues from."""
         t_start, epochs_run = time.perf_counter(), 0
-        limit = self.t["time_limit"] if time_limit is None else time_limit
+        limit = (self.t["time_limit"] or None) if time_limit is None else time_limit
         self.time_limited = False
         for epoch in range(self.start + 1, self.t["epochs"] + 1):
             if self.state["stopped"] or self.spent:
@@ -204,7 +204,7 @@ class Loop:
             if stop_after and epochs_run >= stop_after:
                 self.checkpoint(epoch)  # whatever checkpoint_seconds says: the run resumes
                 return {"interrupted": True, "epoch": epoch}
-            if limit and self._out_of_time(limit, t_start):
+            if limit is not None and self._out_of_time(limit, t_start):
                 self.checkpoint(epoch)  # whatever checkpoint_seconds says: the run resumes
                 self.time_limited = True
                 break
