@@ -197,10 +197,13 @@ MEANINGS = {
     "train.select": "the weights a run keeps: `monitor` (the best `monitor` epoch's), "
                     "`acc_then_loss` (best validation accuracy, ties to the lower loss), `gat` "
                     "(Velickovic et al.'s rule: accuracy and loss both at their best; patience "
-                    "counts epochs where neither improves) or `last` (no validation needed)",
+                    "counts epochs where neither improves) or `last` (no validation needed); a "
+                    "link predictor: `monitor` or `last`",
     "train.sampler": "the `[train.sampler]` table: sampled mini-batches for node tasks",
     "train.link": "the `[train.link]` table: how a link predictor trains",
     "train.lr_decay": "the learning rate's factor per epoch (1: none)",
+    "train.time_limit": "seconds of a call after which no new epoch starts (0: none); the run "
+                        "ends there with a checkpoint, and a resumed run continues it",
     "train.routing": "the `[train.routing]` table: REINFORCE's baselines for a routing model",
     "train.routing.warmup_epochs": "epochs with the exponential baseline before the greedy "
                                    "rollout of a frozen copy of the policy",

@@ -75,7 +75,7 @@ DEFAULTS = {
               "label_smoothing": 0.0, "max_steps": 0, "accumulate": 1, "schedule": "constant",
               "warmup_steps": 0, "no_decay": [], "amp": False, "betas": [0.9, 0.999],
               "min_lr_ratio": 0.0, "lr_decay": 1.0, "routing": {}, "decay": "all",
-              "select": "monitor", "depo": {}},
+              "select": "monitor", "depo": {}, "time_limit": 0.0},
 }
 """Defaults merged under every config (the file's values win)."""
 
@@ -265,7 +265,7 @@ def _need(cond: bool, msg: str):
 #: ``train`` keys added after runs were first written (a saved config may lack them)
 _LATER_KEYS = ("label_smoothing", "max_steps", "accumulate", "schedule", "warmup_steps",
                "no_decay", "amp", "betas", "min_lr_ratio", "lr_decay", "val_sample", "decay",
-               "select", "graph", "depo")
+               "select", "graph", "depo", "time_limit")
 #: what ``train.no_decay`` may exempt from weight decay; ``train.schedule``'s schedules
 NO_DECAY = ("bias", "norm", "embedding")
 SCHEDULES = ("constant", "linear", "cosine")
@@ -316,9 +316,15 @@ def _check_loop(cfg: dict, source: str) -> None:
         v = t.get(k, DEFAULTS["train"][k])
         _need(v in allowed, f"{source}: train.{k} must be one of {', '.join(allowed)}, "
                             f"got {v!r}")
-    _need(t.get("select", "monitor") == "monitor" or not cfg["model"].get("link"),
-          f"{source}: train.select is for classification tasks; a [model.link] model keeps "
-          "its best train.monitor epoch")
+    # acc_then_loss and gat rank by validation accuracy and loss, which a link predictor's
+    # ranking has not; its best train.monitor epoch or its last are both well defined
+    _need(t.get("select", "monitor") in ("monitor", "last") or not cfg["model"].get("link"),
+          f"{source}: train.select for a [model.link] model is monitor (its best "
+          f"train.monitor epoch) or last; acc_then_loss and gat rank classification accuracy "
+          f"and loss, got {t.get('select')!r}")
+    limit = t.get("time_limit", 0.0)
+    _need(number_in(limit, 0, 1e9), f"{source}: train.time_limit must be a number of "
+                                    f"seconds in [0, 1e9] (0: none), got {limit!r}")
 
 
 def validate(cfg: dict, source: str = "<config>") -> dict:

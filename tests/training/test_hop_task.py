@@ -186,3 +186,20 @@ def test_data_and_models_that_do_not_fit_are_refused_by_name(tmp_path):
     assert len(d.vocab) == d.spec.vocab_size == 8 + 2 + 3 and d.length == 3 * 5 + 4 * 2
     with pytest.raises(ValueError, match="evaluate val or test"):
         d.eval_sets("train")
+
+
+def test_more_epochs_are_refused_where_the_curriculum_spans_the_epochs(tmp_path):
+    # without a step budget the hop curriculum spans train.epochs: more would not continue
+    # the run as one longer run did
+    from structconv.training import TrainingError
+
+    cfg = _cfg("train.max_steps=0", "train.epochs=1", "train.warmup_steps=0",
+               'train.schedule="constant"', "train.depo.curriculum=0.5")
+    sc.train(cfg, tmp_path / "run")
+    with pytest.raises(TrainingError, match=r"schedule spans its train.epochs \(1\)"):
+        sc.train(out=tmp_path / "run", resume=True, overrides=["train.epochs=2"])
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["train"]["epochs"] == 1
+    # with a step budget it goes on (the budget ends it)
+    sc.train(_cfg(), tmp_path / "budget")
+    assert sc.train(out=tmp_path / "budget", resume=True,
+                    overrides=["train.epochs=4"])["epochs"] == 3

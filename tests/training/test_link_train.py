@@ -153,6 +153,8 @@ def test_memory_estimate_counts_the_link_model(kg, tmp_path):
     (['data.name="karate"'], "model.link predicts links: it needs a knowledge-graph dataset"),
     (["data.batch_size=100000000"], "reduce model.link.dim or data.batch_size"),
     (["--nproc", "2"], "--nproc 2 (DDP) is not supported"),
+    (['train.select="gat"'], "train.select for a [model.link] model is monitor"),
+    (["train.time_limit=-1"], "train.time_limit must be a number of seconds in [0, 1e9]"),
 ])
 def test_bad_link_configs_exit_2_with_one_line(kg, tmp_path, capsys, over, expect):
     run = tmp_path / "r"
@@ -191,3 +193,91 @@ def test_shipped_link_configs_validate():
     assert (r["model"]["link"]["encoder_layers"], r["model"]["link"]["block"],
             r["model"]["link"]["edge_dropout"], r["train"]["link"]["mode"]) == \
         (2, 5, 0.4, "negative")
+
+
+def test_a_time_limit_ends_a_run_that_resuming_continues(kg, tmp_path):
+    # no epoch starts after train.time_limit seconds of a call: here, one epoch a call
+    cfg = load_config(str(_config(kg, tmp_path, ENCODER, NEGATIVE)))
+    ref = train(cfg, tmp_path / "ref")
+    run = tmp_path / "run"
+    part = train(cfg, run, overrides=["train.time_limit=1e-9"])
+    assert part["epochs"] == 1 and part["time_limited"] and not ref["time_limited"]
+    assert json.loads((run / "result.json").read_text())["time_limited"]
+    assert train(None, run, resume=True)["epochs"] == 2  # the saved limit again
+    done = train(None, run, resume=True, overrides=["train.time_limit=0"])
+    assert done["epochs"] == 6 and not done["time_limited"]
+    assert json.loads((run / "config.json").read_text())["train"]["time_limit"] == 0
+    assert _rows(run) == _rows(tmp_path / "ref")
+    assert done["test"] == ref["test"] and done["best_epoch"] == ref["best_epoch"]
+
+
+def test_more_epochs_continue_a_finished_run_as_one_longer_run(kg, tmp_path):
+    from structconv.config import ConfigError
+    from structconv.training import TrainingError
+
+    cfg = load_config(str(_config(kg, tmp_path, ENCODER)))  # edge dropout: every draw counts
+    ref = train(cfg, tmp_path / "ref")
+    run = tmp_path / "run"
+    assert train(cfg, run, overrides=["train.epochs=3"])["epochs"] == 3
+    longer = train(None, run, resume=True, overrides=["train.epochs=6"])
+    assert _rows(run) == _rows(tmp_path / "ref")
+    assert longer["test"] == ref["test"] and longer["best_epoch"] == ref["best_epoch"]
+    assert json.loads((run / "config.json").read_text())["train"]["epochs"] == 6
+    with pytest.raises(ConfigError, match="train.epochs may only grow when a run is resumed: "
+                                          "the run has 6, got 2"):
+        train(None, run, resume=True, overrides=["train.epochs=2"])
+    with pytest.raises(TrainingError, match="may only train it longer .*got 'train.lr=1.0'"):
+        train(None, run, resume=True, overrides=["train.lr=1.0"])
+    assert json.loads((run / "config.json").read_text())["train"]["epochs"] == 6
+
+
+def test_select_last_keeps_a_link_runs_last_weights(kg, tmp_path):
+    from structconv.training.checkpoint import load_checkpoint
+
+    run = tmp_path / "run"
+    res = train(load_config(str(_config(kg, tmp_path, extra='select = "last"'))), run)
+    best, last = load_file(run / "best.safetensors"), load_checkpoint(run)["model"]
+    assert best.keys() == last.keys() and all(torch.equal(best[k], last[k]) for k in best)
+    # the monitor's pick differs from the last epoch here, so the test is not vacuous
+    by_monitor = train(load_config(str(_config(kg, tmp_path))), tmp_path / "m")
+    assert by_monitor["best_epoch"] < 6 and res["test"] != by_monitor["test"]
+
+
+def test_a_sweep_run_goes_on_after_its_time_limit_and_with_more_epochs(kg, tmp_path):
+    from structconv.experiments.sweep import Run, config_run
+
+    path, folder = str(_config(kg, tmp_path)), tmp_path / "sweep"
+
+    def sweep_run(*over):
+        return config_run(folder, Run("r", path, over), "test")
+
+    limited = ("train.epochs=2", "train.time_limit=1e-9")
+    first = sweep_run(*limited)
+    assert first["epochs"] == 1 and first["time_limited"]
+    again = sweep_run(*limited)  # ended by its limit: goes on
+    assert again["epochs"] == 2 and not again["time_limited"]
+    read = sweep_run("train.epochs=2")  # finished: read back (the limit alone trains nothing)
+    assert read["epochs"] == 2 and read["test"] == again["test"]
+    more = sweep_run("train.epochs=4")
+    ref = train(path, tmp_path / "ref", overrides=["train.epochs=4"])
+    assert more["epochs"] == 4 and more["test"] == ref["test"]
+    assert _rows(folder / "r") == _rows(tmp_path / "ref")
+    with pytest.raises(ValueError, match=r"another config \(train.epochs: 4 there, 3 now\)"):
+        sweep_run("train.epochs=3")
+
+
+def test_a_link_config_draws_as_train_link_does(kg, tmp_path):
+    # an encoder's edge dropout draws from the seed after the model is built, in both paths
+    from structconv.config import link_train_spec
+    from structconv.training import train_link
+
+    cfg = load_config(str(_config(kg, tmp_path, ENCODER, NEGATIVE)))
+    train(cfg, tmp_path / "run")
+    data = load_data(cfg)
+    torch.manual_seed(cfg["seed"])
+    model = build_model(cfg, data)
+    s = link_train_spec(cfg)
+    rows = train_link(model, data.train, mode=s["mode"], epochs=6, batch_size=64, lr=0.05,
+                      optimizer="adam", label_smoothing=s["label_smoothing"], reg=s["reg"],
+                      reg_weight=s["reg_weight"], negatives=s["negatives"], seed=cfg["seed"])
+    assert [r["loss"] for r in rows] == [r["loss"] for r in _rows(tmp_path / "run")]

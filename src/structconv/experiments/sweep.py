@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..config import config_from
 from ..training import train
+from ..training.run import RESUME_KEYS
 from ._common import finished, run_once
 
 __all__ = ["Run", "config_run", "sweep", "check_same_config", "settings_tag", "history", "quoted"]
@@ -42,21 +43,29 @@ def _flat(d, prefix: str = "") -> dict:
     return out
 
 
-def check_same_config(where: Path, run: Run) -> None:
+def check_same_config(where: Path, run: Run) -> list[str]:
     """Refuse (ValueError naming the keys) a run directory ``where`` made with another config
-    than ``run``'s: a sweep never reads back or resumes a run of other options."""
+    than ``run``'s: a sweep never reads back or resumes a run of other options. Only its length
+    may differ (``RESUME_KEYS``: more ``train.epochs``, another ``train.time_limit``): returns
+    the overrides that continue it so ([] where none differs)."""
     path = where / "config.json"
     if not path.is_file():
-        return
+        return []
     want = config_from(run.config, list(run.overrides))
     if not want.get("name"):
         want["name"] = "run" if isinstance(run.config, dict) else Path(run.config).stem
     want, saved = _flat(json.loads(json.dumps(want))), _flat(json.loads(path.read_text()))
     diff = sorted(k for k in set(want) | set(saved) if want.get(k) != saved.get(k))
+    longer = [k for k in diff if k in RESUME_KEYS]
+    was = saved.get("train.epochs")
+    if "train.epochs" in longer and not (isinstance(was, int) and want["train.epochs"] > was):
+        longer.remove("train.epochs")  # no more epochs than trained: another run
+    diff = [k for k in diff if k not in longer]
     if diff:
         raise ValueError(f"{where} was made with another config (" + ", ".join(
             f"{k}: {saved.get(k)!r} there, {want.get(k)!r} now" for k in diff[:4])
             + "): use another --out, or remove it")
+    return [f"{k}={json.dumps(want[k])}" for k in longer]
 
 
 def config_run(folder: str | Path, run: Run, recipe: str, device: str = "cpu") -> dict:
@@ -65,14 +74,20 @@ def config_run(folder: str | Path, run: Run, recipe: str, device: str = "cpu") -
     refused (ValueError) where the folder holds a run of another config."""
     folder = Path(folder)
     where = folder / run.name
-    check_same_config(where, run)
+    longer = check_same_config(where, run)
+    grows = any(o.startswith("train.epochs=") for o in longer)
+
+    def read() -> dict | None:
+        # a finished run asked for more epochs, or ended by its time limit, goes on
+        done = finished(where / "result.json")
+        return None if done is not None and (grows or done.get("time_limited")) else done
 
     def make() -> dict:
         if (where / "checkpoint.json").is_file():
-            return train(None, where, resume=True, device=device)
+            return train(None, where, resume=True, device=device, overrides=longer)
         return train(run.config, where, device=device, overrides=list(run.overrides))
 
-    return run_once(folder, run.name, recipe, lambda: finished(where / "result.json"), make)
+    return run_once(folder, run.name, recipe, read, make)
 
 
 def sweep(folder: str | Path, runs: Iterable[Run], recipe: str, device: str = "cpu",

@@ -45,7 +45,7 @@ __all__ = ["Loop", "check_trainer_state", "judge"]
 LOOP_DEFAULTS = {"max_steps": 0, "accumulate": 1, "schedule": "constant", "warmup_steps": 0,
                  "amp": False, "monitor": "val_acc", "patience": 0, "grad_clip": 0.0,
                  "checkpoint_every": 0, "checkpoint_seconds": 10.0, "min_lr_ratio": 0.0,
-                 "lr_decay": 1.0, "select": "monitor"}
+                 "lr_decay": 1.0, "select": "monitor", "time_limit": 0.0}
 
 
 def judge(select: str, monitor: str, row: dict, best, lower: bool | None = None):
@@ -161,6 +161,8 @@ class Loop:
         self.base_lrs = [g["lr"] for g in optimizer.param_groups]
         #: whether the last step's (global) stop flag asked to stop; the step budget spent
         self.stop_seen, self.spent = False, False
+        #: whether train.time_limit ended the last fit
+        self.time_limited = False
         self.tb, self.last_ckpt = None, time.monotonic()
 
     def open_log(self) -> None:
@@ -182,9 +184,13 @@ class Loop:
     # -- the run: epochs until the last, a stop or ``stop_after`` -------------------------------
     def fit(self, stop_after: int = 0, time_limit: float | None = None) -> dict | None:
         """Train the epochs left; ``{"interrupted": True, "epoch"}`` after ``stop_after``
-        epochs of this call (with a checkpoint), None when the run is done. ``time_limit``:
-        seconds after which no new epoch starts."""
+        epochs of this call (with a checkpoint), None when the run is done. ``time_limit``
+        (default ``train.time_limit``, where 0 is none): seconds of this call after which no
+        new epoch starts; the run then ends there (``time_limited``), with a checkpoint that
+        a resumed run continues from."""
         t_start, epochs_run = time.perf_counter(), 0
+        limit = (self.t["time_limit"] or None) if time_limit is None else time_limit
+        self.time_limited = False
         for epoch in range(self.start + 1, self.t["epochs"] + 1):
             if self.state["stopped"] or self.spent:
                 break
@@ -198,9 +204,17 @@ class Loop:
             if stop_after and epochs_run >= stop_after:
                 self.checkpoint(epoch)  # whatever checkpoint_seconds says: the run resumes
                 return {"interrupted": True, "epoch": epoch}
-            if time_limit is not None and time.perf_counter() - t_start > time_limit:
+            if limit is not None and self._out_of_time(limit, t_start):
+                self.checkpoint(epoch)  # whatever checkpoint_seconds says: the run resumes
+                self.time_limited = True
                 break
         return None
+
+    def _out_of_time(self, limit: float, t_start: float) -> bool:
+        """Whether ``limit`` seconds have passed since ``t_start`` on any process (every
+        rank stops at the same epoch: one that went on alone would wait in a collective)."""
+        late = torch.tensor([float(time.perf_counter() - t_start > limit)], device=self.dev)
+        return bool(D.all_reduce_sum(late)[0] > 0)
 
     def _position(self, epoch: int) -> tuple[int, list, float]:
         """(steps done, running sums, seconds) where this epoch stands: where a mid-epoch
@@ -379,6 +393,7 @@ class Loop:
         result = {"model": self.name, "dataset": self.task.data.name, "parameters": n_params,
                   "epochs": len(state["history"]), "best_epoch": state["best_epoch"],
                   **self.task.result(model, w.main), "early_stopped": state["stopped"],
+                  "time_limited": self.time_limited,
                   "world_size": w.size,
                   "train_time_s": round(sum(h[self.task.time_key] for h in state["history"]),
                                         3)}

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..config import ConfigError, config_from, is_link
+from ..config import ConfigError, apply_overrides, config_from, is_link, validate
 from ..io import RunLock, atomic_write_json
 from ..models.build import build_model, check_memory, estimated_from_config
 from ..registry import untrusted
@@ -79,6 +79,34 @@ def first_layer_groups(model: nn.Module, weight_decay: float) -> list:
              "weight_decay": 0.0}]
 
 
+#: what a resumed run may be given (``train(resume=True, overrides=...)``): how long it trains.
+#: Every draw derives from (seed, epoch), so the epochs a run has trained are those of a
+#: longer run of the same config, and more epochs continue it as that run would have gone on
+RESUME_KEYS = ("train.epochs", "train.time_limit")
+
+
+def _check_resume_overrides(overrides) -> None:
+    """Refuse (TrainingError) a resumed run's override of any key but ``RESUME_KEYS``."""
+    for item in overrides:
+        key = str(item).split("=", 1)[0].strip()
+        if key not in RESUME_KEYS:
+            raise TrainingError(f"resume=True continues the run in `out` with the config saved "
+                                f"there; an override may only train it longer ("
+                                f"{', '.join(RESUME_KEYS)}), got {str(item)[:80]!r}")
+
+
+def lengthened(cfg: dict, overrides, source: str) -> dict:
+    """The saved config ``cfg`` of a run with its length's ``overrides`` (``RESUME_KEYS``)
+    applied and validated; ConfigError where ``train.epochs`` would shrink (the epochs a
+    run has trained are not undone)."""
+    new = validate(apply_overrides(cfg, overrides), source)
+    was, now = cfg["train"]["epochs"], new["train"]["epochs"]
+    if now < was:
+        raise ConfigError(f"{source}: train.epochs may only grow when a run is resumed: the run "
+                          f"has {was}, got {now}")
+    return new
+
+
 def check_world_size(cfg: dict, size: int) -> None:
     """Refuse (ConfigError) a run of ``cfg`` over ``size`` processes that it cannot use."""
     # the 1-vs-all loss needs every entity vector on each process: DDP would gain little
@@ -134,9 +162,11 @@ def train(config: dict | str | Path | None = None, out: str | Path | None = None
     naming the key or file.
     """
     if resume:
-        if config is not None or overrides or seed is not None:
+        if config is not None or seed is not None:
             raise TrainingError("resume=True continues the run in `out` with the config saved "
-                                "there: give no config, overrides or seed")
+                                "there: give no config or seed (overrides: only "
+                                + " and ".join(RESUME_KEYS) + ", to train it longer)")
+        _check_resume_overrides(overrides)
         if out is None:
             raise TrainingError("resume=True needs out=, the run directory to continue")
         cfg = None
@@ -150,12 +180,13 @@ def train(config: dict | str | Path | None = None, out: str | Path | None = None
         if not cfg.get("name"):
             cfg["name"] = "run" if isinstance(config, dict) else Path(config).stem
     run = Path(out) if out is not None else default_run_dir(cfg["name"])
-    result = _run(cfg, run, device, resume, progress, stop_after, lock, allow_imports)
+    result = _run(cfg, run, device, resume, progress, stop_after, lock, allow_imports,
+                  list(overrides) if resume else [])
     return {**result, "run": str(run)}
 
 
 def _run(cfg: dict | None, run: Path, device: str, resume: bool, progress, stop_after: int,
-         lock: bool, allow_imports: bool = False) -> dict:
+         lock: bool, allow_imports: bool = False, longer: list | None = None) -> dict:
     """Build the run, train its epochs left (or ``stop_after`` of them), finish it."""
     main = int(os.environ.get("RANK", "0")) == 0
     # taken at the run's first write (nothing is written for a refused config)
@@ -163,7 +194,8 @@ def _run(cfg: dict | None, run: Path, device: str, resume: bool, progress, stop_
     with run_lock or contextlib.nullcontext(), StopRequest() as stop:
         # a resumed run's config is validated and its model built as data (no imports)
         with untrusted(run, allow_imports) if resume else contextlib.nullcontext():
-            loop, n_params = _build(cfg, run, device, resume, progress, stop, run_lock)
+            loop, n_params = _build(cfg, run, device, resume, progress, stop, run_lock,
+                                    longer or [])
         out = loop.fit(stop_after)
         if out is not None:
             return out
@@ -176,17 +208,25 @@ def _run(cfg: dict | None, run: Path, device: str, resume: bool, progress, stop_
 
 
 def _build(cfg: dict | None, run: Path, device: str, resume: bool, progress, stop: StopRequest,
-           run_lock: RunLock | None) -> tuple[Loop, int]:
+           run_lock: RunLock | None, longer: list) -> tuple[Loop, int]:
     """The loop of a run: its data and task, the model (after the memory check), optimizer,
-    the run directory written or the checkpoint resumed."""
+    the run directory written or the checkpoint resumed (``longer``: its length's overrides,
+    ``RESUME_KEYS``)."""
     w = D.init(device)
     dev = resolve_device(device)
     if dev.type == "cuda" and w.size > 1:
         dev = torch.device("cuda", w.local_rank)
-    cfg = prepare_run(run, cfg, resume)
+    saved = cfg = prepare_run(run, cfg, resume)
+    if longer:
+        cfg = lengthened(cfg, longer, str(run / "config.json"))
     data = load_data(cfg)
     check_train_split(data)
     task = task_for(cfg, data)
+    grows = cfg["train"]["epochs"] > saved["train"]["epochs"]
+    if grows and task.schedules_by_epochs(cfg):
+        raise TrainingError(f"{run}: this run's schedule spans its train.epochs "
+                            f"({saved['train']['epochs']}), so more epochs would not continue "
+                            "it as one longer run: start a new run")
     # the memory check reads the config before any model is built (a model too large for
     # the machine is refused before it takes the memory); the seed is set again after it,
     # so the model is the one a run without the check would build
@@ -212,6 +252,10 @@ def _build(cfg: dict | None, run: Path, device: str, resume: bool, progress, sto
             prepare_run(run, cfg, False)
     if resume:
         loop.resume()
+        if cfg is not saved and w.main:  # a longer run: its config says so from now on
+            atomic_write_json(run / "config.json", cfg)
+            if grows:  # and it is not finished until its new last epoch
+                (run / "result.json").unlink(missing_ok=True)
     elif w.main:
         run.mkdir(parents=True, exist_ok=True)
         atomic_write_json(run / "config.json", cfg)

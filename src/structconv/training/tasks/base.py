@@ -67,6 +67,12 @@ class Task:
         self.dtype = next(model.parameters()).dtype
 
     @staticmethod
+    def schedules_by_epochs(cfg: dict) -> bool:
+        """Whether what the task draws or schedules depends on ``train.epochs`` (then a run
+        resumed with more epochs would not continue as one longer run)."""
+        return False
+
+    @staticmethod
     def minimized(monitor: str) -> bool:
         """Whether the monitored metric is better lower (a loss, an error, a length)."""
         return monitor.endswith(("loss", "mase", "smape", "gap", "length"))

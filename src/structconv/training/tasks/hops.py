@@ -104,6 +104,11 @@ class HopTask(Task):
                        ("accuracy", "greedy answer accuracy (validation)", limits))
 
     @staticmethod
+    def schedules_by_epochs(cfg: dict) -> bool:
+        # the hop curriculum spans max_steps, or (0) the whole run of train.epochs
+        return not cfg["train"].get("max_steps", 0)
+
+    @staticmethod
     def train_size(data) -> int:
         return 1  # sequences are drawn, never run out
 

@@ -72,6 +72,9 @@ class TripleTask(Task):
 
     def setup(self, model, dev, world) -> None:
         super().setup(model, dev, world)
+        # the training draws (an encoder's edge dropout) start from the seed, whatever building
+        # the model drew: a config's run and ``train_link`` of the same model draw alike
+        torch.manual_seed(self.seed)
         self.queries = training_queries(model, self.triples, self.objective.mode).to(dev)
 
     def epoch_steps(self, epoch: int, done: int, extra: dict | None):
@@ -184,7 +187,6 @@ def train_link(model, train: Tensor, *, mode: str = "1vsall", epochs: int = 10,
                               negatives)
     train = check_triples(train, model.num_entities, model.num_relations, "train")
     opt = make_optimizer(optimizer, model.parameters(), lr)
-    torch.manual_seed(seed)
     task = TripleTask(train, objective, batch_size, seed, valid, eval_every)
     dev = next(model.parameters()).device
     task.setup(model, dev, task.world)
