@@ -7,6 +7,9 @@ offset[t] + n_t``): entry (r, offset[src] + m, offset[dst] + n) for each edge m 
 relation r. A typed convolution y = Σ_r A_rᵀ x θ_r is then one convolution over that basis;
 ``typed_convolve`` computes it with one sparse product and one segment product (a tiled batched
 GEMM over node-type blocks), whatever the number of types, instead of a small GEMM per relation.
+The node-type blocks pad every type to the most relations any type has; where that padding is
+most of the work, the "relation" order multiplies each relation's distinct sources instead
+(a segment GEMM over relations, then one sparse product).
 
 A metapath (a sort over typed relations, e.g. ``"author.to.paper.to.conference"``) is the
 product of its relations' rectangular bases (Proposition 2): ``metapath_basis`` builds it by
