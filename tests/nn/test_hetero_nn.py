@@ -261,3 +261,18 @@ def test_to_hetero_with_bases_trains():
     sum(v.square().sum() for v in y.values()).backward()
     assert conv.param.basis_coef.grad is not None and conv.param.basis_coef.grad.abs().sum() > 0
     assert m.double()(_x(), _edges())["a"].dtype == torch.float64
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_typed_relation_order_compiles(cached):
+    # cached: the relation rows are found eagerly first and the trace reads them; uncached:
+    # the trace builds the basis and "auto" keeps a padded order (a sort cannot be traced)
+    num, rels, ei = _skewed(0)
+    x = {t: torch.randn(n, 4, generator=torch.Generator().manual_seed(2)) for t, n in num.items()}
+    torch.manual_seed(0)
+    conv = sc.nn.TypedGraphConv(4, 3, (list(num), rels), cached=cached)
+    want = conv(x, ei)
+    torch._dynamo.reset()
+    got = torch.compile(conv, fullgraph=True, backend="eager")(x, ei)
+    for t in want:
+        torch.testing.assert_close(got[t], want[t])
