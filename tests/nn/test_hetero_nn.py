@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import structconv as sc
-from structconv.basis.typed import segment_matmul, typed_basis, typed_convolve
+from structconv.basis.typed import segment_matmul, typed_basis, typed_convolve, typed_order
 from structconv.params import ControlledSeparable, Grouped
 
 NUM = {"a": 5, "b": 7, "c": 3}
@@ -146,6 +146,69 @@ def test_typed_convolve_orders_agree():
         torch.testing.assert_close(typed_convolve(x, b, th, order), ref)
 
 
+def _skewed(seed):
+    """A typed graph with skewed relation counts: a hub type with 12 outgoing relations (each
+    touching a few of its rows, one to itself), small types, an empty type, relations without
+    edges."""
+    g = torch.Generator().manual_seed(seed)
+    num = {"hub": 40, **{f"s{i}": 3 for i in range(8)}, "none": 0}
+    rels = [("hub", f"to{i}", f"s{i}") for i in range(8)] + \
+        [(f"s{i}", f"from{i}", "hub") for i in range(8)] + \
+        [("hub", "self", "hub"), ("hub", "void", "none"), ("none", "back", "hub"),
+         ("s0", "idle", "s1"), ("hub", "wide", "s2")]
+    sizes = {"self": 5, "void": 0, "back": 0, "idle": 0, "wide": 30}
+    ei = {}
+    for s, r, d in rels:
+        E = sizes.get(r, 2 if s == "hub" else 4)
+        ei[(s, r, d)] = torch.stack([torch.randint(0, max(num[s], 1), (E,), generator=g),
+                                     torch.randint(0, max(num[d], 1), (E,), generator=g)])
+    return num, rels, ei
+
+
+def _orders(x, b, th, orders):
+    """{order: (output, grads in x and theta)} for one upstream gradient."""
+    gy = torch.randn(x.shape[0], th.shape[-1], dtype=x.dtype,
+                     generator=torch.Generator().manual_seed(9))
+    out = {}
+    for order in orders:
+        xx, tt = x.clone().requires_grad_(), th.clone().requires_grad_()
+        y = (typed_convolve(xx, b, tt, order) if order != "dense" else
+             torch.einsum("kmn,mp,kpq->nq", b.to_dense(), xx, tt))
+        out[order] = (y, *torch.autograd.grad(y, (xx, tt), gy, allow_unused=True,
+                                              materialize_grads=True))
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_typed_convolve_relation_order(seed):
+    num, rels, ei = _skewed(seed)
+    b = typed_basis(num, ei, rels, dtype=torch.float64)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(sum(num.values()), 5, generator=g, dtype=torch.float64)
+    th = torch.randn(len(rels), 5, 3, generator=g, dtype=torch.float64)
+    got = _orders(x, b, th, ("dense", "input", "basis", "relation", "auto"))
+    for order in ("input", "basis", "relation", "auto"):
+        for a, want in zip(got[order], got["dense"]):
+            torch.testing.assert_close(a, want)
+    rows, counts, _ = b.relation_rows()
+    k, m, _ = b.indices
+    distinct = [len(set(m[k == r].tolist())) for r in range(len(rels))]
+    assert list(counts) == distinct and rows.shape[0] == sum(distinct)
+    assert all(c <= u for c, u in zip(counts, b.source_bound))
+    # a relation's edges leave theta_r's gradient zero where it has none
+    assert not got["relation"][2][rels.index(("hub", "void", "none"))].any()
+
+
+def test_typed_order_auto():
+    balanced = typed_basis(NUM, _edges(), dtype=torch.float64)
+    assert typed_order(balanced, 4, 3) == "input" and typed_order(balanced, 3, 40) == "basis"
+    num, rels, ei = _skewed(0)
+    skewed = typed_basis(num, ei, rels, dtype=torch.float64)
+    assert typed_order(skewed, 4, 4) == "relation"
+    with pytest.raises(ValueError, match="order"):
+        typed_convolve(torch.zeros(15, 4), balanced, torch.zeros(5, 4, 3), "slots")
+
+
 # ------------------------------------------------------------------------------------------------
 def test_to_hetero_sage_equals_pyg():
     pnn = pytest.importorskip("torch_geometric.nn")
@@ -198,3 +261,18 @@ def test_to_hetero_with_bases_trains():
     sum(v.square().sum() for v in y.values()).backward()
     assert conv.param.basis_coef.grad is not None and conv.param.basis_coef.grad.abs().sum() > 0
     assert m.double()(_x(), _edges())["a"].dtype == torch.float64
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_typed_relation_order_compiles(cached):
+    # cached: the relation rows are found eagerly first and the trace reads them; uncached:
+    # the trace builds the basis and "auto" keeps a padded order (a sort cannot be traced)
+    num, rels, ei = _skewed(0)
+    x = {t: torch.randn(n, 4, generator=torch.Generator().manual_seed(2)) for t, n in num.items()}
+    torch.manual_seed(0)
+    conv = sc.nn.TypedGraphConv(4, 3, (list(num), rels), cached=cached)
+    want = conv(x, ei)
+    torch._dynamo.reset()
+    got = torch.compile(conv, fullgraph=True, backend="eager")(x, ei)
+    for t in want:
+        torch.testing.assert_close(got[t], want[t])

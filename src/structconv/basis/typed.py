@@ -7,6 +7,9 @@ offset[t] + n_t``): entry (r, offset[src] + m, offset[dst] + n) for each edge m 
 relation r. A typed convolution y = Σ_r A_rᵀ x θ_r is then one convolution over that basis;
 ``typed_convolve`` computes it with one sparse product and one segment product (a tiled batched
 GEMM over node-type blocks), whatever the number of types, instead of a small GEMM per relation.
+The node-type blocks pad every type to the most relations any type has; where that padding is
+most of the work, the "relation" order multiplies each relation's distinct sources instead
+(a segment GEMM over relations, then one sparse product).
 
 A metapath (a sort over typed relations, e.g. ``"author.to.paper.to.conference"``) is the
 product of its relations' rectangular bases (Proposition 2): ``metapath_basis`` builds it by
@@ -26,8 +29,8 @@ from .base import Basis, Product, Sparse, Stack
 from .edges import check_edges, check_norm, relation_values
 from .graph import PowerBasis, SparseOperator
 
-__all__ = ["TypedBasis", "typed_basis", "typed_convolve", "segment_matmul", "metapath_basis",
-           "metapath_edges", "parse_metapath", "relation_operator"]
+__all__ = ["TypedBasis", "typed_basis", "typed_convolve", "typed_order", "segment_matmul",
+           "metapath_basis", "metapath_edges", "parse_metapath", "relation_operator"]
 
 EdgeType = tuple[str, str, str]
 
@@ -53,6 +56,16 @@ def _tiles(counts: tuple[int, ...], L: int, device) -> tuple[Tensor, Tensor, Ten
 
 
 _TILE_CACHE: dict = {}
+
+
+def segment_rows(counts: Sequence[int], Q: int) -> int:
+    """The rows ``segment_matmul`` multiplies for groups of ``counts`` rows and Q output
+    columns: its tiles, their padding included."""
+    top = max(counts, default=0)
+    if len(counts) <= 1 or top == 0:
+        return sum(counts)
+    L = min(top, max(256, 2 * Q))
+    return sum(-(-c // L) * L for c in counts)
 
 
 def segment_matmul(x: Tensor, counts: Sequence[int], weight: Tensor,
@@ -131,6 +144,10 @@ class TypedBasis(Sparse):
         super().__init__(indices, values, (max(len(self.relations), 1), n, n))
         self.out_slots = self._slots(self.src_type)
         self.in_slots = self._slots(self.dst_type)
+        # at most min(source rows, edges) distinct sources per relation: a bound known
+        # without touching the edges (``typed_order`` reads it, also while compiling)
+        self.source_bound = tuple(min(self.counts[s], int(op.src.shape[0]))
+                                  for s, op in zip(self.src_type, ops))
 
     def __repr__(self):
         return (f"TypedBasis(types={len(self.node_types)}, relations={len(self.relations)}, "
@@ -168,6 +185,20 @@ class TypedBasis(Sparse):
         memo[key] = op
         return op
 
+    def relation_rows(self) -> tuple[Tensor, tuple[int, ...], SparseMatrix]:
+        """The distinct sources of each relation, relation-major: (their rows of x (U,),
+        how many per relation, the (N, U) operator whose column for edge (r, m -> n) is r's
+        first row + m's rank among r's sources). Built once."""
+        memo = self.memo
+        hit = memo.get("relation_rows")
+        if hit is None:
+            k, m, n = self.indices
+            uniq, col = torch.unique(k * self.M + m, return_inverse=True)
+            counts = torch.bincount(uniq // self.M, minlength=len(self.relations))
+            op = SparseMatrix(n, col, self.values, (self.N, uniq.shape[0]))
+            hit = memo["relation_rows"] = (uniq % self.M, tuple(counts.tolist()), op)
+        return hit
+
     def type_weights(self, theta: Tensor, side: str) -> Tensor:
         """theta (R, P, Q) per node type: ``"out"`` (T, P, S_out*Q) (the relations leaving
         each type side by side), ``"in"`` (T, S_in*P, Q) (those entering it stacked); a slot
@@ -182,21 +213,51 @@ class TypedBasis(Sparse):
         return w.reshape(T, S * P, Q)
 
 
+def typed_order(basis: TypedBasis, P: int, Q: int) -> str:
+    """The order ``typed_convolve``'s "auto" takes for x (N, P) -> (N, Q): of the two padded
+    orders the one with the smaller intermediate; "relation" instead where its multiply-adds
+    (bounded above) are at most half the padded order's (slots padded, tiles included)."""
+    So, Si = basis.out_slots[0].shape[1], basis.in_slots[0].shape[1]
+    order = "input" if So * Q <= Si * P else "basis"
+    if order == "input":
+        padded = segment_rows(basis.counts, So * Q) * P * So * Q + basis.nnz * Q
+    else:
+        padded = segment_rows(basis.counts, Q) * Si * P * Q + basis.nnz * P
+    U = basis.source_bound
+    # the relation order gathers its U rows, multiplies them per relation, propagates Q wide;
+    # it moves more rows around than the padded orders, so it must save half the work
+    relation = sum(U) * P + segment_rows(U, Q) * P * Q + basis.nnz * Q
+    return "relation" if 2 * relation <= padded else order
+
+
 def typed_convolve(x: Tensor, basis: TypedBasis, theta: Tensor, order: str = "auto") -> Tensor:
     """y = Σ_r A_rᵀ x θ_r over the concatenated node sets: x (N, P), theta (R, P, Q) ->
     (N, Q). ``order`` "input" projects first (one segment GEMM over the source types, then one
     sparse product), "basis" propagates first (one sparse product into (node, incoming
-    relation) rows, then one segment GEMM over the target types); "auto" picks the one with
-    fewer multiply-adds."""
+    relation) rows, then one segment GEMM over the target types): both pad every type to the
+    most relations any type has. "relation" projects the distinct sources of each relation by
+    its θ_r (one segment GEMM over relations, no padding), then one sparse product. "auto":
+    ``typed_order``."""
     R, P, Q = theta.shape
     if x.shape[-1] != P or x.shape[0] != sum(basis.counts):
         raise ValueError(f"typed_convolve: x {tuple(x.shape)} must be ({sum(basis.counts)}, "
                          f"{P}) for theta {tuple(theta.shape)}")
+    if order not in ("auto", "input", "basis", "relation"):
+        raise ValueError(f"typed_convolve: order must be 'auto', 'input', 'basis' or "
+                         f"'relation', got {order!r}")
     if not basis.relations or x.shape[0] == 0:
         return x.new_zeros(x.shape[0], Q)
     So, Si = basis.out_slots[0].shape[1], basis.in_slots[0].shape[1]
     if order == "auto":
-        order = "input" if So * Q <= Si * P else "basis"
+        order = typed_order(basis, P, Q)
+        # its rows are found once per graph by a sort, which a trace cannot hold
+        if order == "relation" and torch.compiler.is_compiling() and \
+                "relation_rows" not in basis.memo:
+            order = "input" if So * Q <= Si * P else "basis"
+    if order == "relation":
+        rows, counts, op = basis.relation_rows()
+        z = segment_matmul(x.index_select(0, rows), counts, theta)
+        return op.matmul(z)
     if order == "input":
         z = segment_matmul(x, basis.counts, basis.type_weights(theta, "out"))
         return basis.block_operator("out").matmul(z.reshape(-1, Q))
