@@ -392,7 +392,7 @@ def _check_tables(m: dict, t: dict, source: str) -> None:
     # defaults
     for k in ("link", "seq2seq", "gin", "hetero", "graph", "twin"):
         _need(m.get(k) is None or isinstance(m[k], dict),
-              f"{source}: model.{k} must be a table ([model.{k}]), got {m[k]!r}")
+              f"{source}: model.{k} must be a table ([model.{k}]), got {m.get(k)!r}")
     _need(isinstance(t.get("link", {}), dict),
           f"{source}: train.link must be a table ([train.link]), got {t['link']!r}")
     _need(m.get("graph") is None or all(m.get(k) is None for k in ("link", "seq2seq", "gin")),

@@ -135,3 +135,14 @@ def test_lm_config_takes_canon_layers():
     for bad, match in cases:
         with pytest.raises(ConfigError, match=match):
             parse_config(base + bad + "\n")
+
+
+@pytest.mark.parametrize("key", ["link", "seq2seq", "gin", "hetero", "graph", "twin"])
+def test_a_config_written_before_a_model_table_existed_still_validates(key):
+    # a run directory's config.json from before [model.<key>] was added has no such key:
+    # resuming it must read it as "not that kind", not fail on the missing key
+    from structconv.config import load_config
+
+    cfg = load_config("gcn_karate")
+    cfg["model"].pop(key, None)
+    assert validate(cfg, "old run")["model"].get(key) is None
