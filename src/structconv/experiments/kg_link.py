@@ -32,11 +32,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..basis.mining import single_and_mined_sorts
 from ..config import (
     ConfigError,
     apply_overrides,
-    link_spec,
     link_train_spec,
     load_config,
     validate,
@@ -243,26 +241,14 @@ def run(args) -> int:
     with run_lock(folder.parent, tag, "kg-link"):
         check_settings(folder, run_settings(args, data))
         atomic_write_json(folder / "config.json", cfg)
-        mined = _mined(cfg, data)
         torch.manual_seed(cfg["seed"])
         model = build_model(cfg, data)
+        mined = model.mined_sorts
+        if mined:
+            print(f"mined 2-sorts (training graph only): {', '.join(m.name for m in mined)}")
         print(f"{data}: {tag}, {param_count(model):,} parameters")
         _train_and_test(args, cfg, data, model, folder, tag, mined)
     return 0
-
-
-def _mined(cfg: dict, data) -> list:
-    """The mined 2-sorts of a ``sorts = "mined"`` encoder (as ``models.build`` mines them), for
-    the report; [] otherwise."""
-    s = link_spec(cfg)
-    if not (s["encoder_layers"] and s["sorts"] == "mined"):
-        return []
-    mined = single_and_mined_sorts(*data.graph("train"), data.num_entities,
-                                   2 * data.num_relations, relations=data.relation_names,
-                                   max_length=s["max_length"], top=s["top"],
-                                   backtrack=s["backtrack"])[1]
-    print(f"mined 2-sorts (training graph only): {', '.join(m.name for m in mined)}")
-    return mined
 
 
 def data_digest(data) -> str:

@@ -115,15 +115,20 @@ def build_seq2seq_model(cfg: dict, data) -> nn.Module:
 def link_sorts(spec: dict, data) -> list | None:
     """The encoder's sorts over the 2R edge types of the training graph (None: one per
     relation); "mined" mines the training graph only, so no valid/test edge shapes them."""
+    return _link_sorts(spec, data)[0]
+
+
+def _link_sorts(spec: dict, data) -> tuple[list | None, list]:
+    """(``link_sorts``, the ``MinedSort``s behind them: [] unless "mined")."""
     if spec["sorts"] == "single":
-        return None
+        return None, []
     if spec["sorts"] == "mined":
         ei, et = data.graph("train")
         return B.single_and_mined_sorts(ei, et, data.num_entities, 2 * data.num_relations,
                                         relations=data.relation_names,
                                         max_length=spec["max_length"], top=spec["top"],
-                                        backtrack=spec["backtrack"])[0]
-    return [tuple(x) if isinstance(x, list) else x for x in spec["sorts"]]
+                                        backtrack=spec["backtrack"])
+    return [tuple(x) if isinstance(x, list) else x for x in spec["sorts"]], []
 
 
 def build_link(cfg: dict, data) -> nn.Module:
@@ -135,13 +140,17 @@ def build_link(cfg: dict, data) -> nn.Module:
                                f"got a {data.task} task ({cfg['data']['name']})")
     s = link_spec(cfg)
     layers = s["encoder_layers"]
-    return LinkPredictor(data.num_entities, data.num_relations, s["dim"], s["decoder"],
-                         reciprocal=s["reciprocal"], init_std=float(s["init_std"]),
-                         encoder_layers=layers,
-                         graph=inverse_graph(data.train, data.num_relations) if layers else None,
-                         block=s["block"], sorts=link_sorts(s, data) if layers else None,
-                         relations=data.relation_names, edge_dropout=float(s["edge_dropout"]),
-                         self_dropout=float(s["self_dropout"]), dropout=float(s["dropout"]))
+    sorts, mined = _link_sorts(s, data) if layers else (None, [])
+    model = LinkPredictor(data.num_entities, data.num_relations, s["dim"], s["decoder"],
+                          reciprocal=s["reciprocal"], init_std=float(s["init_std"]),
+                          encoder_layers=layers,
+                          graph=inverse_graph(data.train, data.num_relations) if layers else None,
+                          block=s["block"], sorts=sorts, relations=data.relation_names,
+                          edge_dropout=float(s["edge_dropout"]),
+                          self_dropout=float(s["self_dropout"]), dropout=float(s["dropout"]))
+    # the mined paths behind the sorts (their supports), for reports: mined once, here
+    model.mined_sorts = mined
+    return model
 
 
 def graph_feature_dims(data) -> tuple[tuple | None, tuple | None]:
