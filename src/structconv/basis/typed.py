@@ -213,12 +213,18 @@ class TypedBasis(Sparse):
         return w.reshape(T, S * P, Q)
 
 
+def _padded_order(basis: TypedBasis, P: int, Q: int) -> str:
+    """Of the two padded orders, the one with the smaller intermediate."""
+    So, Si = basis.out_slots[0].shape[1], basis.in_slots[0].shape[1]
+    return "input" if So * Q <= Si * P else "basis"
+
+
 def typed_order(basis: TypedBasis, P: int, Q: int) -> str:
     """The order ``typed_convolve``'s "auto" takes for x (N, P) -> (N, Q): of the two padded
     orders the one with the smaller intermediate; "relation" instead where its multiply-adds
     (bounded above) are at most half the padded order's (slots padded, tiles included)."""
     So, Si = basis.out_slots[0].shape[1], basis.in_slots[0].shape[1]
-    order = "input" if So * Q <= Si * P else "basis"
+    order = _padded_order(basis, P, Q)
     if order == "input":
         padded = segment_rows(basis.counts, So * Q) * P * So * Q + basis.nnz * Q
     else:
@@ -247,13 +253,12 @@ def typed_convolve(x: Tensor, basis: TypedBasis, theta: Tensor, order: str = "au
                          f"'relation', got {order!r}")
     if not basis.relations or x.shape[0] == 0:
         return x.new_zeros(x.shape[0], Q)
-    So, Si = basis.out_slots[0].shape[1], basis.in_slots[0].shape[1]
     if order == "auto":
         order = typed_order(basis, P, Q)
         # its rows are found once per graph by a sort, which a trace cannot hold
         if order == "relation" and torch.compiler.is_compiling() and \
                 "relation_rows" not in basis.memo:
-            order = "input" if So * Q <= Si * P else "basis"
+            order = _padded_order(basis, P, Q)
     if order == "relation":
         rows, counts, op = basis.relation_rows()
         z = segment_matmul(x.index_select(0, rows), counts, theta)
@@ -262,6 +267,7 @@ def typed_convolve(x: Tensor, basis: TypedBasis, theta: Tensor, order: str = "au
         z = segment_matmul(x, basis.counts, basis.type_weights(theta, "out"))
         return basis.block_operator("out").matmul(z.reshape(-1, Q))
     u = basis.block_operator("in").matmul(x)  # (N*S_in, P)
+    Si = basis.in_slots[0].shape[1]
     return segment_matmul(u.reshape(x.shape[0], Si * P), basis.counts,
                           basis.type_weights(theta, "in"))
 
